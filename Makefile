@@ -1,0 +1,26 @@
+# Two entry points (see README):  make demo   |   make test
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: demo test install clean bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test,examples]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) examples/lenet_digits.py --dump-path ./demo_dump
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: install
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) demo_dump

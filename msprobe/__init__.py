@@ -1,0 +1,7 @@
+"""msprobe for MindSpore: precision data dump (statistics and tensors) of MindSpore networks.
+
+Public entry points live in :mod:`msprobe.mindspore` (``PrecisionDebugger``, ``seed_all``,
+``MsprobeStep``, ``MsprobeInitStep``) and :mod:`msprobe.dump` (reading dumps back).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Capture layer: everything that hooks or patches MindSpore. Every install returns a Handle."""

@@ -1,0 +1,99 @@
+"""Recording one API-like call (API, Primitive, custom API): forward inputs, outputs, backward.
+
+Order inside a call, chosen so statistics describe the values the call saw:
+inputs described -> (in-place call: pending batch flushed, so inputs and every earlier record are read
+before the mutation) -> original called -> outputs described -> gradient hooks registered.
+Anything the tool itself fails at is logged to ``dump_error_info.log`` and the call goes on; errors
+raised by the original API reach the user unchanged.
+"""
+from __future__ import annotations
+
+import logging
+
+from msprobe.capture.backward import BackwardProbe, grad_enabled
+from msprobe.core import naming
+
+logger = logging.getLogger("msprobe")
+
+
+def is_inplace(api_name: str) -> bool:
+    """In-place by naming convention: ``add_``, ``__iadd__``, ``__setitem__``, ``assign*``."""
+    short = api_name.rsplit(".", 1)[-1]
+    return ((short.endswith("_") and not short.endswith("__")) or short.startswith("__i")
+            or short == "__setitem__" or short.startswith("assign") or short.startswith("scatter_nd_")
+            or short.startswith("inplace_"))
+
+
+class CallRecorder:
+    """Records calls of API-like functions into the runtime."""
+
+    def __init__(self, runtime):
+        self.rt = runtime
+        cfg = runtime.config
+        self.fwd_in = cfg.allows("forward", "input")
+        self.fwd_out = cfg.allows("forward", "output")
+        self.bwd_in = cfg.allows("backward", "input") and runtime.records_data
+        self.bwd_out = cfg.allows("backward", "output") and runtime.records_data
+
+    def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
+        """Run ``original(*args, **kwargs)`` as API ``api`` (``"{prefix}.{name}"``) and record it."""
+        rt = self.rt
+        rt.enter()
+        try:
+            probe = None
+            try:
+                n = rt.next_count(api)
+                fwd = naming.api_entry(api, n, naming.FORWARD)
+                selected = rt.selector.selects(fwd)
+                if selected:
+                    self._record_inputs(fwd, args, kwargs)
+                    if (self.bwd_in or self.bwd_out) and grad_enabled():
+                        bwd = naming.api_entry(api, n, naming.BACKWARD)
+                        if rt.selector.selects(bwd):
+                            probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
+                            if rt.track_parents:
+                                rt.record_parent(bwd, _backward_name(self._parent()))
+                            args = probe.wrap_inputs(args)
+                if inplace and rt.has_pending:
+                    rt.flush()
+            except Exception as exc:  # tool failure: keep training
+                self._tool_error(api, exc)
+                selected = False
+            out = original(*args, **kwargs)
+            if selected:
+                try:
+                    if self.fwd_out:
+                        rt.record(fwd, "output", out, "output")
+                    if probe is not None:
+                        probe.watch_outputs(out)
+                except Exception as exc:
+                    self._tool_error(api, exc)
+            return out
+        finally:
+            rt.leave()
+
+    def _record_inputs(self, fwd: str, args: tuple, kwargs: dict) -> None:
+        rt = self.rt
+        rt.record_stack(fwd)
+        if rt.track_parents:
+            rt.record_parent(fwd, self._parent())
+        if self.fwd_in:
+            rt.record(fwd, "input_args", args, "input")
+            rt.record(fwd, "input_kwargs", kwargs, "kwargs")
+
+    def _parent(self):
+        stack = self.rt.cell_stack
+        return stack[-1] if stack else None
+
+    def _tool_error(self, api: str, exc: Exception) -> None:
+        msg = f"failed to record {api}: {exc!r}"
+        if self.rt.writer is not None:
+            self.rt.writer.error(msg)
+        else:
+            logger.warning("msprobe: %s", msg)
+
+
+def _backward_name(forward_cell_entry):
+    if forward_cell_entry is None:
+        return None
+    return forward_cell_entry.replace(".forward.", ".backward.")

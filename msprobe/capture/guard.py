@@ -1,0 +1,47 @@
+"""Mutation guard: flush pending records before an in-place operation changes a tensor.
+
+Hooks keep references to tensors and statistics are read later (deferred). An in-place operation
+(``x.add_(1)``, ``x[0] = 5``, ``x += y``, ``ops.assign``) could change a referenced tensor before the
+flush, so while the dump runs every in-place Tensor method and in-place functional API that is not
+already wrapped for capture gets a thin guard: if anything is pending, flush first, then run the
+original. Cost when nothing is pending: one attribute check.
+"""
+from __future__ import annotations
+
+import functools
+
+import mindspore
+from mindspore import Tensor
+
+from msprobe.capture.calls import is_inplace
+from msprobe.core.handles import HandleSet, patch_attribute
+
+
+def inplace_targets(exclude: set) -> list:
+    """``[(owner, attribute)]`` of in-place Tensor methods and ops functions not in ``exclude``."""
+    out = []
+    for name in dir(Tensor):
+        if is_inplace(f"Tensor.{name}") and name not in ("requires_grad_",) and callable(getattr(Tensor, name, None)):
+            if (Tensor, name) not in exclude:
+                out.append((Tensor, name))
+    for name in ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_nd_update"):
+        if callable(getattr(mindspore.ops, name, None)) and (mindspore.ops, name) not in exclude:
+            out.append((mindspore.ops, name))
+    return out
+
+
+def install_guard(runtime, targets: list) -> HandleSet:
+    handles = HandleSet()
+    for owner, name in targets:
+        if isinstance(vars(owner).get(name), (staticmethod, classmethod)):
+            continue
+        original = getattr(owner, name)
+
+        def guarded(*args, __original=original, **kwargs):
+            if runtime.has_pending and not runtime.busy():
+                runtime.flush()
+            return __original(*args, **kwargs)
+
+        functools.update_wrapper(guarded, original)
+        handles.add(patch_attribute(owner, name, guarded))
+    return handles

@@ -1,0 +1,1 @@
+"""Framework-neutral layers: config, runtime state, names, records, statistics, writer, reader."""

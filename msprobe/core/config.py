@@ -1,0 +1,587 @@
+"""Typed, validated dump configuration (spec §1.2 and §2.1-§2.5).
+
+``load_config`` reads a ``config.json`` (or the packaged default ``msprobe/config.json``),
+applies the keyword-argument overrides of ``PrecisionDebugger(config_path, task, dump_path,
+level, step)`` and returns one frozen :class:`DumpConfig`.  All validation happens there, once;
+the rest of the tool only reads the resulting object.
+
+Every invalid value raises :class:`ConfigError` whose text names the field (a dotted path such
+as ``'statistics.data_mode'`` or ``'step[2]'``), the offending value (``repr``) and what is
+allowed, e.g.::
+
+    config field 'level': invalid value 'L3'; allowed: 'L0', 'L1', 'L2', 'mix', 'debug'
+
+Deliberate differences from the reference tool:
+
+* the ``task`` keyword argument overrides the file's task (spec §1.2 step 4 documents the
+  reference behaviour as a bug; the user's guide says arguments take priority);
+* a process without a rank (non-distributed) counts as rank 0 for the ``rank`` filter, so a
+  single-process run with ``"rank": [0]`` is dumped instead of silently disabled (spec §2.2);
+* ``dump_path`` is only normalised here (``os.path.abspath``), never created;
+* summary mode ``'xor'`` is rejected (not available in MindSpore PyNative).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional, Tuple, Union
+
+import pydantic
+from pydantic import ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
+
+__all__ = ["ConfigError", "DumpConfig", "parse_index_list", "load_config", "DEFAULT_CONFIG_PATH"]
+
+logger = logging.getLogger("msprobe")
+
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config.json"
+
+TASKS = ("statistics", "tensor", "structure", "exception_dump")
+REFERENCE_ONLY_TASKS = ("acc_check", "diff_check", "nan_check")
+LEVELS = ("L0", "L1", "L2", "mix", "debug")
+STRUCTURE_LEVELS = ("L0", "mix")
+DATA_MODES = ("all", "forward", "backward", "input", "output")
+SUMMARY_MODES = ("statistics", "md5")
+SUMMARY_ITEMS = (
+    "max", "min", "mean", "count", "negative zero count", "positive zero count", "nan count",
+    "negative inf count", "positive inf count", "zero count", "l2norm", "hash", "md5",
+)
+INDEX_MAX = 1_000_000
+MAX_DATA_MODES = 4
+_REGEX_ENTRY = re.compile(r"^name-regex\((.*)\)$")
+
+
+def _quoted(values: Iterable[str]) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+_INDEX_FORM = f"a list of integers in [0, {INDEX_MAX}] or strings like '3' or '3-5' (A <= B)"
+_BOOL_FORM = "a JSON boolean true/false"
+_STR_LIST_FORM = "a list of strings"
+
+#: What each DumpConfig field accepts, as shown in error messages.
+ALLOWED: Dict[str, str] = {
+    "task": _quoted(TASKS),
+    "dump_path": "a non-empty path string",
+    "rank": _INDEX_FORM,
+    "step": _INDEX_FORM,
+    "level": _quoted(LEVELS),
+    "async_dump": _BOOL_FORM,
+    "precision": _quoted(("low", "high")),
+    "extra_info": _BOOL_FORM,
+    "scope": "an empty list or a list of exactly 2 names [start, end]",
+    "api_list": _STR_LIST_FORM,
+    "data_mode": (f"a non-empty list of at most {MAX_DATA_MODES} of {_quoted(DATA_MODES)}"
+                  " ('all' only on its own)"),
+    "summary_mode": f"{_quoted(SUMMARY_MODES)} or a list of {_quoted(SUMMARY_ITEMS)}",
+    "tensor_list": _STR_LIST_FORM,
+    "device": _quoted(("host", "device")),
+    "stat_precision": _quoted(("high", "low")),
+    "framework": _quoted(("mindspore",)),
+}
+
+# DumpConfig field -> key inside the task section of config.json.
+_SECTION_KEYS = {"scope": "scope", "api_list": "list", "data_mode": "data_mode",
+                 "summary_mode": "summary_mode"}
+_STATISTICS_KEYS = {"tensor_list": "tensor_list", "device": "device", "stat_precision": "precision"}
+_TOP_LEVEL_KEYS = frozenset(
+    ("task", "dump_path", "rank", "step", "level", "async_dump", "precision", "extra_info")
+) | frozenset(TASKS)
+
+# Set by load_config while it builds a DumpConfig: which task section was read and which fields
+# came from keyword arguments (so errors name 'statistics.list' or "argument 'step'").
+# A ContextVar rather than pydantic's validation context because DumpConfig.__init__ is
+# overridden (to translate errors), and pydantic does not forward the context through it.
+_LOAD_CONTEXT: ContextVar[Dict[str, Any]] = ContextVar("msprobe_config_load_context", default={})
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value.
+
+    Attributes:
+        field: where the value came from: a dotted config path (``'statistics.data_mode'``),
+            an element (``'step[2]'``) or a keyword argument / parameter name (``'config_path'``).
+        value: the offending value.
+        allowed: human-readable description of the accepted values.
+        reason: optional detail on why the value is rejected.
+    """
+
+    def __init__(self, field: str, value: object, allowed: str, reason: Optional[str] = None,
+                 *, kind: str = "config field") -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        self.reason = reason
+        self.kind = kind
+        detail = f" ({reason})" if reason else ""
+        super().__init__(f"{kind} '{field}': invalid value {value!r}{detail}; allowed: {allowed}")
+
+    def __reduce__(self):  # keep picklable despite the custom signature
+        return (_rebuild_config_error, (self.field, self.value, self.allowed, self.reason, self.kind))
+
+
+def _rebuild_config_error(field, value, allowed, reason, kind):
+    return ConfigError(field, value, allowed, reason, kind=kind)
+
+
+# --------------------------------------------------------------------------- list syntax (§2.2)
+
+def _check_index(number: int, field: str, kind: str, element: object) -> int:
+    if not 0 <= number <= INDEX_MAX:
+        raise ConfigError(field, element, _INDEX_FORM, f"out of range [0, {INDEX_MAX}]", kind=kind)
+    return number
+
+
+def _parse_index_element(element: object, field: str, kind: str) -> range:
+    if isinstance(element, int) and not isinstance(element, bool):
+        number = _check_index(element, field, kind, element)
+        return range(number, number + 1)
+    if not isinstance(element, str):
+        raise ConfigError(field, element, _INDEX_FORM, "must be an integer or a string", kind=kind)
+    parts = element.strip().split("-")
+    if len(parts) > 2 or not all(p.strip().isdecimal() for p in parts):
+        raise ConfigError(field, element, _INDEX_FORM, "not of the form 'N' or 'A-B'", kind=kind)
+    low, high = (_check_index(int(p), field, kind, element) for p in (parts[0], parts[-1]))
+    if low > high:
+        raise ConfigError(field, element, _INDEX_FORM, "range start is greater than range end",
+                          kind=kind)
+    return range(low, high + 1)
+
+
+def _parse_index_list(value: object, field: str, kind: str) -> Tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(field, value, _INDEX_FORM, "must be a list", kind=kind)
+    if len(value) > INDEX_MAX:
+        raise ConfigError(field, f"<list of {len(value)} elements>", _INDEX_FORM,
+                          f"more than {INDEX_MAX} elements", kind=kind)
+    result = set()
+    for position, element in enumerate(value):
+        result.update(_parse_index_element(element, f"{field}[{position}]", kind))
+    return tuple(sorted(result))
+
+
+def parse_index_list(value: object, field: str) -> Tuple[int, ...]:
+    """Parse the ``step``/``rank`` list syntax (spec §2.2).
+
+    Args:
+        value: ``None`` (-> ``()``) or a list whose elements are ints (not bools) in
+            ``[0, 1_000_000]`` or strings ``"N"`` / ``"A-B"`` (inclusive range, ``A <= B``).
+        field: name used in error messages, e.g. ``'step'``; elements are named ``'step[2]'``.
+
+    Returns:
+        The sorted, de-duplicated indices: ``[0, "2", "4-6", 1, 1]`` -> ``(0, 1, 2, 4, 5, 6)``.
+
+    Raises:
+        ConfigError: ``value`` is not a list, or an element is of the wrong type, malformed,
+            out of range or a reversed range (the error names the element, e.g. ``'step[2]'``).
+    """
+    return _parse_index_list(value, field, "config field")
+
+
+# --------------------------------------------------------------------------- field checks
+
+def _choice(value: object, choices: Tuple[str, ...], where: Tuple[str, str], allowed: str) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(where[0], value, allowed, kind=where[1])
+    return value
+
+
+def _strict_bool(value: object, where: Tuple[str, str]) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(where[0], value, _BOOL_FORM, kind=where[1])
+    return value
+
+
+def _str_list(value: object, where: Tuple[str, str], allowed: str = _STR_LIST_FORM,
+              accept_bare_str: bool = False) -> Tuple[str, ...]:
+    if value is None:
+        return ()
+    if accept_bare_str and isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(where[0], value, allowed, "must be a list", kind=where[1])
+    for position, element in enumerate(value):
+        if not isinstance(element, str):
+            raise ConfigError(f"{where[0]}[{position}]", element, allowed, "must be a string",
+                              kind=where[1])
+    return tuple(value)
+
+
+def _locate(info: ValidationInfo) -> Tuple[str, str]:
+    """(path, kind) of the field being validated, for error messages."""
+    name = info.field_name
+    context = _LOAD_CONTEXT.get()
+    if name in context.get("arguments", ()):
+        return name, "argument"
+    if name in _STATISTICS_KEYS:
+        return f"statistics.{_STATISTICS_KEYS[name]}", "config field"
+    if name in _SECTION_KEYS:
+        section = context.get("section") or info.data.get("task", "statistics")
+        return f"{section}.{_SECTION_KEYS[name]}", "config field"
+    return name, "config field"
+
+
+def _is_md5(summary_mode: Union[str, Tuple[str, ...]]) -> bool:
+    if isinstance(summary_mode, str):
+        return summary_mode == "md5"
+    return "md5" in summary_mode
+
+
+# --------------------------------------------------------------------------- the model
+
+class DumpConfig(pydantic.BaseModel):
+    """The validated, immutable dump configuration (spec §2.1, §2.3).
+
+    Build it with :func:`load_config`.  Direct construction (``DumpConfig(task=..., dump_path=...)``)
+    applies the same validation and raises :class:`ConfigError` as well.  Fields are listed in
+    validation order; later validators may look at earlier fields.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    task: str
+    dump_path: str
+    rank: Tuple[int, ...] = ()
+    step: Tuple[int, ...] = ()
+    level: str = "L1"
+    async_dump: bool = False
+    precision: str = "low"
+    extra_info: bool = True
+    scope: Tuple[str, ...] = ()
+    api_list: Tuple[str, ...] = ()
+    data_mode: Tuple[str, ...] = ("all",)
+    summary_mode: Union[str, Tuple[str, ...]] = "statistics"
+    tensor_list: Tuple[str, ...] = ()
+    device: str = "host"
+    stat_precision: str = "high"
+    framework: str = "mindspore"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _to_config_error(exc) from None
+
+    # -- field validators (all 'before': they see the raw JSON value) -------------------------
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _v_task(cls, value: object, info: ValidationInfo) -> str:
+        path, kind = _locate(info)
+        if isinstance(value, str) and value in REFERENCE_ONLY_TASKS:
+            raise ConfigError(path, value, ALLOWED["task"], "task not supported for MindSpore",
+                              kind=kind)
+        return _choice(value, TASKS, (path, kind), ALLOWED["task"])
+
+    @field_validator("dump_path", mode="before")
+    @classmethod
+    def _v_dump_path(cls, value: object, info: ValidationInfo) -> str:
+        path, kind = _locate(info)
+        if not isinstance(value, str) or not value:
+            raise ConfigError(path, value, ALLOWED["dump_path"], "missing, empty or not a string",
+                              kind=kind)
+        return os.path.abspath(value)
+
+    @field_validator("rank", "step", mode="before")
+    @classmethod
+    def _v_index_list(cls, value: object, info: ValidationInfo) -> Tuple[int, ...]:
+        path, kind = _locate(info)
+        return _parse_index_list(value, path, kind)
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _v_level(cls, value: object, info: ValidationInfo) -> str:
+        if value is None or value == "":
+            value = "L1"
+        level = _choice(value, LEVELS, _locate(info), ALLOWED["level"])
+        if info.data.get("task") == "structure" and level not in STRUCTURE_LEVELS:
+            logger.warning("task 'structure' supports levels %s only; level %r replaced by 'mix'.",
+                           _quoted(STRUCTURE_LEVELS), level)
+            return "mix"
+        return level
+
+    @field_validator("async_dump", "extra_info", mode="before")
+    @classmethod
+    def _v_bool(cls, value: object, info: ValidationInfo) -> bool:
+        return _strict_bool(value, _locate(info))
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _v_precision(cls, value: object, info: ValidationInfo) -> str:
+        return _choice(value, ("low", "high"), _locate(info), ALLOWED["precision"])
+
+    @field_validator("scope", mode="before")
+    @classmethod
+    def _v_scope(cls, value: object, info: ValidationInfo) -> Tuple[str, ...]:
+        where = _locate(info)
+        scope = _str_list(value, where, ALLOWED["scope"], accept_bare_str=True)
+        if scope and len(scope) != 2:
+            raise ConfigError(where[0], value, ALLOWED["scope"],
+                              f"scope needs a start and an end name, got {len(scope)}",
+                              kind=where[1])
+        return scope
+
+    @field_validator("api_list", mode="before")
+    @classmethod
+    def _v_api_list(cls, value: object, info: ValidationInfo) -> Tuple[str, ...]:
+        where = _locate(info)
+        entries = _str_list(value, where)
+        if info.data.get("level") == "L2":
+            for position, entry in enumerate(entries):
+                _check_regex_entry(entry, (f"{where[0]}[{position}]", where[1]))
+        return entries
+
+    @field_validator("data_mode", mode="before")
+    @classmethod
+    def _v_data_mode(cls, value: object, info: ValidationInfo) -> Tuple[str, ...]:
+        where = _locate(info)
+        if value is None:
+            return ("all",)
+        modes = _str_list(value, where, ALLOWED["data_mode"])
+        for position, mode in enumerate(modes):
+            _choice(mode, DATA_MODES, (f"{where[0]}[{position}]", where[1]), ALLOWED["data_mode"])
+        problem = None
+        if not modes:
+            problem = "must not be empty"
+        elif len(modes) > MAX_DATA_MODES:
+            problem = f"more than {MAX_DATA_MODES} elements"
+        elif "all" in modes and len(modes) > 1:
+            problem = "'all' cannot be combined with other options"
+        if problem:
+            raise ConfigError(where[0], value, ALLOWED["data_mode"], problem, kind=where[1])
+        return modes
+
+    @field_validator("summary_mode", mode="before")
+    @classmethod
+    def _v_summary_mode(cls, value: object, info: ValidationInfo) -> Union[str, Tuple[str, ...]]:
+        path, kind = _locate(info)
+        allowed = ALLOWED["summary_mode"]
+        if value is None:
+            return "statistics"
+        if value == "xor":
+            raise ConfigError(path, value, allowed, "'xor' is not supported for MindSpore PyNative",
+                              kind=kind)
+        if isinstance(value, str):
+            return _choice(value, SUMMARY_MODES, (path, kind), allowed)
+        items = _str_list(value, (path, kind), allowed)
+        for position, item in enumerate(items):
+            _choice(item, SUMMARY_ITEMS, (f"{path}[{position}]", kind), allowed)
+        return items
+
+    @field_validator("tensor_list", mode="before")
+    @classmethod
+    def _v_tensor_list(cls, value: object, info: ValidationInfo) -> Tuple[str, ...]:
+        entries = _str_list(value, _locate(info))
+        if entries and info.data.get("level") == "debug":
+            logger.warning("tensor_list is ignored when level is 'debug'.")
+            return ()
+        return entries
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _v_device(cls, value: object, info: ValidationInfo) -> str:
+        return _choice(value, ("host", "device"), _locate(info), ALLOWED["device"])
+
+    @field_validator("stat_precision", mode="before")
+    @classmethod
+    def _v_stat_precision(cls, value: object, info: ValidationInfo) -> str:
+        return _choice(value, ("high", "low"), _locate(info), ALLOWED["stat_precision"])
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _v_framework(cls, value: object, info: ValidationInfo) -> str:
+        return _choice(value, ("mindspore",), _locate(info), ALLOWED["framework"])
+
+    # -- cross-field rules (spec §2.1 async_dump row) -----------------------------------------
+
+    @model_validator(mode="after")
+    def _v_async_dump(self) -> "DumpConfig":
+        if not self.async_dump:
+            return self
+        if self.task == "tensor" and self.level != "debug" and not self.api_list:
+            raise ConfigError("async_dump", True, "a non-empty 'tensor.list', or async_dump false",
+                              "async_dump is true with task 'tensor': 'list' must name what to dump")
+        if self.md5:
+            raise ConfigError("async_dump", True, "summary_mode without 'md5', or async_dump false",
+                              f"async_dump cannot be combined with summary_mode {self.summary_mode!r}")
+        logger.warning("async_dump is true: dumping large tensors may run out of memory.")
+        return self
+
+    # -- queries ------------------------------------------------------------------------------
+
+    @property
+    def md5(self) -> bool:
+        """True when CRC-32 ("md5") values are requested (spec §4.7)."""
+        return _is_md5(self.summary_mode)
+
+    @property
+    def last_step(self) -> Optional[int]:
+        """The largest step to dump, or None when every step is dumped (spec §2.2)."""
+        return max(self.step) if self.step else None
+
+    def allows(self, direction: str, io: str) -> bool:
+        """Whether data of ``direction`` ('forward'|'backward') and ``io`` ('input'|'output')
+        is dumped under ``data_mode`` (spec §2.5).
+
+        ``('all',)`` allows everything; otherwise the given set, widened to both directions when
+        neither 'forward' nor 'backward' is listed and to both io kinds when neither 'input' nor
+        'output' is listed.  Raises ValueError for an unknown direction or io kind.
+        """
+        if direction not in ("forward", "backward") or io not in ("input", "output"):
+            raise ValueError(f"allows({direction!r}, {io!r}): expected direction in "
+                             "'forward', 'backward' and io in 'input', 'output'")
+        modes = set(self.data_mode)
+        if "all" in modes:
+            return True
+        directions_ok = direction in modes or not modes & {"forward", "backward"}
+        io_ok = io in modes or not modes & {"input", "output"}
+        return directions_ok and io_ok
+
+    def dumps_step(self, step: int) -> bool:
+        """Whether ``step`` is dumped: the step list is empty or contains it (spec §2.2)."""
+        return not self.step or step in self.step
+
+    def dumps_rank(self, rank: Optional[int]) -> bool:
+        """Whether the process with ``rank`` dumps: the rank list is empty or contains it.
+
+        ``rank=None`` (a non-distributed process) is treated as rank 0.  This differs from the
+        reference tool, which disables dumping for such a process whenever the list is non-empty
+        (spec §2.2); a single process is rank 0 for every practical purpose.
+        """
+        if not self.rank:
+            return True
+        return (0 if rank is None else rank) in self.rank
+
+
+def _check_regex_entry(entry: str, where: Tuple[str, str]) -> None:
+    """L2 ``list`` entries ``name-regex(<re>)`` must compile (spec §2.3)."""
+    match = _REGEX_ENTRY.match(entry)
+    if not match:
+        return
+    try:
+        re.compile(match.group(1))
+    except re.error as exc:
+        raise ConfigError(where[0], entry, "'name-regex(<valid regular expression>)'",
+                          f"bad regular expression: {exc}", kind=where[1]) from None
+
+
+def _to_config_error(exc: ValidationError) -> ConfigError:
+    """The first error of a pydantic ValidationError as a ConfigError."""
+    first = exc.errors()[0]
+    original = (first.get("ctx") or {}).get("error")
+    if isinstance(original, ConfigError):
+        return original
+    field = ".".join(str(part) for part in first["loc"]) or "<config>"
+    value = first.get("input")
+    if first.get("type") == "missing":
+        value = None
+    allowed = ALLOWED.get(str(first["loc"][0]) if first["loc"] else "", "see the configuration spec")
+    return ConfigError(field, value, allowed, first.get("msg"))
+
+
+# --------------------------------------------------------------------------- loading
+
+def _resolve_path(config_path: object) -> Path:
+    if config_path is None:
+        return DEFAULT_CONFIG_PATH
+    if not isinstance(config_path, (str, os.PathLike)) or not os.fspath(config_path):
+        raise ConfigError("config_path", config_path, "a path (str or os.PathLike) to a .json file",
+                          kind="argument")
+    path = Path(os.fspath(config_path))
+    if path.suffix.lower() != ".json":
+        raise ConfigError("config_path", str(path), "a path to a .json file",
+                          "the file name must end in .json", kind="argument")
+    if not path.is_file():
+        raise ConfigError("config_path", str(path), "a path to an existing .json file",
+                          "file does not exist or is not a regular file", kind="argument")
+    return path
+
+
+def _read_json(path: Path) -> Dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("config_path", str(path), "a valid JSON file",
+                          f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                          kind="argument") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("config_path", str(path), "a readable UTF-8 JSON file",
+                          f"cannot read: {exc}", kind="argument") from None
+    if not isinstance(data, dict):
+        raise ConfigError("<top level>", data, "a JSON object {...}",
+                          f"in {path}: the top level must be an object")
+    return data
+
+
+def _section(data: Dict[str, Any], task: object) -> Tuple[str, Dict[str, Any]]:
+    """(name, content) of the task section to read; missing section -> empty (spec §2.3)."""
+    name = task if isinstance(task, str) and task in TASKS else "statistics"
+    content = data.get(name)
+    if content is None:
+        return name, {}
+    if not isinstance(content, dict):
+        raise ConfigError(name, content, "a JSON object {...} with the task's options")
+    return name, content
+
+
+def _collect(data: Dict[str, Any], overrides: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+    """Flatten top-level fields, kwarg overrides and the task section into DumpConfig input."""
+    for key in data.keys() - _TOP_LEVEL_KEYS:
+        logger.debug("config.json: ignoring unknown top-level key %r", key)
+    raw = {key: data[key] for key in ("rank", "step", "level", "async_dump", "precision",
+                                      "extra_info") if key in data}
+    raw["task"] = data.get("task", "statistics")
+    raw["dump_path"] = data.get("dump_path")
+    raw.update(overrides)
+    section_name, section = _section(data, raw["task"])
+    keys = dict(_SECTION_KEYS)
+    if section_name == "statistics":
+        keys.update(_STATISTICS_KEYS)
+    raw.update({field: section[key] for field, key in keys.items() if key in section})
+    return raw, section_name
+
+
+def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
+                task: Optional[str] = None, dump_path: Optional[str] = None,
+                level: Optional[str] = None, step: Optional[list] = None) -> DumpConfig:
+    """Load, merge and validate the dump configuration (spec §1.2 steps 2-6, §2).
+
+    Args:
+        config_path: path (str or os.PathLike) of a ``.json`` config file; ``None`` uses the
+            packaged default ``msprobe/config.json``.
+        task: overrides the file's ``task`` and selects the section read (one of
+            'statistics', 'tensor', 'structure', 'exception_dump').
+        dump_path: overrides the file's ``dump_path`` (made absolute, not created).
+        level: overrides the file's ``level`` ('L0', 'L1', 'L2', 'mix', 'debug').
+        step: overrides the file's ``step`` (list syntax of spec §2.2).
+        ``None`` means "not given" for every keyword argument.
+
+    Returns:
+        The frozen :class:`DumpConfig`.
+
+    Raises:
+        ConfigError: ``config_path`` is not a str/PathLike, does not end in ``.json``, does not
+            exist, is not valid JSON (the message gives line and column) or its top level is not
+            an object; or any field or keyword argument is invalid (the message names it, shows
+            the value and what is allowed); or a cross-field rule of spec §2.1 is violated.
+
+    Logs (logger ``'msprobe'``): a warning when task 'structure' forces level 'mix', when
+    ``tensor_list`` is dropped for level 'debug', and when ``async_dump`` is on; unknown
+    top-level keys at debug level.
+    """
+    path = _resolve_path(config_path)
+    data = _read_json(path)
+    given = {"task": task, "dump_path": dump_path, "level": level, "step": step}
+    overrides = {name: value for name, value in given.items() if value is not None}
+    raw, section_name = _collect(data, overrides)
+    token = _LOAD_CONTEXT.set({"section": section_name, "arguments": frozenset(overrides)})
+    try:
+        return DumpConfig(**raw)
+    finally:
+        _LOAD_CONTEXT.reset(token)

@@ -1,0 +1,45 @@
+"""Flush: turns pending tensor slots into finished leaf records (statistics layer entry point).
+
+This is the only place that reads tensor data. It runs at flush points (batch full, before an in-place
+operation, ``stop()``, ``step()``, exit), never per hooked call: the first host read of a batch
+synchronises the device once, the rest are zero-copy views on CPU.
+"""
+from __future__ import annotations
+
+import os
+
+from msprobe.core import stats
+
+
+def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error) -> None:
+    """Fill ``slot.leaf`` for every slot (statistics, optional CRC-32, optional ``.npy`` file).
+
+    Args:
+        slots: iterable of :class:`msprobe.core.records.TensorSlot`.
+        md5: add ``"md5"``: CRC-32 of the tensor bytes as 8 hex digits (spec §4.7).
+        tensor_dir: directory for ``.npy`` files of slots with a ``data_name``.
+        on_error: ``callable(str)`` told about a tensor that could not be read; its leaf then has
+            null statistics and an ``"error"`` field. Never raises for bad tensors.
+    """
+    for slot in slots:
+        if slot.leaf is not None:
+            continue
+        leaf = {"type": slot.type_name, "dtype": slot.dtype, "shape": slot.shape}
+        try:
+            if slot.type_name == "numpy.ndarray":
+                arr, stored = slot.tensor, "native"
+            else:
+                arr, stored = stats.to_host(slot.tensor)
+            leaf.update(stats.compute_stats(arr))
+            if slot.data_name and tensor_dir:
+                stats.save_npy(os.path.join(tensor_dir, slot.data_name), arr)
+                leaf["data_name"] = slot.data_name
+                if stored != "native":
+                    leaf["stored_as"] = stored
+            if md5:
+                leaf["md5"] = stats.crc32_hex(arr)
+        except Exception as exc:  # a bad tensor must not break the training step
+            leaf.update({"Max": None, "Min": None, "Mean": None, "Norm": None, "error": repr(exc)})
+            on_error(f"could not read tensor for {slot.data_name or slot.dtype}: {exc!r}")
+        slot.leaf = leaf
+        slot.tensor = None

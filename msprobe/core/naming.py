@@ -1,0 +1,59 @@
+"""The one grammar for entry names and tensor file names (seed: "dump结果文件说明").
+
+Entry names (keys of ``dump.json["data"]``):
+
+* API / Primitive / Jit: ``{prefix}.{api}.{n}.{forward|backward}`` e.g. ``Functional.relu.0.forward``,
+  ``Primitive.conv1.Conv2D.0.forward``; ``n`` counts calls of that API within the step.
+* Cell: ``Cell.{path}.{Class}.{forward|backward}.{k}`` e.g. ``Cell.conv2.Conv2d.forward.0``.
+* Parameter gradients: ``Cell.{path}.{Class}.parameters_grad.{g}``.
+* Debug level: ``{name}.{count}.debug``.
+
+Tensor files (``dump_tensor_data/``): ``{entry}.{category}.{index path}.npy`` where category is
+``input`` (positional args, and backward ``input``), ``kwargs``, ``output`` or ``parameters``, e.g.
+``Functional.split.0.forward.input.0.npy``, ``Cell.conv1.Conv2d.forward.0.parameters.weight.npy``;
+parameter gradients ``{prefix}.parameters_grad.{g}.{param}.npy``.
+"""
+from __future__ import annotations
+
+import hashlib
+
+FORWARD = "forward"
+BACKWARD = "backward"
+
+#: longest file name most file systems accept, in bytes
+MAX_FILE_NAME_BYTES = 255
+
+
+def api_entry(api: str, count: int, direction: str) -> str:
+    """Entry name of an API call, ``api`` being ``"{prefix}.{name}"`` (e.g. ``"Tensor.__add__"``)."""
+    return f"{api}.{count}.{direction}"
+
+
+def cell_entry(cell_prefix: str, direction: str, count: int) -> str:
+    """Entry name of a Cell call, ``cell_prefix`` being ``"Cell.{path}.{Class}"``."""
+    return f"{cell_prefix}.{direction}.{count}"
+
+
+def param_grad_entry(cell_prefix: str, count: int) -> str:
+    """Entry name holding the parameter gradients of one Cell."""
+    return f"{cell_prefix}.parameters_grad.{count}"
+
+
+def cell_prefix(path: str, class_name: str, index: int | None = None) -> str:
+    """``Cell.{[index.]}{path}.{Class}``; ``index`` is the model's position when a list was passed."""
+    head = "Cell" if index is None else f"Cell.{index}"
+    return f"{head}.{path}.{class_name}"
+
+
+def data_file_name(entry: str, category: str, index_path: tuple) -> str:
+    """Name of the ``.npy`` file of one tensor, shortened when longer than 255 bytes.
+
+    A name over :data:`MAX_FILE_NAME_BYTES` keeps its first 200 characters plus a SHA-1 suffix, so it
+    stays unique and loadable; ``dump.json`` keeps the entry's full name next to ``data_name``.
+    """
+    parts = [entry, *([category] if category else []), *map(str, index_path)]
+    name = ".".join(parts) + ".npy"
+    if len(name.encode()) <= MAX_FILE_NAME_BYTES:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()
+    return f"{name.encode()[:200].decode(errors='ignore')}.{digest}.npy"

@@ -1,0 +1,265 @@
+"""Runtime: the one object that owns dump state (lesson "One owner of runtime state" in STYLE.md).
+
+It holds the step number, the per-step call counters (API, Primitive, Cell, parameter gradients),
+the per-thread Cell stack and "inside tool code" depth, the pending batch of records and the writer of
+the current step. :meth:`Runtime.end_step` is the single place where per-step state is reset.
+
+Capture code talks to it through :meth:`record`, :meth:`record_item`, :meth:`next_count`,
+:meth:`flush` and :meth:`busy`; it never touches the writer or files directly.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+
+from mindspore import Parameter, ops
+
+from msprobe.core import naming
+from msprobe.core.filters import Selector
+from msprobe.core.flush import materialize
+from msprobe.core.records import Describer
+from msprobe.core.stacks import StackTable
+from msprobe.core.writer import StepWriter
+
+logger = logging.getLogger("msprobe")
+
+_deepcopy = ops.deepcopy  # bound before any wrapper is installed: the tool's own snapshot op
+
+#: flush when this many tensors are pending ...
+FLUSH_SLOTS = 512
+#: ... or they hold this many bytes (deferred tensors keep device memory alive) ...
+FLUSH_BYTES = 64 << 20
+#: ... or this many seconds passed since the last flush (bounds what a crash can lose)
+FLUSH_SECONDS = 2.0
+
+
+def _snapshot(tensor):
+    """Parameters change in place (optimizer); copy them on device, without a host transfer."""
+    if isinstance(tensor, Parameter):
+        return _deepcopy(tensor)
+    return tensor
+
+
+class Runtime:
+    """Dump state for one process.
+
+    Args:
+        config: a :class:`msprobe.core.config.DumpConfig`.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        self.loop = 0
+        self.init_step = 0
+        self.running = False
+        self.rank = None
+        self.rank_override = None
+        self.counters: dict = defaultdict(int)
+        self.selector = Selector(config)
+        self.save_tensors = config.task == "tensor"
+        self.records_data = config.task in ("statistics", "tensor")
+        self.track_parents = config.extra_info and config.level in ("L0", "mix")
+        self.stacks = StackTable()
+        self.writer: StepWriter | None = None
+        self._tls = threading.local()
+        self._lock = threading.RLock()
+        self._pending: list = []
+        self._pending_slots: list = []
+        self._pending_bytes = 0
+        self._emitted_stacks: set = set()
+        self._pid = os.getpid()
+        self.late_pieces = 0
+
+    # ------------------------------------------------------------------ state queries
+    @property
+    def step(self) -> int:
+        """Current step number (``set_init_step`` offset plus completed ``step()`` calls)."""
+        return self.init_step + self.loop
+
+    def busy(self) -> bool:
+        """True inside tool code or inside an already-recorded call on this thread (skip hooks)."""
+        return getattr(self._tls, "depth", 0) > 0 or os.getpid() != self._pid
+
+    def enter(self) -> None:
+        self._tls.depth = getattr(self._tls, "depth", 0) + 1
+
+    def leave(self) -> None:
+        self._tls.depth -= 1
+
+    @property
+    def cell_stack(self) -> list:
+        stack = getattr(self._tls, "cell_stack", None)
+        if stack is None:
+            stack = self._tls.cell_stack = []
+        return stack
+
+    def cell_frames(self) -> list:
+        """Per-thread stack of open Cell calls (forward hook bookkeeping)."""
+        frames = getattr(self._tls, "cell_frames", None)
+        if frames is None:
+            frames = self._tls.cell_frames = []
+        return frames
+
+    def next_count(self, key: str) -> int:
+        """Return the call index of ``key`` in this step and advance it."""
+        n = self.counters[key]
+        self.counters[key] = n + 1
+        return n
+
+    # ------------------------------------------------------------------ step directories
+    def resolve_rank(self):
+        if self.rank_override is not None:
+            return self.rank_override
+        try:
+            from mindspore.communication import GlobalComm, get_rank
+
+            if GlobalComm.INITED:
+                return get_rank()
+        except Exception:  # communication unavailable: single process
+            pass
+        return None
+
+    def step_directory(self) -> str:
+        rank_dir = f"rank{self.rank}" if self.rank is not None else f"proc{os.getpid()}"
+        return os.path.join(self.config.dump_path, f"step{self.step}", rank_dir)
+
+    def open_step(self) -> StepWriter:
+        """Create (once per step) the writer of the current step and rank."""
+        if self.writer is None or self.writer.closed:
+            self.rank = self.resolve_rank()
+            header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
+            self.writer = StepWriter(self.step_directory(), header,
+                                     tensor_data=self.save_tensors or bool(self.config.tensor_list),
+                                     extra_info=self.config.extra_info)
+            self._emitted_stacks = set()
+        return self.writer
+
+    # ------------------------------------------------------------------ recording
+    def _saves(self, entry: str) -> bool:
+        if self.save_tensors:
+            return True
+        return any(item in entry for item in self.config.tensor_list)
+
+    def record(self, entry: str, key: str, value, category: str, writer=None) -> None:
+        """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files."""
+        if not self.records_data:
+            return
+        writer = writer or self.writer
+        saves = self._saves(entry)
+        describer = Describer(
+            (lambda path: naming.data_file_name(entry, category, path)) if saves else (lambda path: None),
+            _snapshot)
+        value = describer.describe(value)
+        self._queue({"e": entry, "k": key, "v": value}, describer.slots, writer)
+
+    def record_item(self, entry: str, key: str, index: int, size: int, tensor, category: str,
+                    writer) -> None:
+        """Queue item ``index`` of the list ``data[entry][key]`` (backward gradients, one by one)."""
+        if not self.records_data:
+            return
+        if writer is None or writer.closed:
+            self.late_pieces += 1
+            if self.late_pieces == 1:
+                logger.warning("msprobe: gradient data for %s arrived after its step was closed; call "
+                               "debugger.step() after the backward pass", entry)
+            return
+        saves = self._saves(entry)
+        describer = Describer(
+            (lambda path: naming.data_file_name(entry, category, (index,) + path)) if saves
+            else (lambda path: None), _snapshot)
+        value = describer.describe(tensor)
+        self._queue({"e": entry, "k": key, "i": index, "n": size, "v": value}, describer.slots, writer)
+
+    def record_param_grad(self, entry: str, pname: str, grad) -> None:
+        """Queue ``data[entry][pname] = [describe(grad)]`` (file ``{entry}.{pname}.npy``)."""
+        if not self.records_data:
+            return
+        name = naming.data_file_name(entry, "", (pname,)) if self._saves(entry) else None
+        describer = Describer(lambda path: name, _snapshot)
+        value = describer.describe(grad)
+        self._queue({"e": entry, "k": pname, "v": [value]}, describer.slots, self.writer)
+
+    def record_stack(self, entry: str, writer=None) -> None:
+        """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""
+        if not self.config.extra_info:
+            return
+        writer = writer or self.writer
+        sid = self.stacks.current()
+        lines = []
+        if sid not in self._emitted_stacks:
+            self._emitted_stacks.add(sid)
+            lines.append({"s": sid, "f": self.stacks.rendered[sid]})
+        lines.append({"e": entry, "stack": sid})
+        with self._lock:
+            self._pending.extend((writer, line) for line in lines)
+
+    def record_parent(self, name: str, parent, writer=None) -> None:
+        """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
+        if not self.config.extra_info:
+            return
+        with self._lock:
+            self._pending.append((writer or self.writer, {"c": name, "p": parent}))
+
+    def _queue(self, line: dict, slots: list, writer) -> None:
+        with self._lock:
+            self._pending.append((writer, line))
+            self._pending_slots.extend(slots)
+            self._pending_bytes += sum(s.nbytes() for s in slots)
+            full = (len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
+                    or time.monotonic() - writer.last_flush >= FLUSH_SECONDS)
+        if full:
+            self.flush()
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending_slots)
+
+    def flush(self) -> None:
+        """Compute statistics of everything pending and append it to the journals."""
+        with self._lock:
+            pending, slots = self._pending, self._pending_slots
+            self._pending, self._pending_slots, self._pending_bytes = [], [], 0
+        if not pending:
+            return
+        self.enter()
+        try:
+            by_writer: dict = {}
+            for writer, line in pending:
+                by_writer.setdefault(id(writer), (writer, []))[1].append(line)
+            if slots:
+                target = pending[0][0]
+                materialize(slots, md5=self.config.md5,
+                            tensor_dir=target.tensor_dir if target else None,
+                            on_error=target.error if target else logger.warning)
+            for writer, lines in by_writer.values():
+                if writer is None or writer.closed:
+                    self.late_pieces += len(lines)
+                    continue
+                writer.append(lines)
+        finally:
+            self.leave()
+
+    # ------------------------------------------------------------------ lifecycle
+    def write_files(self) -> None:
+        """Flush and write the seed's JSON files for the current step (``stop()``)."""
+        self.flush()
+        if self.writer is not None and not self.writer.closed:
+            self.writer.write_files()
+
+    def end_step(self) -> None:
+        """Close the current step and reset every per-step state (``step()``). The only reset path."""
+        self.flush()
+        if self.writer is not None:
+            self.writer.close()
+        if self.late_pieces:
+            logger.warning("msprobe: %d gradient records arrived after their step was closed and were "
+                           "not written", self.late_pieces)
+        self.writer = None
+        self.late_pieces = 0
+        self.counters.clear()
+        self.selector.reset()
+        self._tls = threading.local()
+        self.loop += 1

@@ -1,0 +1,500 @@
+"""Exact tensor statistics, CRC-32, host conversion and ``.npy`` files.
+
+This module runs at flush time, off the per-call hot path: the engine hands it
+MindSpore tensors that are already materialised, and it turns each one into a
+host numpy array (:func:`to_host`), computes the four ``dump.json`` statistics
+(:func:`compute_stats`), the ``md5`` field (:func:`crc32_hex`) and writes or
+reads tensor files (:func:`save_npy`, :func:`load_npy`).
+
+Statistics rules of :func:`compute_stats` (one rule per case, checked in this
+order):
+
+1. **Empty** array (``size == 0``): ``Max``, ``Min``, ``Mean``, ``Norm`` are all
+   ``None``.
+2. **bool**: ``Max`` = any element true, ``Min`` = all elements true (Python
+   ``bool``); ``Mean`` and ``Norm`` are ``None``. This also holds for 0-d bools.
+3. **0-d** (scalar) array: all four are the scalar itself as a Python number in
+   its own kind: an integer stays ``int``, a float is a ``float``. A complex
+   scalar gives its magnitude ``abs(x)`` (a ``float``), following rule 6.
+4. **Integers** (int8 ... uint64): ``Max``/``Min`` are the exact extremes as
+   Python ``int``. ``Mean`` is the *exact* integer sum divided by the element
+   count (correctly rounded Python ``float``; no overflow at any size).
+   ``Norm`` = ``sqrt(sum(x*x))`` with each element converted to float64 and the
+   sum accumulated in float64 (never in the integer type, so it cannot wrap).
+5. **Floats** (float16, float32, float64; bfloat16 after :func:`to_host` has
+   upcast it to float32): ``Max``/``Min`` are element values, exact, as Python
+   ``float``. ``Mean`` = sum / n and ``Norm`` = sqrt(sum of squares), both
+   accumulated in float64 whatever the input precision (float16/float32
+   squares are exact in float64, so e.g. ``full(1000, 300, float16)`` gives
+   ``300*sqrt(1000)`` instead of an fp16 overflow). When float64 data are
+   finite but the float64 sum or sum of squares overflows or underflows
+   (magnitudes near 1e±154 and beyond), they are recomputed scaled by the
+   largest magnitude, so the result is finite and accurate.
+6. **Complex** (complex64, complex128): statistics of the magnitudes
+   ``|x|``, computed in float64 (complex64 is upcast first), then rule 5.
+7. **NaN / Inf rule** (numpy semantics, the same for every dtype): if any
+   element is NaN, ``Max``, ``Min``, ``Mean`` and ``Norm`` are all NaN.
+   Otherwise ±Inf propagate as IEEE arithmetic dictates: ``Max`` = +inf if any
+   +inf, ``Min`` = -inf if any -inf, ``Mean`` = ±inf (NaN if both +inf and
+   -inf are present), ``Norm`` = +inf. Values are Python ``float`` ``nan`` /
+   ``inf``; no warning is emitted.
+
+Other dtypes (strings, objects, structured) raise ``TypeError``.
+
+Cost: one pass over the data, in chunks of ``_CHUNK`` elements: each chunk is
+upcast into a reused float64 buffer that stays in cache, so no full-size
+float64 copy is ever allocated. bfloat16 conversion is a zero-copy
+``asnumpy()`` reinterpreted as ``uint16`` bits and shifted into float32 (bit
+exact, the only full-size allocation).
+
+Only numpy is needed at import time; MindSpore is imported lazily, on first use
+of :data:`MS_DTYPE_NAMES` (so readers of dumps do not pay for it).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import itertools
+import math
+import os
+import threading
+import zlib
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import numpy as np
+
+__all__ = [
+    "MS_DTYPE_NAMES",
+    "dtype_name",
+    "to_host",
+    "compute_stats",
+    "crc32_hex",
+    "save_npy",
+    "load_npy",
+]
+
+#: Elements per chunk: a float64 chunk (512 KiB) stays in L2 cache.
+_CHUNK = 1 << 16
+
+#: How :func:`to_host` stored a tensor whose values numpy can hold as they are.
+NATIVE = "native"
+
+#: ``.npy`` descriptors MindSpore writes for bfloat16 data (numpy rejects them).
+_BF16_DESCR_SUFFIX = "E2"
+
+_STAT_KEYS = ("Max", "Min", "Mean", "Norm")
+
+_MS_NAMES = (
+    ("float16", "Float16"),
+    ("float32", "Float32"),
+    ("float64", "Float64"),
+    ("bfloat16", "BFloat16"),
+    ("int8", "Int8"),
+    ("int16", "Int16"),
+    ("int32", "Int32"),
+    ("int64", "Int64"),
+    ("uint8", "UInt8"),
+    ("uint16", "UInt16"),
+    ("uint32", "UInt32"),
+    ("uint64", "UInt64"),
+    ("bool_", "Bool"),
+    ("complex64", "Complex64"),
+    ("complex128", "Complex128"),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _ms_dtype_names() -> Dict[Any, str]:
+    import mindspore as ms  # lazy: 1.7 s import, not needed to read dumps
+
+    return {getattr(ms, attr): name for attr, name in _MS_NAMES}
+
+
+def __getattr__(name: str) -> Any:
+    """Module attribute hook (PEP 562) that builds ``MS_DTYPE_NAMES`` lazily.
+
+    ``MS_DTYPE_NAMES``: ``dict`` mapping each MindSpore dtype object
+    (``mindspore.float32``, ``mindspore.bfloat16``, ...) to its ``dump.json``
+    name (``'Float32'``, ``'BFloat16'``, ...). On MindSpore 2.10 every name
+    equals ``str(dtype)``.
+    """
+    if name == "MS_DTYPE_NAMES":
+        return _ms_dtype_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------
+# dtype names and host conversion
+# --------------------------------------------------------------------------
+
+
+def dtype_name(tensor: Any) -> str:
+    """Return the ``dump.json`` dtype string of the *original* value.
+
+    Args:
+        tensor: a ``mindspore.Tensor`` (also ``Parameter``/StubTensor) or a
+            ``numpy.ndarray``.
+
+    Returns:
+        For MindSpore tensors the MindSpore name, e.g. ``'Float32'``,
+        ``'BFloat16'``, ``'Bool'`` (``str(dtype)`` for dtypes outside
+        :data:`MS_DTYPE_NAMES`, e.g. ``'Float8E4M3FN'``). For numpy arrays
+        ``str(arr.dtype)``, e.g. ``'float32'``, as the reference tool records.
+
+    Raises:
+        AttributeError: ``tensor`` has no ``dtype``.
+    """
+    dtype = tensor.dtype
+    if isinstance(tensor, np.ndarray):
+        return str(dtype)
+    return _ms_dtype_names().get(dtype) or str(dtype)
+
+
+def to_host(tensor: Any) -> Tuple[np.ndarray, str]:
+    """Convert a materialised tensor to a host numpy array.
+
+    Args:
+        tensor: a ``mindspore.Tensor`` (any shape, on the CPU backend) or a
+            ``numpy.ndarray``. The caller guarantees it is materialised.
+
+    Returns:
+        ``(array, how)``. For dtypes numpy holds natively ``array`` is the
+        zero-copy ``tensor.asnumpy()`` (it shares memory with the tensor: do
+        not modify it) and ``how`` is ``'native'``. bfloat16 is upcast bit
+        exactly to float32 (``how == 'bfloat16->float32'``); other
+        non-numpy floats (FP8) are cast to float32 with
+        ``how == '<lower-case dtype name>->float32'``.
+
+    Raises:
+        TypeError: the value has a dtype that cannot be converted to float32.
+    """
+    if isinstance(tensor, np.ndarray):
+        return _upcast_extension(tensor, tensor.dtype.name.lower())
+    original = dtype_name(tensor).lower()
+    if original == "bfloat16":
+        return _bf16_bits_to_float32(_bf16_bits(tensor)), "bfloat16->float32"
+    return _upcast_extension(tensor.asnumpy(), original)
+
+
+def _bf16_bits(tensor: Any) -> np.ndarray:
+    """Raw uint16 bits of a MindSpore bfloat16 tensor (zero-copy when possible)."""
+    try:
+        return tensor.asnumpy().view(np.uint16)
+    except (TypeError, ValueError, RuntimeError, SystemError):
+        import mindspore as ms
+
+        return tensor.view(ms.uint16).asnumpy()
+
+
+def _bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """Bit-exact bfloat16 -> float32: the bf16 bits are the float32 high half."""
+    out = np.empty_like(bits, dtype=np.uint32)  # keeps shape and memory order
+    np.left_shift(bits, 16, out=out, dtype=np.uint32)
+    return out.view(np.float32)
+
+
+def _is_extension_dtype(dtype: np.dtype) -> bool:
+    """True for dtypes registered by extensions (bfloat16, FP8), not numpy's own."""
+    return dtype.isbuiltin == 2
+
+
+def _upcast_extension(arr: np.ndarray, name: str) -> Tuple[np.ndarray, str]:
+    """Return ``arr`` unchanged, or as float32 if its dtype is an extension float."""
+    if not _is_extension_dtype(arr.dtype):
+        return arr, NATIVE
+    if arr.dtype.itemsize == 2 and "bfloat16" in arr.dtype.name.lower():
+        return _bf16_bits_to_float32(arr.view(np.uint16)), "bfloat16->float32"
+    try:
+        return arr.astype(np.float32), f"{name}->float32"
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot convert dtype {arr.dtype} ({name}) to float32") from exc
+
+
+# --------------------------------------------------------------------------
+# statistics
+# --------------------------------------------------------------------------
+
+
+def compute_stats(arr: np.ndarray) -> Dict[str, Any]:
+    """Compute ``Max``, ``Min``, ``Mean``, ``Norm`` of a host array.
+
+    The rules (empty, bool, 0-d, integer, float, complex, NaN/Inf) are listed
+    in the module docstring.
+
+    Args:
+        arr: ``numpy.ndarray`` of any shape and memory layout (bool, integer,
+            float16/32/64, complex64/128; a bfloat16/FP8 extension array is
+            upcast to float32 first). Normally the array from :func:`to_host`.
+
+    Returns:
+        ``{'Max': ..., 'Min': ..., 'Mean': ..., 'Norm': ...}`` with Python
+        ``bool``/``int``/``float`` values or ``None``.
+
+    Raises:
+        TypeError: unsupported dtype (string, object, structured, ...).
+    """
+    arr = _upcast_extension(np.asarray(arr), "")[0]
+    kind = arr.dtype.kind
+    if kind not in "biufc":
+        raise TypeError(f"no statistics for dtype {arr.dtype}")
+    if arr.size == 0:
+        return _stats(None, None, None, None)
+    if kind == "b":
+        return _stats(bool(arr.any()), bool(arr.all()), None, None)
+    if arr.ndim == 0:
+        value = _scalar(arr)
+        return _stats(value, value, value, value)
+    flat = arr.reshape(-1)  # a view for contiguous data; one copy otherwise
+    with np.errstate(all="ignore"):
+        if kind in "iu":
+            return _integer_stats(flat)
+        return _float_stats(flat)
+
+
+def _stats(mx: Any, mn: Any, mean: Any, norm: Any) -> Dict[str, Any]:
+    return dict(zip(_STAT_KEYS, (mx, mn, mean, norm)))
+
+
+def _scalar(arr: np.ndarray) -> Any:
+    """A 0-d numeric array as a Python int/float (complex: its magnitude)."""
+    kind = arr.dtype.kind
+    if kind in "iu":
+        return int(arr)
+    if kind == "c":
+        return float(np.abs(arr.astype(np.complex128)))
+    return float(arr)
+
+
+def _chunks(flat: np.ndarray) -> Iterator[np.ndarray]:
+    for start in range(0, flat.size, _CHUNK):
+        yield flat[start:start + _CHUNK]
+
+
+def _to_float64_reader(dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """Return ``read(chunk, buf) -> float64 values of chunk`` for a dtype.
+
+    float64 chunks are used in place; other dtypes are copied into ``buf``;
+    complex chunks become their magnitudes computed in float64.
+    """
+    if dtype == np.float64:
+        return lambda chunk, buf: chunk
+    if dtype.kind == "c":
+        return lambda chunk, buf: np.absolute(chunk, out=buf[:chunk.size], dtype=np.float64)
+
+    def copy(chunk: np.ndarray, buf: np.ndarray) -> np.ndarray:
+        out = buf[:chunk.size]
+        np.copyto(out, chunk, casting="unsafe")
+        return out
+
+    return copy
+
+
+def _extremes_on_native(dtype: np.dtype) -> bool:
+    """Whether max/min are taken on the original chunk (fast SIMD, exact).
+
+    float16 max/min is not vectorised in numpy (50x slower), so it is taken
+    on the exact float64 copy instead; complex uses the magnitudes.
+    """
+    return dtype.kind in "iu" or dtype in (np.float32, np.float64)
+
+
+def _scan(flat: np.ndarray, exact_int_sum: bool, scale: float = 1.0):
+    """One chunked pass: extremes, sum and sum of squares.
+
+    Args:
+        flat: 1-D non-empty numeric array.
+        exact_int_sum: sum integers exactly (Python int) instead of in float64.
+        scale: divide every float64 value by this before summing (overflow and
+            underflow guard); extremes are unscaled.
+
+    Returns:
+        ``(max, min, total, sum_of_squares)``; max/min are numpy scalars of the
+        extremes' dtype, ``total`` is a Python int or float, sum_of_squares a
+        float.
+    """
+    read = _to_float64_reader(flat.dtype)
+    native = _extremes_on_native(flat.dtype)
+    buf = np.empty(min(flat.size, _CHUNK), dtype=np.float64)
+    highs: List[Any] = []
+    lows: List[Any] = []
+    sums: List[Any] = []
+    squares: List[float] = []
+    for chunk in _chunks(flat):
+        values = read(chunk, buf)
+        source = chunk if native else values
+        highs.append(source.max())
+        lows.append(source.min())
+        if scale != 1.0:
+            values = np.divide(values, scale, out=buf[:chunk.size])
+        sums.append(_exact_int_sum(chunk) if exact_int_sum else values.sum())
+        squares.append(float(np.dot(values, values)))
+    total = sum(sums) if exact_int_sum else _accurate_sum(sums)
+    return np.max(highs), np.min(lows), total, _accurate_sum(squares)
+
+
+def _exact_int_sum(chunk: np.ndarray) -> int:
+    """Exact sum of an integer chunk (at most ``_CHUNK`` elements) as Python int.
+
+    Types up to 32 bits are summed in 64-bit integers (cannot wrap for
+    2**16 elements). 64-bit values are split into high and low 32-bit halves
+    whose sums also fit.
+    """
+    if chunk.dtype.itemsize < 8:
+        wide = np.int64 if chunk.dtype.kind == "i" else np.uint64
+        return int(np.add.reduce(chunk, dtype=wide))
+    high = int(np.add.reduce(chunk >> 32))
+    low = int(np.add.reduce(chunk & 0xFFFFFFFF))
+    return (high << 32) + low
+
+
+def _accurate_sum(parts: List[Any]) -> float:
+    """Correctly rounded sum of float partials; IEEE result when non-finite."""
+    try:
+        return math.fsum(parts)
+    except (OverflowError, ValueError):  # inf - inf, or intermediate overflow
+        return float(np.sum(np.asarray(parts, dtype=np.float64)))
+
+
+def _integer_stats(flat: np.ndarray) -> Dict[str, Any]:
+    mx, mn, total, squares = _scan(flat, exact_int_sum=True)
+    return _stats(int(mx), int(mn), total / flat.size, math.sqrt(squares))
+
+
+def _float_stats(flat: np.ndarray) -> Dict[str, Any]:
+    mx, mn, total, squares = _scan(flat, exact_int_sum=False)
+    mx, mn = float(mx), float(mn)
+    scale = max(abs(mx), abs(mn))
+    if _needs_rescale(total, squares, scale):
+        _, _, total, squares = _scan(flat, exact_int_sum=False, scale=scale)
+        return _stats(mx, mn, total / flat.size * scale, math.sqrt(squares) * scale)
+    return _stats(mx, mn, total / flat.size, math.sqrt(squares))
+
+
+def _needs_rescale(total: float, squares: float, scale: float) -> bool:
+    """Finite data whose float64 sums overflowed or whose squares underflowed."""
+    if not math.isfinite(scale) or scale == 0.0:
+        return False  # NaN/Inf present (propagate) or all zeros (exact)
+    overflow = not (math.isfinite(total) and math.isfinite(squares))
+    return overflow or squares < np.finfo(np.float64).tiny
+
+
+# --------------------------------------------------------------------------
+# CRC-32 and .npy files
+# --------------------------------------------------------------------------
+
+
+def crc32_hex(arr: np.ndarray) -> str:
+    """CRC-32 of an array's raw bytes, as the ``md5`` field of ``dump.json``.
+
+    Args:
+        arr: ``numpy.ndarray`` of any dtype/shape. The bytes hashed are those
+            of the C-contiguous, little-endian layout (what ``arr.tobytes()``
+            gives on a little-endian host); already contiguous little-endian
+            arrays are hashed without a copy. For bfloat16 pass the float32
+            array from :func:`to_host` (the reference tool hashes float32).
+
+    Returns:
+        ``zlib.crc32`` (polynomial of zlib, initial value 0) as 8 lowercase
+        hex digits, e.g. ``'1a2b3c4d'``.
+    """
+    arr = np.asarray(arr)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    arr = np.ascontiguousarray(arr)  # no copy when already C-contiguous
+    raw = arr.reshape(-1).view(np.uint8)  # buffer export of any dtype, 0-d too
+    return f"{zlib.crc32(raw) & 0xFFFFFFFF:08x}"
+
+
+_tmp_counter = itertools.count()
+
+
+def save_npy(path: str, arr: np.ndarray) -> None:
+    """Write ``arr`` to ``path`` in ``.npy`` format, atomically.
+
+    The data go to a hidden temporary file in the same directory which is
+    then renamed over ``path`` (``os.replace``), so a crash never leaves a
+    truncated ``.npy`` under the final name. No ``fsync``: the guarantee is
+    against process crashes, not power loss. ``path`` is used as given (no
+    ``.npy`` is appended).
+
+    Args:
+        path: destination file; its directory must exist.
+        arr: ``numpy.ndarray`` with a numpy-native dtype (convert bfloat16
+            with :func:`to_host` first).
+
+    Raises:
+        TypeError: object dtype or an extension dtype (``numpy.load`` with
+            ``allow_pickle=False`` could not read it back).
+        OSError: the file cannot be written.
+    """
+    arr = np.asanyarray(arr)
+    if arr.dtype.hasobject or _is_extension_dtype(arr.dtype):
+        raise TypeError(f"cannot save dtype {arr.dtype} as a pickle-free .npy")
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(
+        directory, f".npy-{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}.tmp"
+    )
+    try:
+        with open(tmp, "xb") as fh:
+            np.save(fh, arr, allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def load_npy(path: str) -> np.ndarray:
+    """Load a ``.npy`` file, including MindSpore's bfloat16 kernel dumps.
+
+    Args:
+        path: ``.npy`` file. Standard files are read with
+            ``numpy.load(allow_pickle=False)``. Files whose header ``descr``
+            is ``'<E2'`` (how MindSpore's native dump writes bfloat16, which
+            numpy rejects) are decoded from their uint16 payload.
+
+    Returns:
+        The array; bfloat16 files come back as float32 (bit-exact upcast),
+        same shape and memory order.
+
+    Raises:
+        ValueError: malformed header or truncated payload.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        header = _read_npy_header(fh)
+        descr = header["descr"]
+        if isinstance(descr, str) and descr.endswith(_BF16_DESCR_SUFFIX):
+            return _read_bf16_payload(fh, header, path)
+    return np.load(path, allow_pickle=False)
+
+
+def _read_npy_header(fh) -> Dict[str, Any]:
+    """Parse the header dict of an open ``.npy`` file, leaving fh at the data."""
+    major, _minor = np.lib.format.read_magic(fh)
+    if major not in (1, 2, 3):
+        raise ValueError(f"unsupported .npy format version {major}")
+    size_bytes = 2 if major == 1 else 4
+    length = int.from_bytes(fh.read(size_bytes), "little")
+    text = fh.read(length).decode("utf-8" if major == 3 else "latin1")
+    try:
+        header = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"malformed .npy header {text!r}") from exc
+    if not isinstance(header, dict) or not {"descr", "fortran_order", "shape"} <= header.keys():
+        raise ValueError(f"malformed .npy header {text!r}")
+    return header
+
+
+def _read_bf16_payload(fh, header: Dict[str, Any], path: str) -> np.ndarray:
+    shape = tuple(header["shape"])
+    count = math.prod(shape)
+    byteorder = ">" if header["descr"].startswith(">") else "<"
+    bits = np.fromfile(fh, dtype=np.dtype(byteorder + "u2"), count=count)
+    if bits.size != count:
+        raise ValueError(f"{path}: truncated bfloat16 payload ({bits.size} of {count} values)")
+    order = "F" if header["fortran_order"] else "C"
+    bits = bits.astype(np.uint16, copy=False).reshape(shape, order=order)
+    return _bf16_bits_to_float32(bits)

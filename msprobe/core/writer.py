@@ -1,0 +1,159 @@
+"""Writer: one per dumped step and rank directory (``{dump_path}/step{N}/rank{R}/``).
+
+During the step, records are appended to ``dump.journal`` (JSON lines) at every flush, so a crash or
+kill loses at most the records not yet flushed. ``write_files()`` (at ``stop()``) and ``close()`` (at
+``step()``/exit) replay the journal into the seed's files: ``dump.json``, ``stack.json``,
+``construct.json``; ``close()`` then removes the journal. :func:`replay` is shared with the reader.
+
+Journal line kinds:
+
+* ``{"e": entry, "k": key, "v": value}`` — set ``data[entry][key] = value``
+* ``{"e": entry, "k": key, "i": index, "n": size, "v": leaf}`` — set item ``index`` of a list of
+  ``size`` (backward gradients arrive one by one)
+* ``{"e": entry, "stack": id}`` and ``{"s": id, "f": [frames]}`` — interned call stacks
+* ``{"c": name, "p": parent}`` — construct.json edge
+* ``{"h": header}`` — first line: task, level, framework, dump_data_dir, schema
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+logger = logging.getLogger("msprobe")
+
+SCHEMA = "msprobe-mindspore/1"
+JOURNAL = "dump.journal"
+TENSOR_DIR = "dump_tensor_data"
+
+
+def _atomic_write_json(path: str, obj) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+def replay(lines):
+    """Rebuild ``(header, data, stacks, construct)`` from journal lines (dicts), in order.
+
+    ``stacks`` is the grouped ``stack.json`` form: ``{"0": [[names], [frames]], ...}``.
+    """
+    header, data, construct = {}, {}, {}
+    frames, stack_names = {}, {}
+    for rec in lines:
+        entry = rec.get("e")
+        if entry is not None:
+            body = data.setdefault(entry, {})
+            if "k" in rec:
+                if "i" in rec:
+                    seq = body.get(rec["k"])
+                    if not isinstance(seq, list) or len(seq) < rec["n"]:
+                        seq = (seq or []) + [None] * (rec["n"] - len(seq or []))
+                        body[rec["k"]] = seq
+                    seq[rec["i"]] = rec["v"]
+                else:
+                    body[rec["k"]] = rec["v"]
+            if "stack" in rec:
+                stack_names.setdefault(rec["stack"], []).append(entry)
+        elif "c" in rec:
+            construct[rec["c"]] = rec["p"]
+        elif "s" in rec:
+            frames[rec["s"]] = rec["f"]
+        elif "h" in rec:
+            header = rec["h"]
+    # entries that never got a body (only a stack reference) are not data entries
+    data = {k: v for k, v in data.items() if v}
+    stacks = {}
+    for sid, names in stack_names.items():
+        stacks[str(len(stacks))] = [names, frames.get(sid, [])]
+    return header, data, stacks, construct
+
+
+def read_journal(path: str):
+    """Yield journal records; a torn last line (killed mid-write) is skipped."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                break
+
+
+class StepWriter:
+    """Append-only writer for one ``step{N}/rank{R}`` directory.
+
+    Args:
+        directory: the step/rank directory (created here).
+        header: dict with ``task``, ``level``, ``framework``.
+        tensor_data: whether ``.npy`` files are saved (creates ``dump_tensor_data/``).
+        extra_info: write ``stack.json`` and ``construct.json``.
+    """
+
+    def __init__(self, directory: str, header: dict, tensor_data: bool, extra_info: bool):
+        self.directory = directory
+        self.tensor_dir = os.path.join(directory, TENSOR_DIR) if tensor_data else None
+        self.extra_info = extra_info
+        os.makedirs(self.tensor_dir or directory, exist_ok=True)
+        self.header = dict(header, dump_data_dir=self.tensor_dir, schema=SCHEMA)
+        self.closed = False
+        self._lock = threading.Lock()
+        self._journal_path = os.path.join(directory, JOURNAL)
+        self._journal = open(self._journal_path, "a", encoding="utf-8")
+        self._dirty = True
+        self.append([{"h": self.header}])
+        self.last_flush = time.monotonic()
+
+    def append(self, records: list) -> None:
+        """Append journal records (dicts) and hand them to the OS (survives a process kill)."""
+        if not records or self.closed:
+            return
+        text = "".join(json.dumps(r, ensure_ascii=False, default=_leaf_of) + "\n" for r in records)
+        with self._lock:
+            self._journal.write(text)
+            self._journal.flush()
+            self._dirty = True
+        self.last_flush = time.monotonic()
+
+    def error(self, message: str) -> None:
+        """Record a tool error in ``dump_error_info.log`` (the training goes on)."""
+        logger.warning("msprobe: %s", message)
+        with open(os.path.join(self.directory, "dump_error_info.log"), "a", encoding="utf-8") as f:
+            f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n")
+
+    def write_files(self) -> None:
+        """Write ``dump.json`` (and stack/construct) from everything journaled so far."""
+        with self._lock:
+            if not self._dirty:
+                return
+            header, data, stacks, construct = replay(read_journal(self._journal_path))
+            dump = {k: header.get(k) for k in ("task", "level", "framework", "dump_data_dir")}
+            dump["schema"] = header.get("schema", SCHEMA)
+            dump["data"] = data
+            _atomic_write_json(os.path.join(self.directory, "dump.json"), dump)
+            if self.extra_info:
+                _atomic_write_json(os.path.join(self.directory, "stack.json"), stacks)
+                _atomic_write_json(os.path.join(self.directory, "construct.json"), construct)
+            self._dirty = False
+        logger.info("dump.json is at %s", self.directory)
+
+    def close(self) -> None:
+        """Write the final files and remove the journal. Idempotent."""
+        if self.closed:
+            return
+        self.write_files()
+        with self._lock:
+            self.closed = True
+            self._journal.close()
+            os.remove(self._journal_path)
+
+
+def _leaf_of(obj):
+    leaf = getattr(obj, "leaf", None)
+    if leaf is None:
+        raise TypeError(f"cannot serialise {type(obj).__name__}")
+    return leaf

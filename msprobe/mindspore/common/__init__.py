@@ -1,0 +1,1 @@
+"""Compatibility path of the seed: ``msprobe.mindspore.common.utils``."""

@@ -1,0 +1,105 @@
+"""``PrecisionDebugger``: the seed's interface (seed: "msprobe.mindspore.PrecisionDebugger").
+
+Typical use (PyNative)::
+
+    debugger = PrecisionDebugger(config_path="./config.json")
+    for data, label in batches:
+        debugger.start(model)      # model needed for L0, mix and L1 Primitive capture
+        loss = train_step(data, label)
+        debugger.stop()
+        debugger.step()
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from msprobe.core.config import ConfigError, load_config
+from msprobe.mindspore.service import DumpService
+
+logger = logging.getLogger("msprobe")
+
+
+def _check_non_negative_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, value, "an integer >= 0", kind="argument")
+    if value < 0:
+        raise ConfigError(name, value, "an integer >= 0", kind="argument")
+    return value
+
+
+def _prepare_dump_path(path: str) -> None:
+    """Create ``dump_path``; a missing or read-only parent is refused before training starts."""
+    parent = os.path.dirname(path.rstrip(os.sep)) or "."
+    if not os.path.isdir(parent):
+        raise ConfigError("dump_path", path, "a path whose parent directory exists",
+                          reason=f"parent directory {parent!r} does not exist")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("dump_path", path, "a writable directory", reason=str(exc)) from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("dump_path", path, "a writable directory", reason="permission denied")
+
+
+class PrecisionDebugger:
+    """Configure and drive a precision data dump.
+
+    Args:
+        config_path (str | os.PathLike | None): config.json; ``None`` uses the packaged default.
+        task (str | None): overrides the file's ``task`` (and selects that section).
+        dump_path (str | None): overrides ``dump_path``.
+        level (str | None): overrides ``level`` (``L0``, ``L1``, ``L2``, ``mix``, ``debug``).
+        step (list | None): overrides ``step`` (same syntax as the file: ``[0, "2-4"]``).
+
+    Raises:
+        ConfigError: any invalid value; the message names the field, the value and what is allowed.
+    """
+
+    _instance = None
+
+    def __init__(self, config_path=None, task=None, dump_path=None, level=None, step=None):
+        self.config = load_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
+        _prepare_dump_path(self.config.dump_path)
+        self.service = DumpService(self.config)
+        PrecisionDebugger._instance = self
+
+    def start(self, model=None, token_range=None, rank_id=None) -> None:
+        """Start recording for the current step (seed: "start").
+
+        Args:
+            model (nn.Cell | list[nn.Cell] | tuple[nn.Cell] | None): network whose sub-Cells are hooked
+                (L0, mix) and whose Primitives are hooked (L1). Its root is not recorded itself.
+            token_range (list[int, int] | None): inference only: dump forward passes start..end
+                (inclusive) of the model; needs ``model``.
+            rank_id (int | None): rank directory name to use instead of ``get_rank()``.
+
+        Raises:
+            ConfigError: bad ``rank_id`` or ``token_range``. TypeError: bad ``model``.
+            ValueError: L0/mix without any model given.
+        """
+        if rank_id is not None:
+            self.service.runtime.rank_override = _check_non_negative_int("rank_id", rank_id)
+        if token_range is not None:
+            raise NotImplementedError("token_range is not supported yet")
+        if model is not None:
+            self.service.set_model(model)
+        self.service.start()
+
+    def stop(self) -> None:
+        """Stop recording and write dump.json, stack.json and construct.json so far (seed: "stop")."""
+        self.service.stop()
+
+    def step(self) -> None:
+        """End the step: stop if needed, close its directory, advance the step number (seed: "step")."""
+        self.service.step()
+
+    def set_init_step(self, step: int) -> None:
+        """Number the current step ``step`` (seed: "set_init_step"); call before the training loop.
+
+        Raises:
+            ConfigError: ``step`` is not an integer >= 0.
+        """
+        runtime = self.service.runtime
+        runtime.init_step = _check_non_negative_int("step", step)
+        runtime.loop = 0

@@ -1,0 +1,314 @@
+"""Tests for msprobe.core.config (spec §1.2, §2.1-§2.5)."""
+import json
+import logging
+import os
+
+import pytest
+
+from msprobe.core.config import ConfigError, DumpConfig, load_config, parse_index_list
+
+
+def write(tmp_path, data, name="config.json"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return path
+
+
+def load(tmp_path, data, **kwargs):
+    return load_config(write(tmp_path, data), **kwargs)
+
+
+BASE = {"dump_path": "./out"}
+
+
+# --------------------------------------------------------------------------- defaults
+
+def test_packaged_defaults():
+    cfg = load_config()
+    assert cfg.task == "statistics"
+    assert cfg.dump_path == os.path.abspath("./dump_path")
+    assert (cfg.rank, cfg.step, cfg.level) == ((), (), "L1")
+    assert cfg.extra_info is True and cfg.async_dump is False
+    assert cfg.scope == () and cfg.api_list == () and cfg.tensor_list == ()
+    assert cfg.data_mode == ("all",)
+    assert cfg.summary_mode == "statistics" and cfg.md5 is False
+    assert (cfg.precision, cfg.device, cfg.stat_precision) == ("low", "host", "high")
+    assert cfg.framework == "mindspore"
+    assert cfg.last_step is None
+
+
+def test_dump_path_is_absolute_and_not_created(tmp_path):
+    cfg = load(tmp_path, {"dump_path": str(tmp_path / "a" / ".." / "dump")})
+    assert cfg.dump_path == str(tmp_path / "dump")
+    assert not (tmp_path / "dump").exists()
+
+
+def test_missing_sections_and_fields_use_defaults(tmp_path):
+    cfg = load(tmp_path, {"dump_path": "x", "task": "tensor"})
+    assert cfg.task == "tensor" and cfg.level == "L1" and cfg.data_mode == ("all",)
+
+
+def test_config_is_frozen():
+    cfg = load_config()
+    with pytest.raises(Exception):
+        cfg.level = "L0"
+
+
+def test_unknown_keys_ignored(tmp_path):
+    cfg = load(tmp_path, {**BASE, "seed": 1, "is_deterministic": True,
+                          "statistics": {"slice": [], "bench_path": "x", "summary_mode": "md5"}})
+    assert cfg.md5
+
+
+# --------------------------------------------------------------------------- overrides
+
+def test_kwargs_override_file(tmp_path):
+    cfg = load(tmp_path, {"task": "statistics", "dump_path": "a", "level": "L0", "step": [1]},
+               dump_path="b", level="mix", step=["3-4", 0])
+    assert cfg.dump_path == os.path.abspath("b")
+    assert cfg.level == "mix" and cfg.step == (0, 3, 4)
+
+
+def test_task_kwarg_switches_task_and_section(tmp_path):
+    data = {**BASE, "task": "statistics",
+            "statistics": {"list": ["stat_only"], "summary_mode": "md5"},
+            "tensor": {"list": ["relu"], "data_mode": ["forward"]}}
+    stats = load(tmp_path, data)
+    assert stats.task == "statistics" and stats.api_list == ("stat_only",) and stats.md5
+    tensor = load(tmp_path, data, task="tensor")
+    assert tensor.task == "tensor"
+    assert tensor.api_list == ("relu",) and tensor.data_mode == ("forward",)
+    assert tensor.summary_mode == "statistics"
+
+
+def test_statistics_only_keys(tmp_path):
+    data = {**BASE, "statistics": {"tensor_list": ["conv"], "device": "device", "precision": "low"}}
+    cfg = load(tmp_path, data)
+    assert cfg.tensor_list == ("conv",) and cfg.device == "device" and cfg.stat_precision == "low"
+    assert cfg.precision == "low"  # common precision is a different key
+
+
+def test_structure_forces_mix_with_warning(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        cfg = load(tmp_path, {**BASE, "task": "structure", "level": "L1"})
+    assert cfg.level == "mix"
+    assert any("mix" in r.getMessage() for r in caplog.records)
+    assert load(tmp_path, {**BASE, "task": "structure", "level": "L0"}).level == "L0"
+
+
+def test_structure_section_is_read(tmp_path):
+    cfg = load(tmp_path, {**BASE, "task": "structure", "level": "L0",
+                          "structure": {"data_mode": ["backward"]}})
+    assert cfg.data_mode == ("backward",)
+
+
+def test_tensor_list_ignored_for_debug(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        cfg = load(tmp_path, {**BASE, "level": "debug", "statistics": {"tensor_list": ["x"]}})
+    assert cfg.tensor_list == ()
+    assert any("tensor_list" in r.getMessage() for r in caplog.records)
+
+
+def test_async_dump_tensor_with_list_ok(tmp_path):
+    cfg = load(tmp_path, {**BASE, "task": "tensor", "async_dump": True, "tensor": {"list": ["relu"]}})
+    assert cfg.async_dump
+    assert load(tmp_path, {**BASE, "task": "tensor", "async_dump": True, "level": "debug"}).async_dump
+
+
+def test_empty_level_defaults_to_l1(tmp_path):
+    assert load(tmp_path, {**BASE, "level": ""}).level == "L1"
+
+
+def test_pathlike_config_path(tmp_path):
+    assert load_config(write(tmp_path, BASE)).task == "statistics"
+    assert load_config(str(write(tmp_path, BASE))).task == "statistics"
+
+
+def test_direct_construction_validates():
+    assert DumpConfig(task="tensor", dump_path="d").dump_path == os.path.abspath("d")
+    with pytest.raises(ConfigError, match="'level'"):
+        DumpConfig(task="tensor", dump_path="d", level="L9")
+
+
+# --------------------------------------------------------------------------- step / rank
+
+@pytest.mark.parametrize("value, expected", [
+    (None, ()),
+    ([], ()),
+    ([0, "2", "4-6", 1, 1], (0, 1, 2, 4, 5, 6)),
+    ([5, 3, "3"], (3, 5)),
+    (["7-7"], (7,)),
+    ([1_000_000], (1_000_000,)),
+    (["0-3", "2-5"], (0, 1, 2, 3, 4, 5)),
+])
+def test_parse_index_list(value, expected):
+    assert parse_index_list(value, "step") == expected
+
+
+def test_step_and_rank_from_file(tmp_path):
+    cfg = load(tmp_path, {**BASE, "step": ["2-3", 0, 0], "rank": [1, "0"]})
+    assert cfg.step == (0, 2, 3) and cfg.rank == (0, 1)
+    assert cfg.last_step == 3
+    assert [cfg.dumps_step(s) for s in range(5)] == [True, False, True, True, False]
+
+
+def test_dumps_rank():
+    everyone = DumpConfig(task="statistics", dump_path="d")
+    assert everyone.dumps_rank(None) and everyone.dumps_rank(5)
+    assert everyone.dumps_step(123)
+    only0 = DumpConfig(task="statistics", dump_path="d", rank=[0])
+    assert only0.dumps_rank(None) and only0.dumps_rank(0) and not only0.dumps_rank(1)
+    only1 = DumpConfig(task="statistics", dump_path="d", rank=[1])
+    assert not only1.dumps_rank(None) and only1.dumps_rank(1)
+
+
+# --------------------------------------------------------------------------- data_mode
+
+F_IN, F_OUT, B_IN, B_OUT = ("forward", "input"), ("forward", "output"), ("backward", "input"), ("backward", "output")
+
+
+@pytest.mark.parametrize("data_mode, allowed", [
+    (["all"], {F_IN, F_OUT, B_IN, B_OUT}),
+    (["forward"], {F_IN, F_OUT}),
+    (["backward"], {B_IN, B_OUT}),
+    (["input"], {F_IN, B_IN}),
+    (["output"], {F_OUT, B_OUT}),
+    (["forward", "input"], {F_IN}),
+    (["output", "backward"], {B_OUT}),
+    (["forward", "backward", "input"], {F_IN, B_IN}),
+    (["forward", "backward", "input", "output"], {F_IN, F_OUT, B_IN, B_OUT}),
+])
+def test_data_mode_allows(tmp_path, data_mode, allowed):
+    cfg = load(tmp_path, {**BASE, "statistics": {"data_mode": data_mode}})
+    for pair in (F_IN, F_OUT, B_IN, B_OUT):
+        assert cfg.allows(*pair) == (pair in allowed), pair
+
+
+def test_allows_rejects_unknown_kind():
+    with pytest.raises(ValueError):
+        load_config().allows("sideways", "input")
+
+
+# --------------------------------------------------------------------------- invalid configs
+
+# (file content, load kwargs, field named in the message, bad value as shown, an allowed value/form)
+INVALID = [
+    ({**BASE, "task": "overflow_check"}, {}, "'task'", "'overflow_check'", "'statistics'"),
+    ({**BASE, "task": "free_benchmark"}, {}, "'task'", "'free_benchmark'", "'exception_dump'"),
+    ({**BASE, "task": "acc_check"}, {}, "'task'", "'acc_check'", "'tensor'"),
+    ({**BASE, "task": 3}, {}, "'task'", "3", "'structure'"),
+    (BASE, {"task": "nan_check"}, "argument 'task'", "'nan_check'", "'statistics'"),
+    ({"task": "statistics"}, {}, "'dump_path'", "None", "non-empty path"),
+    ({"dump_path": ""}, {}, "'dump_path'", "''", "non-empty path"),
+    ({"dump_path": 42}, {}, "'dump_path'", "42", "path string"),
+    (BASE, {"dump_path": ["x"]}, "argument 'dump_path'", "['x']", "path string"),
+    ({**BASE, "level": "L3"}, {}, "'level'", "'L3'", "'L0', 'L1', 'L2', 'mix', 'debug'"),
+    (BASE, {"level": "l1"}, "argument 'level'", "'l1'", "'L1'"),
+    ({**BASE, "step": 3}, {}, "'step'", "3", "list of integers"),
+    ({**BASE, "step": [0, 1, "5-2"]}, {}, "'step[2]'", "'5-2'", "A <= B"),
+    ({**BASE, "step": [True]}, {}, "'step[0]'", "True", "list of integers"),
+    ({**BASE, "step": [-1]}, {}, "'step[0]'", "-1", "[0, 1000000]"),
+    ({**BASE, "rank": [1_000_001]}, {}, "'rank[0]'", "1000001", "[0, 1000000]"),
+    ({**BASE, "rank": ["a-b"]}, {}, "'rank[0]'", "'a-b'", "'3-5'"),
+    ({**BASE, "rank": [1.5]}, {}, "'rank[0]'", "1.5", "list of integers"),
+    (BASE, {"step": [0, "x"]}, "argument 'step[1]'", "'x'", "'3-5'"),
+    ({**BASE, "async_dump": "yes"}, {}, "'async_dump'", "'yes'", "true/false"),
+    ({**BASE, "extra_info": 1}, {}, "'extra_info'", "1", "true/false"),
+    ({**BASE, "precision": "medium"}, {}, "'precision'", "'medium'", "'high'"),
+    ({**BASE, "statistics": {"data_mode": ["all", "input"]}}, {}, "'statistics.data_mode'",
+     "['all', 'input']", "'forward'"),
+    ({**BASE, "statistics": {"data_mode": ["forward", "sideways"]}}, {}, "'statistics.data_mode[1]'",
+     "'sideways'", "'backward'"),
+    ({**BASE, "statistics": {"data_mode": []}}, {}, "'statistics.data_mode'", "[]", "non-empty"),
+    ({**BASE, "statistics": {"data_mode": ["input", "output", "forward", "backward", "input"]}}, {},
+     "'statistics.data_mode'", "'backward', 'input']", "at most 4"),
+    ({**BASE, "statistics": {"data_mode": "forward"}}, {}, "'statistics.data_mode'", "'forward'",
+     "a non-empty list"),
+    ({**BASE, "task": "tensor", "tensor": {"data_mode": ["in"]}}, {}, "'tensor.data_mode[0]'", "'in'",
+     "'input'"),
+    ({**BASE, "statistics": {"summary_mode": "xor"}}, {}, "'statistics.summary_mode'", "'xor'",
+     "'md5'"),
+    ({**BASE, "statistics": {"summary_mode": "sha"}}, {}, "'statistics.summary_mode'", "'sha'",
+     "'statistics'"),
+    ({**BASE, "statistics": {"summary_mode": ["max", "median"]}}, {}, "'statistics.summary_mode[1]'",
+     "'median'", "'l2norm'"),
+    ({**BASE, "task": "tensor", "tensor": {"summary_mode": 5}}, {}, "'tensor.summary_mode'", "5",
+     "'md5'"),
+    ({**BASE, "statistics": {"scope": "Cell.a.forward.0"}}, {}, "'statistics.scope'",
+     "'Cell.a.forward.0'", "exactly 2"),
+    ({**BASE, "statistics": {"scope": ["a", "b", "c"]}}, {}, "'statistics.scope'", "['a', 'b', 'c']",
+     "exactly 2"),
+    ({**BASE, "statistics": {"list": "relu"}}, {}, "'statistics.list'", "'relu'", "list of strings"),
+    ({**BASE, "task": "tensor", "tensor": {"list": ["relu", 3]}}, {}, "'tensor.list[1]'", "3",
+     "list of strings"),
+    ({**BASE, "level": "L2", "statistics": {"list": ["name-regex(([)"]}}, {}, "'statistics.list[0]'",
+     "'name-regex(([)'", "name-regex("),
+    ({**BASE, "statistics": {"tensor_list": [None]}}, {}, "'statistics.tensor_list[0]'", "None",
+     "list of strings"),
+    ({**BASE, "statistics": {"device": "gpu"}}, {}, "'statistics.device'", "'gpu'", "'host'"),
+    ({**BASE, "statistics": {"precision": "mid"}}, {}, "'statistics.precision'", "'mid'", "'low'"),
+    ({**BASE, "statistics": ["not", "an", "object"]}, {}, "'statistics'", "['not', 'an', 'object']",
+     "JSON object"),
+    ({**BASE, "task": "tensor", "async_dump": True}, {}, "'async_dump'", "True",
+     "non-empty 'tensor.list'"),
+    ({**BASE, "async_dump": True, "statistics": {"summary_mode": "md5"}}, {}, "'async_dump'", "True",
+     "without 'md5'"),
+    ({**BASE, "async_dump": True, "statistics": {"summary_mode": ["max", "md5"]}}, {}, "'async_dump'",
+     "True", "without 'md5'"),
+    ("{\"task\": \"statistics\",\n  \"dump_path\": }", {}, "'config_path'", "config.json",
+     "valid JSON"),
+    ("[1, 2]", {}, "'<top level>'", "[1, 2]", "JSON object"),
+]
+
+
+@pytest.mark.parametrize("data, kwargs, field, shown, allowed", INVALID,
+                         ids=[f"{i:02d}-{case[2]}" for i, case in enumerate(INVALID)])
+def test_invalid_config(tmp_path, data, kwargs, field, shown, allowed):
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, data, **kwargs)
+    message = str(info.value)
+    assert field in message
+    assert shown in message
+    assert "allowed:" in message and allowed in message
+
+
+def test_invalid_json_reports_position(tmp_path):
+    with pytest.raises(ConfigError, match=r"line 2 column \d+"):
+        load(tmp_path, "{\"task\": \"statistics\",\n  \"dump_path\": }")
+
+
+def test_error_attributes(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, {**BASE, "step": [0, 1, "9-3"]})
+    assert info.value.field == "step[2]" and info.value.value == "9-3"
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("config_path, shown", [
+    (123, "123"),
+    (["a.json"], "['a.json']"),
+])
+def test_config_path_type(config_path, shown):
+    with pytest.raises(ConfigError) as info:
+        load_config(config_path)
+    assert "'config_path'" in str(info.value) and shown in str(info.value)
+
+
+def test_config_path_missing_file(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ConfigError) as info:
+        load_config(missing)
+    assert str(missing) in str(info.value) and "'config_path'" in str(info.value)
+
+
+def test_config_path_not_json(tmp_path):
+    path = write(tmp_path, BASE, name="config.yaml")
+    with pytest.raises(ConfigError, match=r"\.json"):
+        load_config(path)
+
+
+def test_parse_index_list_errors_name_element():
+    with pytest.raises(ConfigError, match=r"'rank\[1\]'"):
+        parse_index_list([0, {}], "rank")
+    with pytest.raises(ConfigError, match="'rank'"):
+        parse_index_list("0-3", "rank")

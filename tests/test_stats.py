@@ -1,0 +1,411 @@
+"""Tests for msprobe.core.stats: every expected value is recomputed here
+independently (Python ints, math.fsum over float64, zlib on tobytes())."""
+
+import math
+import os
+import struct
+import tracemalloc
+import warnings
+import zlib
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+from msprobe.core import stats
+from msprobe.core.stats import (
+    MS_DTYPE_NAMES,
+    compute_stats,
+    crc32_hex,
+    dtype_name,
+    load_npy,
+    save_npy,
+    to_host,
+)
+
+ms.set_device("CPU")
+
+RTOL = 1e-12
+
+
+def exact_mean_norm(values):
+    """Reference Mean/Norm from a float64 copy with correctly rounded sums."""
+    flat = np.asarray(values, dtype=np.float64).ravel().tolist()
+    return math.fsum(flat) / len(flat), math.sqrt(math.fsum(v * v for v in flat))
+
+
+def assert_close(actual, expected):
+    assert isinstance(actual, float)
+    assert actual == pytest.approx(expected, rel=RTOL, abs=0.0)
+
+
+# ---------------------------------------------------------------- floats
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, (1 << 16) + 3, 300_001])
+def test_float32_random_exact(n):
+    arr = np.random.default_rng(n).standard_normal(n).astype(np.float32) * 10
+    result = compute_stats(arr)
+    assert result["Max"] == float(np.max(arr)) and isinstance(result["Max"], float)
+    assert result["Min"] == float(np.min(arr)) and isinstance(result["Min"], float)
+    mean, norm = exact_mean_norm(arr)
+    assert_close(result["Mean"], mean)
+    assert_close(result["Norm"], norm)
+
+
+def test_float32_non_contiguous_and_fortran():
+    base = np.random.default_rng(1).standard_normal((300, 400)).astype(np.float32)
+    for arr in (base[::3, 1::2], np.asfortranarray(base), base.T):
+        result = compute_stats(arr)
+        mean, norm = exact_mean_norm(arr)
+        assert result["Max"] == float(arr.max()) and result["Min"] == float(arr.min())
+        assert_close(result["Mean"], mean)
+        assert_close(result["Norm"], norm)
+
+
+def test_float64_random():
+    arr = np.random.default_rng(2).standard_normal(123_457) * 1e3
+    result = compute_stats(arr)
+    mean, norm = exact_mean_norm(arr)
+    assert result["Max"] == float(arr.max()) and result["Min"] == float(arr.min())
+    assert_close(result["Mean"], mean)
+    assert_close(result["Norm"], norm)
+
+
+def test_fp16_ones_70000_accumulates_wide():
+    result = compute_stats(np.ones(70000, dtype=np.float16))
+    assert result == {"Max": 1.0, "Min": 1.0, "Mean": 1.0, "Norm": pytest.approx(math.sqrt(70000), rel=RTOL)}
+    assert result["Norm"] == pytest.approx(264.575, abs=1e-3)
+
+
+def test_fp16_full_300_norm_does_not_overflow():
+    result = compute_stats(np.full(1000, 300, dtype=np.float16))
+    assert result["Max"] == 300.0 and result["Min"] == 300.0 and result["Mean"] == 300.0
+    assert_close(result["Norm"], 300 * math.sqrt(1000))
+
+
+def test_fp16_random_values_exact_extremes():
+    arr = (np.random.default_rng(3).standard_normal(100_000) * 100).astype(np.float16)
+    result = compute_stats(arr)
+    assert result["Max"] == float(arr.astype(np.float64).max())
+    assert result["Min"] == float(arr.astype(np.float64).min())
+    mean, norm = exact_mean_norm(arr)
+    assert_close(result["Mean"], mean)
+    assert_close(result["Norm"], norm)
+
+
+def test_float64_extreme_magnitudes_are_rescaled():
+    big = compute_stats(np.array([1.5e308, 1.5e308, 1.5e308]))
+    assert big["Max"] == 1.5e308 and big["Mean"] == pytest.approx(1.5e308, rel=RTOL)
+    assert math.isinf(big["Norm"])  # the true norm 2.6e308 exceeds float64
+    large = compute_stats(np.array([1e200, -1e200]))
+    assert large["Mean"] == 0.0
+    assert_close(large["Norm"], 1e200 * math.sqrt(2))
+    tiny = compute_stats(np.full(3, 1e-200))
+    assert_close(tiny["Mean"], 1e-200)
+    assert_close(tiny["Norm"], 1e-200 * math.sqrt(3))
+
+
+def test_big_float32_array_has_no_full_float64_copy():
+    arr = np.random.default_rng(4).standard_normal(2_000_000).astype(np.float32)
+    tracemalloc.start()
+    try:
+        compute_stats(arr)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < arr.size * 8 // 8  # a float64 copy would be 16 MB
+
+
+# ---------------------------------------------------------------- NaN / Inf
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_nan_rule_any_nan_gives_all_nan(dtype):
+    arr = (np.arange(200_000) % 1000).astype(dtype)
+    arr[150_001] = np.nan  # in a later chunk
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = compute_stats(arr)
+    assert all(isinstance(v, float) and math.isnan(v) for v in result.values())
+
+
+def test_inf_propagates():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pos = compute_stats(np.array([1.0, np.inf, 2.0], dtype=np.float32))
+        both = compute_stats(np.array([np.inf, -np.inf, 0.0], dtype=np.float32))
+    assert pos == {"Max": math.inf, "Min": 1.0, "Mean": math.inf, "Norm": math.inf}
+    assert both["Max"] == math.inf and both["Min"] == -math.inf
+    assert math.isnan(both["Mean"]) and both["Norm"] == math.inf
+
+
+def test_nan_scalar():
+    result = compute_stats(np.array(np.nan, dtype=np.float32))
+    assert all(math.isnan(v) for v in result.values())
+
+
+# ---------------------------------------------------------------- integers
+
+
+def test_int32_no_overflow():
+    result = compute_stats(np.full(50000, 50000, dtype=np.int32))
+    assert result["Max"] == 50000 and type(result["Max"]) is int
+    assert result["Min"] == 50000 and type(result["Min"]) is int
+    assert result["Mean"] == 50000.0
+    assert_close(result["Norm"], 50000 * math.sqrt(50000))
+    assert result["Norm"] == pytest.approx(1.118e7, rel=1e-3)
+
+
+def test_int64_big_values_exact():
+    values = [2**62, 2**62 - 1, 2**63 - 1, -(2**63), 12345]
+    result = compute_stats(np.array(values, dtype=np.int64))
+    assert result["Max"] == 2**63 - 1 and result["Min"] == -(2**63)
+    assert result["Mean"] == sum(values) / len(values)  # Python exact int division
+    assert_close(result["Norm"], math.sqrt(math.fsum(float(v) ** 2 for v in values)))
+
+
+def test_uint64_and_multi_chunk_int64_exact_mean():
+    u = np.array([2**64 - 1, 2**64 - 2, 0], dtype=np.uint64)
+    r = compute_stats(u)
+    assert r["Max"] == 2**64 - 1 and r["Min"] == 0
+    assert r["Mean"] == (2 * 2**64 - 3) / 3
+    big = np.random.default_rng(5).integers(-(2**62), 2**62, size=200_003, dtype=np.int64)
+    assert compute_stats(big)["Mean"] == sum(int(v) for v in big.tolist()) / big.size
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.uint32])
+def test_small_integer_types(dtype):
+    info = np.iinfo(dtype)
+    arr = np.array([info.max] * 1000 + [info.min], dtype=dtype)
+    r = compute_stats(arr)
+    assert (r["Max"], r["Min"]) == (int(info.max), int(info.min))
+    assert r["Mean"] == (1000 * int(info.max) + int(info.min)) / 1001
+    assert_close(r["Norm"], math.sqrt(1000 * float(info.max) ** 2 + float(info.min) ** 2))
+
+
+# ---------------------------------------------------------------- bool, empty, 0-d, complex
+
+
+def test_bool_any_all():
+    assert compute_stats(np.array([True, False, True])) == {"Max": True, "Min": False, "Mean": None, "Norm": None}
+    assert compute_stats(np.ones((4, 5), dtype=bool)) == {"Max": True, "Min": True, "Mean": None, "Norm": None}
+    assert compute_stats(np.zeros(9, dtype=bool)) == {"Max": False, "Min": False, "Mean": None, "Norm": None}
+    scalar = compute_stats(np.array(True))
+    assert scalar == {"Max": True, "Min": True, "Mean": None, "Norm": None}
+    assert type(scalar["Max"]) is bool
+
+
+@pytest.mark.parametrize("arr", [np.zeros(0, np.float32), np.zeros((3, 0), np.int64), np.zeros(0, bool),
+                                 np.zeros((0, 2), np.complex64)])
+def test_empty_all_none(arr):
+    assert compute_stats(arr) == {"Max": None, "Min": None, "Mean": None, "Norm": None}
+
+
+def test_zero_dim_scalars_keep_kind():
+    ints = compute_stats(np.array(-7, dtype=np.int32))
+    assert ints == {"Max": -7, "Min": -7, "Mean": -7, "Norm": -7}
+    assert all(type(v) is int for v in ints.values())
+    floats = compute_stats(np.array(2.5, dtype=np.float16))
+    assert floats == {"Max": 2.5, "Min": 2.5, "Mean": 2.5, "Norm": 2.5}
+    assert all(type(v) is float for v in floats.values())
+    cplx = compute_stats(np.array(3 + 4j, dtype=np.complex64))
+    assert cplx == {"Max": 5.0, "Min": 5.0, "Mean": 5.0, "Norm": 5.0}
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_magnitudes(dtype):
+    rng = np.random.default_rng(6)
+    arr = (rng.standard_normal(70_001) + 1j * rng.standard_normal(70_001)).astype(dtype)
+    mags = [abs(complex(v)) for v in arr.tolist()]  # C hypot; numpy's abs may differ by 1 ulp
+    numpy_mags = np.abs(arr.astype(np.complex128))
+    r = compute_stats(arr)
+    assert r["Max"] == float(numpy_mags.max()) and r["Min"] == float(numpy_mags.min())
+    assert r["Max"] == pytest.approx(max(mags), rel=1e-15) and r["Min"] == pytest.approx(min(mags), rel=1e-15)
+    assert_close(r["Mean"], math.fsum(mags) / len(mags))
+    assert_close(r["Norm"], math.sqrt(math.fsum(m * m for m in mags)))
+
+
+def test_unsupported_dtype_raises():
+    with pytest.raises(TypeError):
+        compute_stats(np.array(["a", "b"]))
+
+
+# ---------------------------------------------------------------- MindSpore tensors
+
+
+def test_dtype_names_match_str():
+    assert len(MS_DTYPE_NAMES) == 15
+    for dtype, name in MS_DTYPE_NAMES.items():
+        assert str(dtype) == name
+    assert MS_DTYPE_NAMES[ms.bfloat16] == "BFloat16" and MS_DTYPE_NAMES[ms.bool_] == "Bool"
+    assert dtype_name(ms.Tensor(np.zeros(2, np.uint8))) == "UInt8"
+    assert dtype_name(np.zeros(2, np.float32)) == "float32"
+
+
+def test_bf16_ones_real_tensor():
+    tensor = ms.Tensor(np.ones(768), ms.bfloat16)
+    host, how = to_host(tensor)
+    assert host.dtype == np.float32 and host.shape == (768,) and how == "bfloat16->float32"
+    assert dtype_name(tensor) == "BFloat16"
+    r = compute_stats(host)
+    assert r["Max"] == 1.0 and r["Min"] == 1.0 and r["Mean"] == 1.0
+    assert_close(r["Norm"], math.sqrt(768))
+
+
+def test_bf16_random_bit_exact_upcast():
+    values = np.random.default_rng(7).standard_normal((33, 17)).astype(np.float32)
+    tensor = ms.Tensor(values).astype(ms.bfloat16)
+    expected = tensor.astype(ms.float32).asnumpy()
+    host, _ = to_host(tensor)
+    assert host.shape == (33, 17)
+    assert np.array_equal(host.view(np.uint32), expected.view(np.uint32))
+    assert crc32_hex(host) == f"{zlib.crc32(expected.tobytes()):08x}"
+
+
+def test_bf16_fallback_when_asnumpy_fails():
+    real = ms.Tensor(np.array([1.0, -2.5, 3.0], np.float32)).astype(ms.bfloat16)
+
+    class Wrapped:
+        dtype = real.dtype
+
+        def asnumpy(self):
+            raise TypeError("bf16 asnumpy unsupported")
+
+        def view(self, dtype):
+            return real.view(dtype)
+
+    host, how = to_host(Wrapped())
+    assert how == "bfloat16->float32"
+    assert host.tolist() == [1.0, -2.5, 3.0]
+
+
+def test_float32_tensor_native_zero_copy():
+    tensor = ms.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    host, how = to_host(tensor)
+    assert how == "native" and host.dtype == np.float32 and host.shape == (2, 3)
+    assert np.shares_memory(host, tensor.asnumpy())
+    assert dtype_name(tensor) == "Float32"
+
+
+def test_to_host_numpy_passthrough():
+    arr = np.arange(4, dtype=np.int16)
+    host, how = to_host(arr)
+    assert host is arr and how == "native"
+
+
+# ---------------------------------------------------------------- CRC-32
+
+
+def test_crc32_known_vector():
+    assert crc32_hex(np.frombuffer(b"123456789", dtype=np.uint8)) == "cbf43926"
+    assert crc32_hex(np.zeros(0, np.float32)) == "00000000"
+
+
+@pytest.mark.parametrize("arr", [
+    np.arange(1000, dtype=np.float32).reshape(10, 100),
+    np.arange(1000, dtype=np.float16)[::3],
+    np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4)),
+    np.array(3.5),
+    np.array([True, False]),
+    np.array([1 + 2j], dtype=np.complex64),
+])
+def test_crc32_matches_tobytes(arr):
+    assert crc32_hex(arr) == "%08x" % (zlib.crc32(arr.tobytes()) & 0xFFFFFFFF)
+
+
+def test_crc32_big_endian_hashes_little_endian_bytes():
+    little = np.arange(10, dtype="<f4")
+    assert crc32_hex(little.astype(">f4")) == crc32_hex(little)
+
+
+# ---------------------------------------------------------------- .npy files
+
+
+@pytest.mark.parametrize("arr", [
+    np.random.default_rng(8).standard_normal((5, 7)).astype(np.float32),
+    np.array([1, 2, 3], dtype=np.float16),
+    np.array(7, dtype=np.int64),
+    np.array([True, False]),
+    np.array([1 + 2j, 3 - 4j], dtype=np.complex128),
+    np.asfortranarray(np.arange(6, dtype=np.uint8).reshape(2, 3)),
+    np.zeros((0, 3), np.float32),
+])
+def test_save_load_round_trip(tmp_path, arr):
+    path = str(tmp_path / "Functional.relu.0.forward.output.0.npy")
+    save_npy(path, arr)
+    for loaded in (load_npy(path), np.load(path, allow_pickle=False)):
+        assert loaded.dtype == arr.dtype and loaded.shape == arr.shape
+        assert np.array_equal(loaded, arr)
+    assert os.listdir(tmp_path) == ["Functional.relu.0.forward.output.0.npy"]
+
+
+def test_save_overwrites_and_crash_leaves_old_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "x.npy")
+    save_npy(path, np.arange(3))
+    save_npy(path, np.arange(5))
+    assert np.load(path).tolist() == [0, 1, 2, 3, 4]
+
+    def crash(fh, arr, allow_pickle=True):
+        fh.write(b"\x93NUMPY partial")
+        raise RuntimeError("disk died")
+
+    monkeypatch.setattr(stats.np, "save", crash)
+    with pytest.raises(RuntimeError):
+        save_npy(path, np.arange(100))
+    monkeypatch.undo()
+    assert np.load(path).tolist() == [0, 1, 2, 3, 4]
+    assert os.listdir(tmp_path) == ["x.npy"]
+
+
+def test_save_rejects_object_arrays(tmp_path):
+    with pytest.raises(TypeError):
+        save_npy(str(tmp_path / "o.npy"), np.array([{}, None], dtype=object))
+    assert os.listdir(tmp_path) == []
+
+
+def bf16_bits(values):
+    """bfloat16 bit patterns of float32 values that bf16 represents exactly."""
+    raw = struct.pack(f"<{len(values)}f", *values)
+    words = struct.unpack(f"<{len(values)}I", raw)
+    assert all(w & 0xFFFF == 0 for w in words)
+    return [w >> 16 for w in words]
+
+
+def write_mindspore_bf16_npy(path, values, shape, fortran=False, major=1):
+    """Hand-write a .npy file as MindSpore's kernel dump does for bf16."""
+    header = "{'descr': '<E2', 'fortran_order': %s, 'shape': %r, }" % (fortran, tuple(shape))
+    size_bytes = 2 if major == 1 else 4
+    prefix_len = 6 + 2 + size_bytes
+    pad = 64 - (prefix_len + len(header) + 1) % 64
+    header = (header + " " * pad + "\n").encode("latin1")
+    size = struct.pack("<H" if major == 1 else "<I", len(header))
+    payload = struct.pack(f"<{len(values)}H", *bf16_bits(values))
+    with open(path, "wb") as fh:
+        fh.write(b"\x93NUMPY" + bytes([major, 0]) + size + header + payload)
+
+
+def test_load_mindspore_bf16_npy(tmp_path):
+    path = str(tmp_path / "MatMul.Default_MatMul-op0.0.0.1.output.0.DefaultFormat.bfloat16.npy")
+    values = [1.0, -2.5, 3.140625, 0.0, -0.0, math.inf, 2.0 ** 127, 2.0 ** -130]
+    write_mindspore_bf16_npy(path, values, (2, 4))
+    with pytest.raises(Exception):
+        np.load(path, allow_pickle=False)  # numpy itself rejects '<E2'
+    loaded = load_npy(path)
+    assert loaded.dtype == np.float32 and loaded.shape == (2, 4)
+    assert loaded.ravel().tolist() == [float(np.float32(v)) for v in values]
+    assert math.copysign(1.0, float(loaded[1, 0])) == -1.0
+
+
+def test_load_bf16_npy_fortran_and_version2(tmp_path):
+    path = str(tmp_path / "f.npy")
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # column-major data of [[1,3,5],[2,4,6]]
+    write_mindspore_bf16_npy(path, values, (2, 3), fortran=True, major=2)
+    assert load_npy(path).tolist() == [[1.0, 3.0, 5.0], [2.0, 4.0, 6.0]]
+
+
+def test_load_truncated_bf16_npy_raises(tmp_path):
+    path = str(tmp_path / "t.npy")
+    write_mindspore_bf16_npy(path, [1.0, 2.0], (4,))
+    with pytest.raises(ValueError, match="truncated"):
+        load_npy(path)
