@@ -63,7 +63,7 @@ class CallRecorder:
             if selected:
                 try:
                     if self.fwd_out:
-                        rt.record(fwd, "output", out, "output")
+                        rt.record(fwd, "output", as_output_list(out), "output")
                     if probe is not None:
                         probe.watch_outputs(out)
                 except Exception as exc:
@@ -91,6 +91,14 @@ class CallRecorder:
             self.rt.writer.error(msg)
         else:
             logger.warning("msprobe: %s", msg)
+
+
+def as_output_list(out):
+    """Forward ``output`` is a list (spec §4.2): a single value becomes a 1-element list, a tuple a
+    list; a namedtuple stays an object keyed by field name (stable paths such as ``output.logits``)."""
+    if isinstance(out, list) or (isinstance(out, tuple) and not hasattr(out, "_fields")):
+        return out
+    return [out]
 
 
 def _backward_name(forward_cell_entry):

@@ -12,6 +12,7 @@ descendants (seed: "传入的当前层不会被dump").
 from __future__ import annotations
 
 from msprobe.capture.backward import BackwardProbe, grad_enabled
+from msprobe.capture.calls import as_output_list
 from msprobe.core import naming
 from msprobe.core.handles import Handle, HandleSet
 
@@ -48,6 +49,12 @@ class CellCapture:
     def install(self, models) -> HandleSet:
         handles = HandleSet()
         for prefix, cell in iter_cells(models):
+            if getattr(cell, "has_bprop", False):
+                # MindSpore ignores register_forward_hook on a Cell with a custom bprop (it returns a
+                # dummy handle), so the forward hook would never pop the pre-hook's frame: wrap the
+                # instance's construct (forward output) and bprop (backward entry) instead.
+                handles.add(self._install_bprop_cell(prefix, cell))
+                continue
             handles.add(_hook_handle(cell.register_forward_pre_hook(self._pre_hook(prefix), with_kwargs=True)))
             handles.add(_hook_handle(cell.register_forward_hook(self._post_hook(prefix), with_kwargs=True,
                                                                 always_call=True)))
@@ -56,7 +63,7 @@ class CellCapture:
         return handles
 
     # ------------------------------------------------------------------ forward
-    def _pre_hook(self, prefix: str):
+    def _pre_hook(self, prefix: str, bprop_probes: list | None = None):
         rt = self.rt
         frames = rt.cell_frames
 
@@ -73,6 +80,7 @@ class CellCapture:
                 rt.record_parent(fwd, parent)
                 rt.record_stack(fwd)
                 selected = rt.selector.selects(fwd)
+                rt.selector.enter_cell(fwd)
                 if selected and self.fwd_in:
                     rt.record(fwd, "input_args", args, "input")
                     rt.record(fwd, "input_kwargs", kwargs, "kwargs")
@@ -82,7 +90,11 @@ class CellCapture:
                     rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
                     if rt.selector.selects(bwd):
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
-                        new_args = probe.wrap_inputs(args)
+                        if bprop_probes is None:
+                            new_args = probe.wrap_inputs(args)
+                        else:  # custom bprop: the bprop wrapper records both sides
+                            bprop_probes.append(probe)
+                            probe, new_args = None, args
                 stack.append(fwd)
                 frames().append((fwd, probe, selected))
                 if probe is not None and any(a is not b for a, b in zip(new_args, args)):
@@ -106,10 +118,11 @@ class CellCapture:
             stack = rt.cell_stack
             if stack and stack[-1] == fwd:
                 stack.pop()
+            rt.selector.exit_cell(fwd)
             rt.enter()
             try:
                 if selected and self.fwd_out:
-                    rt.record(fwd, "output", output, "output")
+                    rt.record(fwd, "output", as_output_list(output), "output")
                     rt.record(fwd, "parameters", _own_parameters(cell), "parameters")
                 if probe is not None:
                     probe.watch_outputs(output)
@@ -118,6 +131,80 @@ class CellCapture:
             return None
 
         return post_hook
+
+    # ------------------------------------------------------------------ Cells with a custom bprop
+    def _install_bprop_cell(self, prefix: str, cell) -> Handle:
+        """Capture a Cell defining ``bprop`` (case B13).
+
+        Forward: the pre-hook works as for other Cells; the output is taken by an instance-level
+        ``construct`` wrapper (it runs once per hooked call, inside ``Cell.__call__``). Backward:
+        an instance-level ``bprop`` wrapper records ``dout`` as backward ``input`` and the bprop's
+        return value as backward ``output``. Backward calls are matched to forward calls last-in
+        first-out (reverse execution order).
+        """
+        rt = self.rt
+        probes: list = []  # BackwardProbe per forward call under grad, matched LIFO in bprop
+        armed = [0]  # hooked calls whose construct has not returned yet
+        pre = self._pre_hook(prefix, probes)
+        post = self._post_hook(prefix)
+
+        def armed_pre_hook(c, args, kwargs):
+            armed[0] += 1
+            if probes and probes[0].writer is not rt.writer:  # forward without backward, earlier step
+                probes[:] = [p for p in probes if p.writer is rt.writer]
+            return pre(c, args, kwargs)
+
+        pre_handle = cell.register_forward_pre_hook(armed_pre_hook, with_kwargs=True)
+        orig_construct = cell.construct  # bound method
+        orig_bprop = cell.bprop
+        had_construct = "construct" in vars(cell)
+        had_bprop = "bprop" in vars(cell)
+
+        def construct(*args, **kwargs):
+            out = orig_construct(*args, **kwargs)
+            if armed[0] > 0:  # a direct cell.construct(x) call bypasses hooks: nothing to pop
+                armed[0] -= 1
+                post(cell, args, kwargs, out)
+            return out
+
+        construct.__defaults__ = orig_construct.__func__.__defaults__ if hasattr(
+            orig_construct, "__func__") else None
+        construct.__kwdefaults__ = getattr(getattr(orig_construct, "__func__", None), "__kwdefaults__", None)
+        construct.__wrapped__ = orig_construct
+
+        def bprop(*args):
+            result = orig_bprop(*args)
+            probe = probes.pop() if probes else None
+            if probe is not None and rt.records_data:
+                rt.enter()
+                try:
+                    if self.bwd_in:
+                        douts = args[-1] if isinstance(args[-1], (tuple, list)) else (args[-1],)
+                        for i, g in enumerate(douts):
+                            rt.record_item(probe.entry, "input", i, len(douts), g, "input", probe.writer)
+                    if self.bwd_out:
+                        grads = result if isinstance(result, (tuple, list)) else (result,)
+                        for i, g in enumerate(grads):
+                            rt.record_item(probe.entry, "output", i, len(grads), g, "output", probe.writer)
+                finally:
+                    rt.leave()
+            return result
+
+        bprop.__wrapped__ = orig_bprop
+        object.__setattr__(cell, "construct", construct)
+        object.__setattr__(cell, "bprop", bprop)
+
+        def undo():
+            pre_handle.remove()
+            for name, had, orig in (("construct", had_construct, orig_construct),
+                                    ("bprop", had_bprop, orig_bprop)):
+                if had:
+                    object.__setattr__(cell, name, orig)
+                else:
+                    vars(cell).pop(name, None)
+            probes.clear()
+
+        return Handle(undo, f"{prefix} (custom bprop)")
 
     # ------------------------------------------------------------------ parameter gradients
     def _hook_params(self, prefix: str, cell, handles: HandleSet) -> None:

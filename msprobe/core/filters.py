@@ -1,22 +1,92 @@
-"""Which entries are recorded: the ``list`` filter of config.json (spec §2.4).
+"""Which entries are recorded: ``scope`` and ``list`` of config.json (spec §2.4, end-bound bugs fixed).
 
-A ``list`` item matches an entry when it is a substring of the entry's full name (``"relu"`` matches
-``Functional.relu.0.forward``). An empty list selects everything. Filtering never changes call
-numbering: counters advance for every call, recorded or not.
+* ``list``: an item matches an entry when it is a substring of the entry's full name (``"relu"``
+  matches ``Functional.relu.0.forward``). In ``mix``, a Cell whose name matches is *expanded*: every API
+  and sub-Cell that runs inside it is recorded too.
+* ``scope``: ``[first, last]`` names of two calls (API names ``Functional.relu.0.forward`` at L1, Cell
+  names ``Cell.fc1.Dense.forward.0`` at L0, either in mix). Every call from ``first`` to ``last``
+  inclusive (in forward order) is recorded, with its forward and backward data. Unlike the reference
+  tool, the last API's output and the last Cell's own record (and everything inside it) are included.
+* ``scope`` and ``list`` combine with AND. An empty filter selects everything.
+
+Filtering never changes call numbering: counters advance for every call, recorded or not.
 """
 from __future__ import annotations
 
+import re
+
+from msprobe.core.config import ConfigError
+
+_API_NAME = re.compile(r"^(Distributed|MintDistributed|Functional|Tensor|Mint|MintFunctional|Primitive|Jit|\w+)\..+\.\d+\.(forward|backward)$")
+_CELL_NAME = re.compile(r"^Cell\..+\.(forward|backward)\.\d+$")
+
+
+def call_key(entry: str) -> str:
+    """The call an entry belongs to, direction removed (``X.relu.0.forward`` -> ``X.relu.0``)."""
+    parts = entry.split(".")
+    if len(parts) >= 3 and parts[-1] in ("forward", "backward"):
+        return ".".join(parts[:-1])
+    if len(parts) >= 3 and parts[-2] in ("forward", "backward"):
+        return ".".join(parts[:-2] + parts[-1:])
+    return entry
+
+
+def _check_scope(scope: tuple, level: str) -> None:
+    if not scope:
+        return
+    for i, name in enumerate(scope):
+        is_cell = bool(_CELL_NAME.match(name))
+        is_api = not is_cell and bool(_API_NAME.match(name))
+        ok = {"L0": is_cell, "L1": is_api, "mix": is_cell or is_api}.get(level, True)
+        if not ok:
+            allowed = {"L0": "a Cell name like 'Cell.fc1.Dense.forward.0'",
+                       "L1": "an API name like 'Functional.relu.0.forward'"}.get(
+                level, "an API or Cell entry name")
+            raise ConfigError(f"scope[{i}]", name, allowed, reason=f"not a valid bound at level {level}")
+
 
 class Selector:
-    """Decides, per entry name, whether its data is recorded."""
+    """Decides, per entry name, whether its data is recorded. Stateful across a step (scope range);
+    :meth:`reset` at each step."""
 
     def __init__(self, config):
+        self.level = config.level
         self.items = tuple(config.api_list) if config.level != "L2" else ()
+        self.scope = tuple(config.scope)
+        _check_scope(self.scope, self.level)
+        self._first = call_key(self.scope[0]) if self.scope else None
+        self._last = call_key(self.scope[1]) if self.scope else None
+        self._last_is_cell = bool(self.scope) and self.scope[1].startswith("Cell.")
+        self.reset()
+
+    def reset(self) -> None:
+        self._open = not self.scope
+        self._closing = False
+        self._expanded: list = []
 
     def selects(self, entry: str) -> bool:
-        if not self.items:
+        key = call_key(entry)
+        if self.scope:
+            if self._closing and key != self._last and not entry.endswith("backward"):
+                self._open, self._closing = False, False
+            if not self._open and key == self._first:
+                self._open = True
+            if not self._open:
+                return False
+            if key == self._last and not self._last_is_cell:
+                self._closing = True
+        if not self.items or self._expanded:
             return True
         return any(item in entry for item in self.items)
 
-    def reset(self) -> None:
-        """Per-step reset (stateless for ``list``)."""
+    def enter_cell(self, entry: str) -> None:
+        """A Cell call started (its selection already made); mix expands list-matched Cells."""
+        if self.level == "mix" and self.items and any(item in entry for item in self.items):
+            self._expanded.append(entry)
+
+    def exit_cell(self, entry: str) -> None:
+        """A Cell call finished: closes a Cell-bounded scope and ends its list expansion."""
+        if self._expanded and self._expanded[-1] == entry:
+            self._expanded.pop()
+        if self.scope and self._last_is_cell and call_key(entry) == self._last:
+            self._open = False

@@ -76,7 +76,9 @@ def load(directory: str) -> StepDump:
     else:
         path = os.path.join(directory, "dump.json")
         if not os.path.exists(path):
-            raise FileNotFoundError(f"no dump.json or {JOURNAL} in {directory}")
+            path = os.path.join(directory, "debug.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no dump.json, debug.json or {JOURNAL} in {directory}")
         with open(path, encoding="utf-8") as f:
             dump = json.load(f)
         header = {k: v for k, v in dump.items() if k != "data"}

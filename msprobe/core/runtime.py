@@ -36,6 +36,10 @@ FLUSH_BYTES = 64 << 20
 FLUSH_SECONDS = 2.0
 
 
+def _no_file(path):
+    return None
+
+
 def _snapshot(tensor):
     """Parameters change in place (optimizer); copy them on device, without a host transfer."""
     if isinstance(tensor, Parameter):
@@ -131,9 +135,11 @@ class Runtime:
         if self.writer is None or self.writer.closed:
             self.rank = self.resolve_rank()
             header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
+            debug = self.config.level == "debug"
             self.writer = StepWriter(self.step_directory(), header,
                                      tensor_data=self.save_tensors or bool(self.config.tensor_list),
-                                     extra_info=self.config.extra_info)
+                                     extra_info=self.config.extra_info and not debug,
+                                     data_file="debug.json" if debug else "dump.json")
             self._emitted_stacks = set()
         return self.writer
 
@@ -145,42 +151,57 @@ class Runtime:
 
     def record(self, entry: str, key: str, value, category: str, writer=None) -> None:
         """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files."""
-        if not self.records_data:
-            return
-        writer = writer or self.writer
-        saves = self._saves(entry)
-        describer = Describer(
-            (lambda path: naming.data_file_name(entry, category, path)) if saves else (lambda path: None),
-            _snapshot)
-        value = describer.describe(value)
-        self._queue({"e": entry, "k": key, "v": value}, describer.slots, writer)
+        self._describe_and_queue({"e": entry, "k": key}, value, entry, category, (), writer or self.writer)
 
     def record_item(self, entry: str, key: str, index: int, size: int, tensor, category: str,
                     writer) -> None:
         """Queue item ``index`` of the list ``data[entry][key]`` (backward gradients, one by one)."""
-        if not self.records_data:
+        if self._is_late(entry, writer):
             return
-        if writer is None or writer.closed:
-            self.late_pieces += 1
-            if self.late_pieces == 1:
-                logger.warning("msprobe: gradient data for %s arrived after its step was closed; call "
-                               "debugger.step() after the backward pass", entry)
-            return
-        saves = self._saves(entry)
-        describer = Describer(
-            (lambda path: naming.data_file_name(entry, category, (index,) + path)) if saves
-            else (lambda path: None), _snapshot)
-        value = describer.describe(tensor)
-        self._queue({"e": entry, "k": key, "i": index, "n": size, "v": value}, describer.slots, writer)
+        self._describe_and_queue({"e": entry, "k": key, "i": index, "n": size}, tensor, entry,
+                                 category, (index,), writer)
 
     def record_param_grad(self, entry: str, pname: str, grad) -> None:
         """Queue ``data[entry][pname] = [describe(grad)]`` (file ``{entry}.{pname}.npy``)."""
+        self._describe_and_queue({"e": entry, "k": pname}, grad, entry, "", (pname,), self.writer,
+                                 as_list=True, fixed_name=True)
+
+    def record_value(self, entry: str, value, writer=None) -> None:
+        """Queue ``data[entry] = describe(value)`` (debug level; files ``{entry}.{index path}.npy``)."""
+        self._describe_and_queue({"e": entry}, value, entry, "", (), writer or self.writer)
+
+    def record_at(self, entry: str, path: tuple, tensor, file_entry: str, writer) -> None:
+        """Queue a nested item of ``data[entry]`` at ``path`` (debug-level gradients)."""
+        if self._is_late(entry, writer):
+            return
+        self._describe_and_queue({"e": entry, "p": list(path)}, tensor, file_entry, "", (), writer,
+                                 fixed_name=True)
+
+    def _is_late(self, entry: str, writer) -> bool:
+        if writer is not None and not writer.closed:
+            return False
+        self.late_pieces += 1
+        if self.late_pieces == 1:
+            logger.warning("msprobe: gradient data for %s arrived after its step was closed; call "
+                           "debugger.step() after the backward pass", entry)
+        return True
+
+    def _describe_and_queue(self, line: dict, value, entry: str, category: str, index: tuple, writer,
+                            as_list: bool = False, fixed_name: bool = False) -> None:
         if not self.records_data:
             return
-        name = naming.data_file_name(entry, "", (pname,)) if self._saves(entry) else None
-        describer = Describer(lambda path: name, _snapshot)
-        value = describer.describe(grad)
-        self._queue({"e": entry, "k": pname, "v": [value]}, describer.slots, self.writer)
+        if self._saves(entry):
+            if fixed_name:
+                name = naming.data_file_name(entry, category, index)
+                name_for = lambda path: name  # noqa: E731 - one tensor, one fixed file name
+            else:
+                name_for = lambda path: naming.data_file_name(entry, category, index + path)  # noqa: E731
+        else:
+            name_for = _no_file
+        describer = Describer(name_for, _snapshot)
+        described = describer.describe(value)
+        line["v"] = [described] if as_list else described
+        self._queue(line, describer.slots, writer)
 
     def record_stack(self, entry: str, writer=None) -> None:
         """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""
@@ -208,10 +229,20 @@ class Runtime:
             self._pending.append((writer, line))
             self._pending_slots.extend(slots)
             self._pending_bytes += sum(s.nbytes() for s in slots)
-            full = (len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
+            full = not self.config.async_dump and (
+                    len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
                     or time.monotonic() - writer.last_flush >= FLUSH_SECONDS)
+            # async_dump: nothing is read during the step except before an in-place op (guard)
         if full:
             self.flush()
+
+    @property
+    def lock(self):
+        return self._lock
+
+    def queue_line(self, line: dict, writer) -> None:
+        """Queue a journal line that holds no tensors (call with :attr:`lock` held)."""
+        self._pending.append((writer, line))
 
     @property
     def has_pending(self) -> bool:

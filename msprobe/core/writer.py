@@ -10,6 +10,8 @@ Journal line kinds:
 * ``{"e": entry, "k": key, "v": value}`` — set ``data[entry][key] = value``
 * ``{"e": entry, "k": key, "i": index, "n": size, "v": leaf}`` — set item ``index`` of a list of
   ``size`` (backward gradients arrive one by one)
+* ``{"e": entry, "v": value}`` — set ``data[entry] = value`` (debug level: any nesting)
+* ``{"e": entry, "p": [key or index, ...], "v": leaf}`` — set a nested item (debug gradients)
 * ``{"e": entry, "stack": id}`` and ``{"s": id, "f": [frames]}`` — interned call stacks
 * ``{"c": name, "p": parent}`` — construct.json edge
 * ``{"h": header}`` — first line: task, level, framework, dump_data_dir, schema
@@ -46,6 +48,12 @@ def replay(lines):
     for rec in lines:
         entry = rec.get("e")
         if entry is not None:
+            if "p" in rec:
+                _set_path(data.get(entry), rec["p"], rec["v"])
+                continue
+            if "k" not in rec and "v" in rec:
+                data[entry] = rec["v"]
+                continue
             body = data.setdefault(entry, {})
             if "k" in rec:
                 if "i" in rec:
@@ -72,6 +80,15 @@ def replay(lines):
     return header, data, stacks, construct
 
 
+def _set_path(container, path, value) -> None:
+    for key in path[:-1]:
+        if container is None:
+            return
+        container = container[key]
+    if container is not None:
+        container[path[-1]] = value
+
+
 def read_journal(path: str):
     """Yield journal records; a torn last line (killed mid-write) is skipped."""
     with open(path, encoding="utf-8") as f:
@@ -92,12 +109,15 @@ class StepWriter:
         header: dict with ``task``, ``level``, ``framework``.
         tensor_data: whether ``.npy`` files are saved (creates ``dump_tensor_data/``).
         extra_info: write ``stack.json`` and ``construct.json``.
+        data_file: ``dump.json``, or ``debug.json`` for the debug level.
     """
 
-    def __init__(self, directory: str, header: dict, tensor_data: bool, extra_info: bool):
+    def __init__(self, directory: str, header: dict, tensor_data: bool, extra_info: bool,
+                 data_file: str = "dump.json"):
         self.directory = directory
         self.tensor_dir = os.path.join(directory, TENSOR_DIR) if tensor_data else None
         self.extra_info = extra_info
+        self.data_file = data_file
         os.makedirs(self.tensor_dir or directory, exist_ok=True)
         self.header = dict(header, dump_data_dir=self.tensor_dir, schema=SCHEMA)
         self.closed = False
@@ -134,12 +154,12 @@ class StepWriter:
             dump = {k: header.get(k) for k in ("task", "level", "framework", "dump_data_dir")}
             dump["schema"] = header.get("schema", SCHEMA)
             dump["data"] = data
-            _atomic_write_json(os.path.join(self.directory, "dump.json"), dump)
+            _atomic_write_json(os.path.join(self.directory, self.data_file), dump)
             if self.extra_info:
                 _atomic_write_json(os.path.join(self.directory, "stack.json"), stacks)
                 _atomic_write_json(os.path.join(self.directory, "construct.json"), construct)
             self._dirty = False
-        logger.info("dump.json is at %s", self.directory)
+        logger.info("%s is at %s", self.data_file, self.directory)
 
     def close(self) -> None:
         """Write the final files and remove the journal. Idempotent."""

@@ -80,10 +80,10 @@ class PrecisionDebugger:
         """
         if rank_id is not None:
             self.service.runtime.rank_override = _check_non_negative_int("rank_id", rank_id)
-        if token_range is not None:
-            raise NotImplementedError("token_range is not supported yet")
         if model is not None:
             self.service.set_model(model)
+        if token_range is not None:
+            self.service.set_token_range(token_range)
         self.service.start()
 
     def stop(self) -> None:
@@ -103,3 +103,27 @@ class PrecisionDebugger:
         runtime = self.service.runtime
         runtime.init_step = _check_non_negative_int("step", step)
         runtime.loop = 0
+
+    def save(self, variable, name, save_backward=True) -> None:
+        """Record a variable's value, and its gradient, at the debug level (seed: "save").
+
+        Args:
+            variable (Tensor | int | float | str | list | tuple | dict): nested structures of those.
+            name (str): entry name; calls are numbered per name within a step.
+            save_backward (bool): also record the gradient flowing back into each tensor.
+
+        Bad arguments are refused with a WARNING naming the problem; training is never interrupted.
+        """
+        self.service.save(variable, name, save_backward)
+
+    def register_custom_api(self, module, api, api_prefix=None) -> None:
+        """Capture ``module.<api>`` at L1 under ``api_prefix`` (seed: "register_custom_api").
+
+        Raises:
+            ConfigError: ``module`` has no function ``api``, or ``api_prefix`` is not a str.
+        """
+        self.service.register_custom_api(module, api, api_prefix)
+
+    def restore_custom_api(self, module, api) -> None:
+        """Restore the original ``module.<api>`` (seed: "restore_custom_api")."""
+        self.service.restore_custom_api(module, api)

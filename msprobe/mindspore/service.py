@@ -17,12 +17,14 @@ import weakref
 
 from mindspore import nn
 
-from msprobe.capture.api import install_api_wrappers, load_api_list, resolve_targets
+from msprobe.capture import debug_save
+from msprobe.capture.api import install_api_wrappers, load_api_list, make_wrapper, resolve_targets
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.cell import CellCapture, iter_cells
 from msprobe.capture.guard import inplace_targets, install_guard
 from msprobe.capture.primitive import install_primitive_hooks
-from msprobe.core.handles import HandleSet
+from msprobe.core.config import ConfigError
+from msprobe.core.handles import Handle, HandleSet, patch_attribute
 from msprobe.core.runtime import Runtime
 
 logger = logging.getLogger("msprobe")
@@ -40,8 +42,12 @@ class DumpService:
         self.recorder = CallRecorder(self.runtime)
         self.models: list | None = None
         self.finished = False
+        self.active = False
         self._installed = HandleSet()
         self._api_targets = None
+        self._custom: dict = {}
+        self.token_range = None
+        self._token = 0
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ models
@@ -59,8 +65,8 @@ class DumpService:
     def start(self) -> bool:
         """Switch recording on for the current step if it is dumped. Returns whether it is on."""
         rt, cfg = self.runtime, self.config
-        if self.finished or rt.running:
-            return rt.running
+        if self.finished or self.active:
+            return self.active
         if cfg.last_step is not None and rt.step > cfg.last_step:
             self._finish()
             return False
@@ -74,7 +80,9 @@ class DumpService:
             return False
         rt.open_step()
         self._install()
-        rt.running = True
+        self._token = 0
+        self.active = True
+        rt.running = self.token_range is None
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.writer.directory)
         return True
 
@@ -84,19 +92,92 @@ class DumpService:
         if level in _API_LEVELS:
             if self._api_targets is None:
                 self._api_targets = resolve_targets(load_api_list())
-            self._installed.add(install_api_wrappers(self.runtime, self._api_targets, self.recorder))
-            wrapped = {(owner, attr) for owner, attr, _ in self._api_targets}
+            # a custom registration of the same attribute takes precedence over the yaml list
+            targets = [t for t in self._api_targets if (id(t[0]), t[1]) not in self._custom]
+            self._installed.add(install_api_wrappers(self.runtime, targets, self.recorder))
+            wrapped = {(owner, attr) for owner, attr, _ in targets}
             if self.models is not None:
                 cells = [cell for _, root in self.models for _, cell in root.cells_and_names()]
                 self._installed.add(install_primitive_hooks(self.recorder, cells))
         if level in _CELL_LEVELS:
             self._installed.add(CellCapture(self.runtime).install(self.models))
+        if self.token_range is not None:
+            self._installed.add(self._install_token_counter(self.models[0][1]))
         self._installed.add(install_guard(self.runtime, inplace_targets(wrapped)))
+
+    # ------------------------------------------------------------------ inference token range
+    def set_token_range(self, token_range) -> None:
+        """Dump only forward passes ``start..end`` (inclusive, 0-based) of the root model (spec §3.8).
+
+        Raises:
+            ConfigError: not a list/tuple of two ints with 0 <= start <= end, or no model given.
+        """
+        ok = (isinstance(token_range, (list, tuple)) and len(token_range) == 2
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in token_range)
+              and 0 <= token_range[0] <= token_range[1])
+        if not ok:
+            raise ConfigError("token_range", token_range, "[start, end] with integers 0 <= start <= end",
+                              kind="argument")
+        if self.models is None:
+            raise ConfigError("token_range", token_range, "token_range together with model=...",
+                              reason="token_range needs the model whose forward passes are counted",
+                              kind="argument")
+        if len(self.models) > 1:
+            logger.warning("msprobe: token_range counts forward passes of the first model only")
+        self.token_range = tuple(token_range)
+
+    def _install_token_counter(self, root) -> HandleSet:
+        rt = self.runtime
+        first, last = self.token_range
+
+        def pre_hook(cell, args):
+            rt.running = first <= self._token <= last
+
+        def post_hook(cell, args, output):
+            rt.running = False
+            self._token += 1
+
+        handles = HandleSet()
+        # the token gate must run before the Cell capture hooks of the root's children
+        handles.add(Handle(root.register_forward_pre_hook(pre_hook).remove))
+        handles.add(Handle(root.register_forward_hook(post_hook).remove))
+        return handles
+
+    # ------------------------------------------------------------------ custom APIs and debug save
+    def register_custom_api(self, module, api: str, api_prefix: str | None = None) -> None:
+        """Capture ``module.api`` at L1 as ``{api_prefix}.{api}.{n}.forward/backward``."""
+        if api_prefix is None:
+            api_prefix = getattr(module, "__name__", "Custom")
+        if not isinstance(api_prefix, str) or not api_prefix:
+            raise ConfigError("api_prefix", api_prefix, "a non-empty str", kind="argument")
+        if not callable(getattr(module, api, None)):
+            raise ConfigError("api", api, f"the name of a function of {module!r}", kind="argument")
+        key = (id(module), api)
+        if key in self._custom:
+            self._custom.pop(key).remove()
+        wrapper = make_wrapper(self.runtime, self.recorder, getattr(module, api), f"{api_prefix}.{api}")
+        self._custom[key] = patch_attribute(module, api, wrapper)
+        logger.info("msprobe: custom API registered: %s.%s as %s", getattr(module, "__name__", module),
+                    api, api_prefix)
+
+    def restore_custom_api(self, module, api: str) -> None:
+        """Put back the original ``module.api``; does nothing if it was not registered."""
+        handle = self._custom.pop((id(module), api), None)
+        if handle is not None:
+            handle.remove()
+
+    def save(self, variable, name, save_backward=True) -> None:
+        """Debug level ``save``; ignored at other levels (a warning once)."""
+        if self.config.level != "debug" or self.config.task not in ("statistics", "tensor"):
+            logger.warning("msprobe: save() records only with level 'debug' and task statistics/tensor")
+            return
+        debug_save.save(self.runtime, variable, name, save_backward)
 
     def stop(self) -> None:
         rt = self.runtime
-        if not rt.running:
+        if not self.active:
             return
+        self.active = False
         rt.running = False
         self._installed.remove()
         rt.write_files()

@@ -1,0 +1,104 @@
+"""Debug level: ``PrecisionDebugger.save(variable, name, save_backward=True)`` (seed: "save";
+spec §3.7).
+
+Each call records ``{name}.{count}.debug`` (``count`` per name, per step) in ``debug.json`` with the
+value walked like any record (dict -> object, list/tuple -> array). With ``save_backward`` the entry
+``{name}_grad.{count}.debug`` gets the same nested shape filled with null, and each tensor leaf gets
+a ``Tensor.register_hook``: its gradient replaces the null at the same place when it arrives. Tensor
+files are ``{name}.{count}.debug.{index path}.npy``.
+"""
+from __future__ import annotations
+
+import logging
+
+from mindspore import Tensor
+
+logger = logging.getLogger("msprobe")
+
+_LEAF_TYPES = (Tensor, int, float, str)  # bool is an int
+MAX_DEPTH = 64
+
+
+def check_save_args(variable, name, save_backward) -> str | None:
+    """Why the arguments are refused, or None when they are fine."""
+    if not isinstance(name, str) or not name:
+        return f"name must be a non-empty str, got {name!r}"
+    if not isinstance(save_backward, bool):
+        return f"save_backward must be True or False, got {save_backward!r}"
+    problem = _check_variable(variable, 0)
+    if problem:
+        return f"variable {problem}; allowed: mindspore.Tensor, int, float, str, or list/tuple/dict of them"
+    return None
+
+
+def _check_variable(value, depth):
+    if depth > MAX_DEPTH:
+        return f"is nested deeper than {MAX_DEPTH} levels"
+    if isinstance(value, _LEAF_TYPES):
+        return None
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, (_check_variable(v, depth + 1) for v in value)), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "has a dict key that is not a str"
+        return next(filter(None, (_check_variable(v, depth + 1) for v in value.values())), None)
+    return f"has an element of type {type(value).__name__}"
+
+
+def _null_shape(value):
+    if isinstance(value, Tensor):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_null_shape(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _null_shape(v) for k, v in value.items()}
+    return None
+
+
+def _tensor_paths(value, path=()):
+    if isinstance(value, Tensor):
+        yield path, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _tensor_paths(v, path + (i,))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _tensor_paths(v, path + (k,))
+
+
+def save(runtime, variable, name: str, save_backward: bool = True) -> None:
+    """Record ``variable`` under ``name`` for the current step (see module docstring).
+
+    Bad arguments are refused with one WARNING naming the problem; the training goes on.
+    """
+    problem = check_save_args(variable, name, save_backward)
+    if problem:
+        logger.warning("msprobe: PrecisionDebugger.save refused: %s", problem)
+        return
+    cfg = runtime.config
+    if not cfg.dumps_step(runtime.step):
+        return
+    runtime.enter()
+    try:
+        writer = runtime.open_step()
+        count = runtime.next_count(f"{name}.debug")
+        entry = f"{name}.{count}.debug"
+        runtime.record_value(entry, variable, writer)
+        if save_backward:
+            grad_entry = f"{name}_grad.{count}.debug"
+            tensors = list(_tensor_paths(variable))
+            if tensors:
+                with runtime.lock:
+                    runtime.queue_line({"e": grad_entry, "v": _null_shape(variable)}, writer)
+                for path, tensor in tensors:
+                    tensor.register_hook(_grad_hook(runtime, grad_entry, path, writer))
+    finally:
+        runtime.leave()
+
+
+def _grad_hook(runtime, grad_entry: str, path: tuple, writer):
+    file_entry = ".".join([grad_entry, *map(str, path)])
+
+    def hook(grad):
+        runtime.record_at(grad_entry, path, grad, file_entry, writer)
+    return hook
