@@ -1,0 +1,1 @@
+"""Example networks for msprobe (importable as ``examples.models`` from the repository root)."""
