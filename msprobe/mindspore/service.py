@@ -22,6 +22,7 @@ from msprobe.capture.api import install_api_wrappers, load_api_list, make_wrappe
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.cell import CellCapture, iter_cells
 from msprobe.capture.guard import inplace_targets, install_guard
+from msprobe.capture.jit import install_jit_capture
 from msprobe.capture.primitive import install_primitive_hooks
 from msprobe.core.config import ConfigError
 from msprobe.core.handles import Handle, HandleSet, patch_attribute
@@ -96,6 +97,7 @@ class DumpService:
             targets = [t for t in self._api_targets if (id(t[0]), t[1]) not in self._custom]
             self._installed.add(install_api_wrappers(self.runtime, targets, self.recorder))
             wrapped = {(owner, attr) for owner, attr, _ in targets}
+            self._installed.add(install_jit_capture(self.recorder))
             if self.models is not None:
                 cells = [cell for _, root in self.models for _, cell in root.cells_and_names()]
                 self._installed.add(install_primitive_hooks(self.recorder, cells))
