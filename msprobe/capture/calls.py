@@ -47,22 +47,23 @@ class CallRecorder:
                 selected = rt.selector.selects(fwd)
                 if selected:
                     self._record_inputs(fwd, args, kwargs)
-                    if (self.bwd_in or self.bwd_out) and grad_enabled():
-                        bwd = naming.api_entry(api, n, naming.BACKWARD)
-                        if rt.selector.selects(bwd):
-                            probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
-                            if rt.track_parents:
-                                rt.record_parent(bwd, _backward_name(self._parent()))
-                            args = probe.wrap_inputs(args)
+                # the backward entry is selected on its own name (a list may name only it)
+                if (self.bwd_in or self.bwd_out) and grad_enabled():
+                    bwd = naming.api_entry(api, n, naming.BACKWARD)
+                    if rt.selector.selects(bwd):
+                        probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
+                        if rt.track_parents:
+                            rt.record_parent(bwd, _backward_name(self._parent()))
+                        args = probe.wrap_inputs(args)
                 if inplace and rt.has_pending:
                     rt.flush()
             except Exception as exc:  # tool failure: keep training
                 self._tool_error(api, exc)
                 selected = False
             out = original(*args, **kwargs)
-            if selected:
+            if selected or probe is not None:
                 try:
-                    if self.fwd_out:
+                    if selected and self.fwd_out:
                         rt.record(fwd, "output", as_output_list(out), "output")
                     if probe is not None:
                         probe.watch_outputs(out)
@@ -96,7 +97,7 @@ class CallRecorder:
 def as_output_list(out):
     """Forward ``output`` is a list (spec §4.2): a single value becomes a 1-element list, a tuple a
     list; a namedtuple stays an object keyed by field name (stable paths such as ``output.logits``)."""
-    if isinstance(out, list) or (isinstance(out, tuple) and not hasattr(out, "_fields")):
+    if isinstance(out, (list, tuple)):  # a namedtuple is described as an object by records.py
         return out
     return [out]
 

@@ -89,6 +89,7 @@ class CellCapture:
                     bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
                     rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
                     if rt.selector.selects(bwd):
+                        rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
                         if bprop_probes is None:
                             new_args = probe.wrap_inputs(args)
@@ -224,7 +225,7 @@ class CellCapture:
                 else:
                     g = max(rt.counters[key] - 1, 0)
                 entry = naming.param_grad_entry(prefix, g)
-                if rt.selector.selects(entry) or rt.selector.selects(prefix):
+                if rt.selector.selects_param_grad(prefix, entry):
                     rt.record_param_grad(entry, pname, grad)
                 return None
 

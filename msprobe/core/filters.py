@@ -63,6 +63,7 @@ class Selector:
         self._open = not self.scope
         self._closing = False
         self._expanded: list = []
+        self._bwd_cells: set = set()
 
     def selects(self, entry: str) -> bool:
         key = call_key(entry)
@@ -78,6 +79,20 @@ class Selector:
         if not self.items or self._expanded:
             return True
         return any(item in entry for item in self.items)
+
+    def note_backward(self, cell_prefix: str) -> None:
+        """The backward entry of a call of Cell ``cell_prefix`` was selected in this step."""
+        self._bwd_cells.add(cell_prefix)
+
+    def selects_param_grad(self, cell_prefix: str, entry: str) -> bool:
+        """Parameter gradients of a Cell (spec §2.4): recorded when the Cell's backward data was
+        selected in this step, or (no scope) when a ``list`` item matches the entry name. Does not
+        change the scope state (it is asked during the backward pass)."""
+        if cell_prefix in self._bwd_cells:
+            return True
+        if self.scope:
+            return False
+        return not self.items or any(item in entry for item in self.items)
 
     def enter_cell(self, entry: str) -> None:
         """A Cell call started (its selection already made); mix expands list-matched Cells."""

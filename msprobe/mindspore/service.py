@@ -48,6 +48,7 @@ class DumpService:
         self._api_targets = None
         self._custom: dict = {}
         self.token_range = None
+        self._kernel_dump = None
         self._token = 0
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -66,6 +67,10 @@ class DumpService:
     def start(self) -> bool:
         """Switch recording on for the current step if it is dumped. Returns whether it is on."""
         rt, cfg = self.runtime, self.config
+        if cfg.level == "L2":
+            return self._start_kernel_dump()
+        if cfg.level == "debug":
+            return False
         if self.finished or self.active:
             return self.active
         if cfg.last_step is not None and rt.step > cfg.last_step:
@@ -175,7 +180,19 @@ class DumpService:
             return
         debug_save.save(self.runtime, variable, name, save_backward)
 
+    def _start_kernel_dump(self) -> bool:
+        """L2: MindSpore's native dump, configured once, before the first graph is compiled."""
+        if self._kernel_dump is None:
+            from msprobe.capture.kernel_dump import KernelDump
+
+            self._kernel_dump = KernelDump(self.config)
+            self._installed_kernel = self._kernel_dump.install()
+        return True
+
     def stop(self) -> None:
+        if self._kernel_dump is not None:
+            self._kernel_dump.collect()
+            return
         rt = self.runtime
         if not self.active:
             return
@@ -196,6 +213,8 @@ class DumpService:
     def close(self) -> None:
         """Flush and close everything (process exit)."""
         self.stop()
+        if self._kernel_dump is not None:
+            self._installed_kernel.remove()
         if self.runtime.writer is not None:
             self.runtime.flush()
             self.runtime.writer.close()
