@@ -16,10 +16,35 @@ from msprobe.core import naming
 logger = logging.getLogger("msprobe")
 
 
+_AUGMENTED = {"add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor",
+              "lshift", "rshift", "div"}
+
+
+#: ``mint.distributed`` collectives (torch style) that write their result into an argument:
+#: name -> (position, keyword) of that argument. They count as in-place (inputs are read before the
+#: call) and, when they return ``None`` (synchronous), their ``output`` is that argument after the call.
+COLLECTIVE_WRITES = {
+    "all_reduce": (0, "tensor"), "broadcast": (0, "tensor"), "reduce": (0, "tensor"),
+    "recv": (0, "tensor"), "irecv": (0, "tensor"), "scatter": (0, "tensor"),
+    "all_gather": (0, "tensor_list"), "gather": (1, "gather_list"),
+    "all_gather_into_tensor": (0, "output_tensor"), "reduce_scatter": (0, "output"),
+    "reduce_scatter_tensor": (0, "output"), "all_to_all": (0, "output_tensor_list"),
+    "all_to_all_single": (0, "output"),
+}
+
+
 def is_inplace(api_name: str) -> bool:
-    """In-place by naming convention: ``add_``, ``__iadd__``, ``__setitem__``, ``assign*``."""
-    short = api_name.rsplit(".", 1)[-1]
-    return ((short.endswith("_") and not short.endswith("__")) or short.startswith("__i")
+    """In-place by naming convention: ``add_``, ``__iadd__``, ``__setitem__``, ``assign*``; plus the
+    ``MintDistributed`` collectives of :data:`COLLECTIVE_WRITES`."""
+    head, _, short = api_name.rpartition(".")
+    if head == "MintDistributed":
+        return short in COLLECTIVE_WRITES
+    if short.startswith("__"):  # only augmented assignments (not __init__, __iter__, __int__, ...)
+        return (short.startswith("__i") and short.endswith("__") and short[3:-2] in _AUGMENTED) \
+            or short == "__setitem__"
+    if short.startswith("_"):  # private helpers such as _convert_scalar_ are not user in-place ops
+        return False
+    return ((short.endswith("_") and not short.endswith("__"))
             or short == "__setitem__" or short.startswith("assign") or short.startswith("scatter_nd_")
             or short.startswith("inplace_"))
 
@@ -64,7 +89,8 @@ class CallRecorder:
             if selected or probe is not None:
                 try:
                     if selected and self.fwd_out:
-                        rt.record(fwd, "output", as_output_list(out), "output")
+                        rt.record(fwd, "output", as_output_list(written_output(api, args, kwargs, out)),
+                                  "output")
                     if probe is not None:
                         probe.watch_outputs(out)
                 except Exception as exc:
@@ -106,3 +132,15 @@ def _backward_name(forward_cell_entry):
     if forward_cell_entry is None:
         return None
     return forward_cell_entry.replace(".forward.", ".backward.")
+
+
+def written_output(api: str, args: tuple, kwargs: dict, out):
+    """The forward ``output`` of a call: its return value, except for a synchronous ``MintDistributed``
+    collective (returns ``None``), whose result is the argument it wrote (e.g. ``all_reduce(tensor)``)."""
+    head, _, short = api.rpartition(".")
+    if out is not None or head != "MintDistributed" or short not in COLLECTIVE_WRITES:
+        return out
+    position, keyword = COLLECTIVE_WRITES[short]
+    if len(args) > position:
+        return args[position]
+    return kwargs.get(keyword)

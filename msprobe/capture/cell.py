@@ -11,10 +11,14 @@ descendants (seed: "传入的当前层不会被dump").
 """
 from __future__ import annotations
 
+import logging
+
 from msprobe.capture.backward import BackwardProbe, grad_enabled
 from msprobe.capture.calls import as_output_list
 from msprobe.core import naming
 from msprobe.core.handles import Handle, HandleSet
+
+logger = logging.getLogger("msprobe")
 
 
 def iter_cells(models):
@@ -22,15 +26,55 @@ def iter_cells(models):
 
     Args:
         models: ``list[(index or None, root Cell)]``.
+
+    A Cell whose ``construct`` is decorated with ``mindspore.jit`` is yielded (captured as one unit)
+    but its sub-Cells are not: they run inside the compiled graph (spec §3.3), where Python hooks
+    would run at trace time only. A note is logged once per such Cell.
     """
     seen = set()
     for index, root in models:
         seen.add(id(root))
+        compiled: list = []  # paths of jit Cells, whose descendants are skipped
         for name, cell in root.cells_and_names():
             if not name or id(cell) in seen:
                 continue
+            if any(name.startswith(p + ".") for p in compiled):
+                continue
             seen.add(id(cell))
-            yield naming.cell_prefix(name, type(cell).__name__, index), cell
+            prefix = naming.cell_prefix(name, type(cell).__name__, index)
+            if is_jit_cell(cell):
+                compiled.append(name)
+                if id(cell) not in _JIT_NOTED:
+                    _JIT_NOTED.add(id(cell))
+                    logger.info("msprobe: %s has a mindspore.jit construct: captured as one unit, its "
+                                "sub-Cells run compiled and are not hooked", prefix)
+            yield prefix, cell
+
+
+_JIT_NOTED: set = set()
+
+
+def is_jit_cell(cell) -> bool:
+    """True when the Cell's ``construct`` is wrapped by ``mindspore.jit`` (a ``JitConfig`` in a
+    closure of the function or of the functions it wraps)."""
+    construct = vars(cell).get("construct") or type(cell).construct
+    return _has_jit_config(getattr(construct, "__func__", construct), 0)
+
+
+def _has_jit_config(fn, depth: int) -> bool:
+    if depth > 4 or not callable(fn):
+        return False
+    for cell_ref in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell_ref.cell_contents
+        except ValueError:  # empty closure cell
+            continue
+        if type(value).__name__ == "JitConfig":
+            return True
+        if callable(value) and hasattr(value, "__code__") and _has_jit_config(value, depth + 1):
+            return True
+    wrapped = getattr(fn, "__wrapped__", None)
+    return wrapped is not None and _has_jit_config(wrapped, depth + 1)
 
 
 class CellCapture:

@@ -13,7 +13,7 @@ import functools
 import mindspore
 from mindspore import Tensor
 
-from msprobe.capture.calls import is_inplace
+from msprobe.capture.calls import COLLECTIVE_WRITES, is_inplace
 from msprobe.core.handles import HandleSet, patch_attribute
 
 
@@ -27,6 +27,13 @@ def inplace_targets(exclude: set) -> list:
     for name in ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_nd_update"):
         if callable(getattr(mindspore.ops, name, None)) and (mindspore.ops, name) not in exclude:
             out.append((mindspore.ops, name))
+    try:  # torch-style collectives write into their arguments (all_reduce(tensor), ...)
+        import mindspore.mint.distributed as dist
+    except Exception:  # communication unavailable in this build
+        dist = None
+    for name in COLLECTIVE_WRITES if dist is not None else ():
+        if callable(getattr(dist, name, None)) and (dist, name) not in exclude:
+            out.append((dist, name))
     return out
 
 

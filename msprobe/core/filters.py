@@ -8,6 +8,9 @@
   inclusive (in forward order) is recorded, with its forward and backward data. Unlike the reference
   tool, the last API's output and the last Cell's own record (and everything inside it) are included.
 * ``scope`` and ``list`` combine with AND. An empty filter selects everything.
+* Forward and backward entries of a call are selected on their own names (a ``list`` may name just
+  ``X.relu.0.backward``). A Cell's ``parameters_grad`` entries are recorded when that Cell's backward
+  entry was selected in the step, or (no scope) when a ``list`` item matches their name.
 
 Filtering never changes call numbering: counters advance for every call, recorded or not.
 """
@@ -31,7 +34,7 @@ def call_key(entry: str) -> str:
     return entry
 
 
-def _check_scope(scope: tuple, level: str) -> None:
+def _check_scope(scope: tuple, level: str, section: str = "statistics") -> None:
     if not scope:
         return
     for i, name in enumerate(scope):
@@ -42,7 +45,7 @@ def _check_scope(scope: tuple, level: str) -> None:
             allowed = {"L0": "a Cell name like 'Cell.fc1.Dense.forward.0'",
                        "L1": "an API name like 'Functional.relu.0.forward'"}.get(
                 level, "an API or Cell entry name")
-            raise ConfigError(f"scope[{i}]", name, allowed, reason=f"not a valid bound at level {level}")
+            raise ConfigError(f"{section}.scope[{i}]", name, allowed, reason=f"not a valid bound at level {level}")
 
 
 class Selector:
@@ -53,7 +56,7 @@ class Selector:
         self.level = config.level
         self.items = tuple(config.api_list) if config.level != "L2" else ()
         self.scope = tuple(config.scope)
-        _check_scope(self.scope, self.level)
+        _check_scope(self.scope, self.level, config.task)
         self._first = call_key(self.scope[0]) if self.scope else None
         self._last = call_key(self.scope[1]) if self.scope else None
         self._last_is_cell = bool(self.scope) and self.scope[1].startswith("Cell.")

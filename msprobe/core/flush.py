@@ -38,6 +38,13 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error) -> None:
                     leaf["stored_as"] = stored
             if md5:
                 leaf["md5"] = stats.crc32_hex(arr)
+        except OSError:  # the disk is full or not writable: the runtime switches the dump off
+            if slot.data_name and tensor_dir:  # no truncated .npy left behind
+                try:
+                    os.remove(os.path.join(tensor_dir, slot.data_name))
+                except OSError:
+                    pass
+            raise
         except Exception as exc:  # a bad tensor must not break the training step
             leaf.update({"Max": None, "Min": None, "Mean": None, "Norm": None, "error": repr(exc)})
             on_error(f"could not read tensor for {slot.data_name or slot.dtype}: {exc!r}")

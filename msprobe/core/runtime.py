@@ -40,6 +40,25 @@ def _no_file(path):
     return None
 
 
+def move_aside(directory: str):
+    """Never overwrite silently: a non-empty ``directory`` left by an earlier run is renamed to
+    ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (WARNING naming both paths), so the new run writes the
+    normal path and readers (``iter_step_dirs``, compare tools) find the newest. Returns the new name."""
+    try:
+        if not os.listdir(directory):
+            return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = f"{directory}.previous-{stamp}", 1
+    while os.path.exists(target):
+        target, n = f"{directory}.previous-{stamp}-{n}", n + 1
+    os.rename(directory, target)
+    logger.warning("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
+                   "run writes %s", directory, target, directory)
+    return target
+
+
 def _snapshot(tensor):
     """Parameters change in place (optimizer); copy them on device, without a host transfer."""
     if isinstance(tensor, Parameter):
@@ -76,6 +95,8 @@ class Runtime:
         self._emitted_stacks: set = set()
         self._pid = os.getpid()
         self.late_pieces = 0
+        #: set by the first failed write (disk full, file too large, ...): dumping is off for good
+        self.failed = False
 
     # ------------------------------------------------------------------ state queries
     @property
@@ -86,6 +107,10 @@ class Runtime:
     def busy(self) -> bool:
         """True inside tool code or inside an already-recorded call on this thread (skip hooks)."""
         return getattr(self._tls, "depth", 0) > 0 or os.getpid() != self._pid
+
+    def forked(self) -> bool:
+        """True in a child process forked after the runtime was created: it never writes files."""
+        return os.getpid() != self._pid
 
     def enter(self) -> None:
         self._tls.depth = getattr(self._tls, "depth", 0) + 1
@@ -109,8 +134,9 @@ class Runtime:
 
     def next_count(self, key: str) -> int:
         """Return the call index of ``key`` in this step and advance it."""
-        n = self.counters[key]
-        self.counters[key] = n + 1
+        with self._lock:  # threads recording concurrently must not share a call number
+            n = self.counters[key]
+            self.counters[key] = n + 1
         return n
 
     # ------------------------------------------------------------------ step directories
@@ -130,18 +156,74 @@ class Runtime:
         rank_dir = f"rank{self.rank}" if self.rank is not None else f"proc{os.getpid()}"
         return os.path.join(self.config.dump_path, f"step{self.step}", rank_dir)
 
-    def open_step(self) -> StepWriter:
-        """Create (once per step) the writer of the current step and rank."""
+    def open_step(self):
+        """Create (once per step) the writer of the current step and rank.
+
+        A directory left by an earlier run is moved aside first (:func:`move_aside`). Returns
+        ``None`` when the dump is switched off after a write error (:meth:`disk_failure`).
+        """
+        if self.failed or self.forked():
+            return None
         if self.writer is None or self.writer.closed:
             self.rank = self.resolve_rank()
             header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
             debug = self.config.level == "debug"
-            self.writer = StepWriter(self.step_directory(), header,
-                                     tensor_data=self.save_tensors or bool(self.config.tensor_list),
-                                     extra_info=self.config.extra_info and not debug,
-                                     data_file="debug.json" if debug else "dump.json")
+            directory = self.step_directory()
+            try:
+                move_aside(directory)
+                self.writer = StepWriter(directory, header,
+                                         tensor_data=self.save_tensors or bool(self.config.tensor_list),
+                                         extra_info=self.config.extra_info and not debug,
+                                         data_file="debug.json" if debug else "dump.json")
+            except OSError as exc:
+                self.disk_failure(exc, directory)
+                return None
             self._emitted_stacks = set()
         return self.writer
+
+    def refresh_rank(self) -> None:
+        """Late rank discovery: ``init()`` ran after ``start()`` opened this step as ``proc{pid}``.
+
+        Called at every ``start()``, ``stop()`` and ``step()``: once a rank is known, the open step
+        directory is renamed to ``rank{N}`` (an earlier run's ``rank{N}`` is moved aside first) and the
+        journal continues there, so no step of a rank ends up under ``proc{pid}`` after ``init()``.
+        """
+        if self.rank is not None or self.writer is None or self.writer.closed or self.forked():
+            return
+        rank = self.resolve_rank()
+        if rank is None:
+            return
+        self.flush()
+        old = self.writer.directory
+        self.rank = rank
+        target = self.step_directory()
+        try:
+            move_aside(target)
+            self.writer.relocate(target)
+        except OSError as exc:
+            self.disk_failure(exc)
+            return
+        logger.info("msprobe: rank %d known after start(); %s renamed to %s", rank, old, target)
+
+    def disk_failure(self, exc: OSError, directory: str | None = None) -> None:
+        """The first failed write (ENOSPC, EFBIG, EACCES, ...): log ONE error (also into
+        ``dump_error_info.log`` if that still works), drop what is pending and switch dumping off for
+        the rest of the run. Training goes on; what was written stays loadable (the step's journal
+        is kept, so ``msprobe.dump.load`` returns it with ``complete=False``)."""
+        if self.failed:
+            return
+        self.failed = True
+        self.running = False
+        with self._lock:
+            self._pending, self._pending_slots, self._pending_bytes = [], [], 0
+        writer = self.writer
+        where = writer.directory if writer is not None else directory
+        message = (f"writing the dump failed in {where}: {exc!r}. Dumping is switched off for the rest "
+                   "of this run; training goes on. What was written so far stays readable with "
+                   "msprobe.dump.load (the unfinished step loads with complete=False)")
+        logger.error("msprobe: %s", message)
+        if writer is not None:
+            writer.abandon(message)
 
     # ------------------------------------------------------------------ recording
     def _saves(self, entry: str) -> bool:
@@ -188,7 +270,7 @@ class Runtime:
 
     def _describe_and_queue(self, line: dict, value, entry: str, category: str, index: tuple, writer,
                             as_list: bool = False, fixed_name: bool = False) -> None:
-        if not self.records_data:
+        if not self.records_data or self.failed:
             return
         if self._saves(entry):
             if fixed_name:
@@ -205,21 +287,21 @@ class Runtime:
 
     def record_stack(self, entry: str, writer=None) -> None:
         """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""
-        if not self.config.extra_info:
+        if not self.config.extra_info or self.failed:
             return
         writer = writer or self.writer
-        sid = self.stacks.current()
-        lines = []
-        if sid not in self._emitted_stacks:
-            self._emitted_stacks.add(sid)
-            lines.append({"s": sid, "f": self.stacks.rendered[sid]})
-        lines.append({"e": entry, "stack": sid})
-        with self._lock:
+        with self._lock:  # stack ids and "emitted" marks are shared by all threads
+            sid = self.stacks.current()
+            lines = []
+            if sid not in self._emitted_stacks:
+                self._emitted_stacks.add(sid)
+                lines.append({"s": sid, "f": self.stacks.rendered[sid]})
+            lines.append({"e": entry, "stack": sid})
             self._pending.extend((writer, line) for line in lines)
 
     def record_parent(self, name: str, parent, writer=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
-        if not self.config.extra_info:
+        if not self.config.extra_info or self.failed:
             return
         with self._lock:
             self._pending.append((writer or self.writer, {"c": name, "p": parent}))
@@ -253,7 +335,7 @@ class Runtime:
         with self._lock:
             pending, slots = self._pending, self._pending_slots
             self._pending, self._pending_slots, self._pending_bytes = [], [], 0
-        if not pending:
+        if not pending or self.failed or self.forked():
             return
         self.enter()
         try:
@@ -270,21 +352,30 @@ class Runtime:
                     self.late_pieces += len(lines)
                     continue
                 writer.append(lines)
+        except OSError as exc:  # disk full, file too large, ...: the dump stops, training goes on
+            self.disk_failure(exc)
         finally:
             self.leave()
 
     # ------------------------------------------------------------------ lifecycle
     def write_files(self) -> None:
         """Flush and write the seed's JSON files for the current step (``stop()``)."""
+        if self.forked():
+            return
+        self.refresh_rank()
         self.flush()
         if self.writer is not None and not self.writer.closed:
-            self.writer.write_files()
+            try:
+                self.writer.write_files()
+            except OSError as exc:
+                self.disk_failure(exc)
 
     def end_step(self) -> None:
         """Close the current step and reset every per-step state (``step()``). The only reset path."""
-        self.flush()
-        if self.writer is not None:
-            self.writer.close()
+        if self.forked():
+            return
+        self.refresh_rank()
+        self.close_writer()
         if self.late_pieces:
             logger.warning("msprobe: %d gradient records arrived after their step was closed and were "
                            "not written", self.late_pieces)
@@ -294,3 +385,14 @@ class Runtime:
         self.selector.reset()
         self._tls = threading.local()
         self.loop += 1
+
+    def close_writer(self) -> None:
+        """Flush and close the current step's writer (``step()``, process exit)."""
+        if self.forked():
+            return
+        self.flush()
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except OSError as exc:
+                self.disk_failure(exc)

@@ -33,9 +33,16 @@ TENSOR_DIR = "dump_tensor_data"
 
 def _atomic_write_json(path: str, obj) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, ensure_ascii=False)
+        os.replace(tmp, path)
+    except OSError:  # disk full: leave no half-written temporary file behind
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def replay(lines):
@@ -49,7 +56,10 @@ def replay(lines):
         entry = rec.get("e")
         if entry is not None:
             if "p" in rec:
-                _set_path(data.get(entry), rec["p"], rec["v"])
+                if rec["p"]:
+                    _set_path(data.get(entry), rec["p"], rec["v"])
+                else:  # the saved variable is a single tensor: its gradient is the whole entry
+                    data[entry] = rec["v"]
                 continue
             if "k" not in rec and "v" in rec:
                 data[entry] = rec["v"]
@@ -91,7 +101,8 @@ def _set_path(container, path, value) -> None:
 
 def read_journal(path: str):
     """Yield journal records; a torn last line (killed mid-write) is skipped."""
-    with open(path, encoding="utf-8") as f:
+    # errors="replace": a write cut short by a full disk may end inside a multi-byte character
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if not line.endswith("\n"):
                 break
@@ -142,8 +153,40 @@ class StepWriter:
     def error(self, message: str) -> None:
         """Record a tool error in ``dump_error_info.log`` (the training goes on)."""
         logger.warning("msprobe: %s", message)
-        with open(os.path.join(self.directory, "dump_error_info.log"), "a", encoding="utf-8") as f:
-            f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n")
+        self._log_error(message)
+
+    def _log_error(self, message: str) -> None:
+        try:
+            with open(os.path.join(self.directory, "dump_error_info.log"), "a", encoding="utf-8") as f:
+                f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n")
+        except OSError:  # the disk may be full: the log message is all we can give
+            pass
+
+    def relocate(self, directory: str) -> None:
+        """Rename this step's directory to ``directory`` (rank found after ``start()``); the journal
+        goes on there and a new header line records the new ``dump_data_dir``."""
+        with self._lock:
+            self._journal.close()
+            os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+            os.rename(self.directory, directory)
+            self.directory = directory
+            if self.tensor_dir is not None:
+                self.tensor_dir = os.path.join(directory, TENSOR_DIR)
+            self.header = dict(self.header, dump_data_dir=self.tensor_dir)
+            self._journal_path = os.path.join(directory, JOURNAL)
+            self._journal = open(self._journal_path, "a", encoding="utf-8")
+        self.append([{"h": self.header}])
+
+    def abandon(self, message: str) -> None:
+        """Stop writing after a failed write: no more files; the journal stays (readable, the step
+        loads with ``complete=False``); ``message`` goes to ``dump_error_info.log`` if possible."""
+        with self._lock:
+            self.closed = True
+            try:
+                self._journal.close()
+            except OSError:
+                pass
+        self._log_error(message)
 
     def write_files(self) -> None:
         """Write ``dump.json`` (and stack/construct) from everything journaled so far."""
@@ -160,6 +203,33 @@ class StepWriter:
                 _atomic_write_json(os.path.join(self.directory, "construct.json"), construct)
             self._dirty = False
         logger.info("%s is at %s", self.data_file, self.directory)
+
+    def discard_if_empty(self) -> bool:
+        """Close and delete this step directory if nothing was journaled but the header (a step
+        opened by ``start()`` and renumbered by ``set_init_step`` before anything ran)."""
+        with self._lock:
+            if self.closed:
+                return False
+            with open(self._journal_path, encoding="utf-8") as f:
+                if sum(1 for _ in f) > 1:
+                    return False
+            self.closed = True
+            self._journal.close()
+            os.remove(self._journal_path)
+        if os.path.exists(os.path.join(self.directory, "dump_error_info.log")):
+            return True  # keep a directory that reports tool errors
+        for name in (self.data_file, "stack.json", "construct.json"):
+            try:
+                os.remove(os.path.join(self.directory, name))
+            except OSError:
+                pass
+        for path in (self.tensor_dir, self.directory, os.path.dirname(self.directory)):
+            if path:
+                try:
+                    os.rmdir(path)  # only when empty
+                except OSError:
+                    pass
+        return True
 
     def close(self) -> None:
         """Write the final files and remove the journal. Idempotent."""

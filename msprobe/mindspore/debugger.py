@@ -100,9 +100,7 @@ class PrecisionDebugger:
         Raises:
             ConfigError: ``step`` is not an integer >= 0.
         """
-        runtime = self.service.runtime
-        runtime.init_step = _check_non_negative_int("step", step)
-        runtime.loop = 0
+        self.service.set_init_step(_check_non_negative_int("step", step))
 
     def save(self, variable, name, save_backward=True) -> None:
         """Record a variable's value, and its gradient, at the debug level (seed: "save").

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import weakref
 
 from mindspore import nn
@@ -47,6 +48,7 @@ class DumpService:
         self._installed = HandleSet()
         self._api_targets = None
         self._custom: dict = {}
+        self._api_handles: dict = {}  # (id(owner), attr) -> handles of the installed yaml wrapper
         self.token_range = None
         self._kernel_dump = None
         self._token = 0
@@ -81,10 +83,16 @@ class DumpService:
         if cfg.level in _CELL_LEVELS and self.models is None:
             raise ValueError(f"level {cfg.level!r} needs the model: call debugger.start(model) with the "
                              "network (a mindspore.nn.Cell or a list of Cells)")
+        if rt.failed or rt.forked():  # a write failed earlier (disk full), or a forked child
+            return False
+        if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler runs the script too; no rank
+            return False
+        rt.refresh_rank()  # init() may have run since this step was opened as proc{pid}
         rank = rt.resolve_rank()
         if not cfg.dumps_rank(rank):
             return False
-        rt.open_step()
+        if rt.open_step() is None:
+            return False
         self._install()
         self._token = 0
         self.active = True
@@ -100,7 +108,8 @@ class DumpService:
                 self._api_targets = resolve_targets(load_api_list())
             # a custom registration of the same attribute takes precedence over the yaml list
             targets = [t for t in self._api_targets if (id(t[0]), t[1]) not in self._custom]
-            self._installed.add(install_api_wrappers(self.runtime, targets, self.recorder))
+            for target in targets:
+                self._wrap_listed_api(target)
             wrapped = {(owner, attr) for owner, attr, _ in targets}
             self._installed.add(install_jit_capture(self.recorder))
             if self.models is not None:
@@ -111,6 +120,13 @@ class DumpService:
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
         self._installed.add(install_guard(self.runtime, inplace_targets(wrapped)))
+
+    def _wrap_listed_api(self, target) -> None:
+        """Install the wrapper of one support_wrap_ops.yaml target, kept per attribute so a custom
+        registration made while started can take its place (and give it back on restore)."""
+        handles = install_api_wrappers(self.runtime, [target], self.recorder)
+        self._api_handles[(id(target[0]), target[1])] = handles
+        self._installed.add(handles)
 
     # ------------------------------------------------------------------ inference token range
     def set_token_range(self, token_range) -> None:
@@ -162,6 +178,9 @@ class DumpService:
         key = (id(module), api)
         if key in self._custom:
             self._custom.pop(key).remove()
+        listed = self._api_handles.pop(key, None)
+        if listed is not None:  # registered while started: unwrap the yaml wrapper first, so the
+            listed.remove()     # custom wrapper holds (and later restores) MindSpore's own object
         wrapper = make_wrapper(self.runtime, self.recorder, getattr(module, api), f"{api_prefix}.{api}")
         self._custom[key] = patch_attribute(module, api, wrapper)
         logger.info("msprobe: custom API registered: %s.%s as %s", getattr(module, "__name__", module),
@@ -172,6 +191,10 @@ class DumpService:
         handle = self._custom.pop((id(module), api), None)
         if handle is not None:
             handle.remove()
+            if self.active and self._api_targets is not None:  # the yaml list applies again
+                for target in self._api_targets:
+                    if target[0] is module and target[1] == api:
+                        self._wrap_listed_api(target)
 
     def save(self, variable, name, save_backward=True) -> None:
         """Debug level ``save``; ignored at other levels (a warning once)."""
@@ -199,7 +222,34 @@ class DumpService:
         self.active = False
         rt.running = False
         self._installed.remove()
+        self._api_handles.clear()
         rt.write_files()
+
+    def set_init_step(self, step: int) -> None:
+        """Number the current step ``step`` (``set_init_step``/``MsprobeInitStep``).
+
+        If the dump is already running (``start(model)`` called before ``Model.train``), the step
+        opened under the old number is moved: discarded when nothing was recorded yet, else closed,
+        and recording restarts under the new number.
+        """
+        rt = self.runtime
+        was_running = self.active and self._kernel_dump is None
+        if was_running:
+            rt.flush()
+            if rt.writer is not None and rt.writer.discard_if_empty():
+                self.active = False
+                rt.running = False
+                self._installed.remove()
+                self._api_handles.clear()
+                rt.writer = None
+                rt.counters.clear()
+            else:
+                self.stop()
+                rt.end_step()
+        rt.init_step = step
+        rt.loop = 0
+        if was_running:
+            self.start()
 
     def step(self) -> None:
         self.stop()
@@ -215,9 +265,7 @@ class DumpService:
         self.stop()
         if self._kernel_dump is not None:
             self._installed_kernel.remove()
-        if self.runtime.writer is not None:
-            self.runtime.flush()
-            self.runtime.writer.close()
+        self.runtime.close_writer()
 
 
 def _close_at_exit(ref) -> None:

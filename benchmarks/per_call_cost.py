@@ -1,0 +1,175 @@
+"""Cost of one hooked API call (``ops.relu`` on a float32 tensor) vs tensor size, L1 statistics.
+
+    .venv/bin/python benchmarks/per_call_cost.py           # 7 repeats per size
+    .venv/bin/python benchmarks/per_call_cost.py --quick   # 3 repeats
+    .venv/bin/python benchmarks/per_call_cost.py --json out.json
+
+Runs with ``ms.set_device("CPU"); ms.runtime.launch_blocking()`` (synchronous launch; the default
+asynchronous PyNative pipeline is ~30x slower and very noisy on a 2-core machine).
+
+Split of the cost per call (all medians over repeats; each repeat = N calls inside one
+``start()``/``stop()``/``step()``):
+
+* ``base``: ``ops.relu(x)`` without the tool;
+* ``hook``: extra wall time of the call while the dump runs = time of N hooked calls / N - base
+  (wrapper, counters, entry name, stack capture, describing input/output, queueing).  The automatic
+  flush thresholds of :mod:`msprobe.core.runtime` (``FLUSH_SLOTS``/``FLUSH_BYTES``/``FLUSH_SECONDS``)
+  are raised *in this process only*, so no flush happens inside the timed calls;
+* ``flush``: ``Runtime.flush()`` called explicitly after the N calls, / N; split into ``stats`` (the
+  ``materialize`` step: host view + statistics of input and output, timed by wrapping
+  ``msprobe.core.runtime.materialize``) and ``journal`` (the rest: JSON encoding + append);
+* ``stop+step``: ``stop()`` + ``step()`` (replay of the journal into dump.json/stack.json/
+  construct.json, close), / N;
+* GB/s: bytes whose statistics were computed (input + output = 2 * n * 4 bytes per call) / stats time;
+  ``ref GB/s`` is ``msprobe.core.stats.compute_stats`` alone on the same host array, and ``np f32``
+  is plain numpy ``max``/``min``/``sum``/``dot`` in float32 (a speed-of-light reference, not exact).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HEADER = ("MindSpore CPU, ms.set_device('CPU') + ms.runtime.launch_blocking() (synchronous launch; "
+          "the default async PyNative pipeline is ~30x slower and very noisy on 2 cores)")
+SIZES = [10 ** 3, 10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7]
+
+
+def calls_for(n: int) -> int:
+    return max(3, min(200, int(2e7 // n)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--json", metavar="OUT")
+    args = p.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 7)
+
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    ms.set_device("CPU")
+    ms.runtime.launch_blocking()
+
+    import msprobe.core.runtime as rtmod
+    from msprobe.core import stats
+    from msprobe.mindspore import PrecisionDebugger
+
+    rtmod.FLUSH_SLOTS = 10 ** 12
+    rtmod.FLUSH_BYTES = 1 << 62
+    rtmod.FLUSH_SECONDS = 1e12
+    timer = {"stats": 0.0}
+    original_materialize = rtmod.materialize
+
+    def timed_materialize(*a, **k):
+        t = time.perf_counter()
+        try:
+            return original_materialize(*a, **k)
+        finally:
+            timer["stats"] += time.perf_counter() - t
+
+    rtmod.materialize = timed_materialize
+
+    tmp = tempfile.mkdtemp(prefix="msprobe_percall_")
+    cfg = {"task": "statistics", "dump_path": os.path.join(tmp, "dump"), "rank": [], "step": [],
+           "level": "L1", "extra_info": True, "async_dump": False,
+           "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"}}
+    cfg_path = os.path.join(tmp, "config.json")
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    dbg = PrecisionDebugger(config_path=cfg_path)
+    rt = dbg.service.runtime
+
+    print(HEADER)
+    print(f"ops.relu(float32 x), L1 statistics, no model; {repeats} repeats per size; "
+          f"cpu_count={os.cpu_count()}, loadavg={os.getloadavg()[0]:.2f}")
+    fmt = "{:>9} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>8}"
+    print(fmt.format("elements", "N", "base us", "hook us", "flush us", "stats us", "journal", "stop+step",
+                     "GB/s", "ref GB/s", "np f32"))
+    results = []
+    rng = np.random.default_rng(0)
+    warm = Tensor(rng.standard_normal(SIZES[0]).astype(np.float32))
+    for _ in range(3):  # global warm-up: first stack rendering, first journal, first dump.json
+        dbg.start()
+        for _ in range(calls_for(SIZES[0])):
+            ops.relu(warm)
+        dbg.stop()
+        dbg.step()
+    for n in SIZES:
+        host = rng.standard_normal(n).astype(np.float32)
+        x = Tensor(host)
+        calls = calls_for(n)
+        for _ in range(3):  # warm-up: kernel, and one full tool cycle
+            ops.relu(x).asnumpy()
+        dbg.start()
+        ops.relu(x)
+        dbg.stop()
+        dbg.step()
+        rows = {k: [] for k in ("base", "hook", "flush", "stats", "journal", "stopstep", "ref", "npf32")}
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(calls):
+                ops.relu(x)
+            base = (time.perf_counter() - t) / calls
+
+            dbg.start()
+            t = time.perf_counter()
+            for _ in range(calls):
+                ops.relu(x)
+            hooked = (time.perf_counter() - t) / calls
+            timer["stats"] = 0.0
+            t = time.perf_counter()
+            rt.flush()
+            flush = (time.perf_counter() - t) / calls
+            st = timer["stats"] / calls
+            t = time.perf_counter()
+            dbg.stop()
+            dbg.step()
+            stopstep = (time.perf_counter() - t) / calls
+
+            arr = x.asnumpy()
+            t = time.perf_counter()
+            stats.compute_stats(arr)
+            ref = time.perf_counter() - t
+            t = time.perf_counter()
+            arr.max(), arr.min(), arr.sum(), float(np.dot(arr, arr))
+            npf32 = time.perf_counter() - t
+
+            rows["base"].append(base)
+            rows["hook"].append(hooked - base)
+            rows["flush"].append(flush)
+            rows["stats"].append(st)
+            rows["journal"].append(flush - st)
+            rows["stopstep"].append(stopstep)
+            rows["ref"].append(ref)
+            rows["npf32"].append(npf32)
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        stat_bytes = 2 * n * 4
+        gbps = stat_bytes / med["stats"] / 1e9 if med["stats"] > 0 else float("nan")
+        ref_gbps = n * 4 / med["ref"] / 1e9
+        np_gbps = n * 4 / med["npf32"] / 1e9
+        us = {k: v * 1e6 for k, v in med.items()}
+        results.append({"elements": n, "calls": calls, "us": us, "stats_GBps": gbps,
+                        "compute_stats_GBps": ref_gbps, "numpy_f32_GBps": np_gbps})
+        print(fmt.format(f"{n:.0e}", calls, f"{us['base']:.1f}", f"{us['hook']:.1f}", f"{us['flush']:.1f}",
+                         f"{us['stats']:.1f}", f"{us['journal']:.1f}", f"{us['stopstep']:.1f}",
+                         f"{gbps:.2f}", f"{ref_gbps:.2f}", f"{np_gbps:.2f}"), flush=True)
+    dbg.service.close()
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"header": HEADER, "repeats": repeats, "results": results}, f, indent=1)
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

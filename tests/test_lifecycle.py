@@ -1,0 +1,226 @@
+"""start / stop / step lifecycle, step numbering, directory layout and crash safety (real MindSpore)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, ops
+
+import msprobe.dump
+from conftest import build_mlp, only_step_dir, run_steps, write_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _x():
+    return Tensor(np.array([-1.0, 0.5, 2.0], np.float32))
+
+
+def _steps_present(dump_dir):
+    return sorted(n for n in os.listdir(dump_dir) if n.startswith("step"))
+
+
+def test_step_filter(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics", step=[1, 3])
+    run_steps(build_mlp(), debugger, 4)
+    assert _steps_present(dump_dir) == ["step1", "step3"]
+    for step in (1, 3):
+        data = msprobe.dump.load(only_step_dir(dump_dir, step)).data
+        assert "Functional.relu.0.forward" in data and "Functional.relu.0.backward" in data
+
+
+def test_set_init_step(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics")
+    debugger.set_init_step(5)
+    x = _x()
+    for _ in range(2):
+        debugger.start()
+        ops.relu(x)
+        debugger.stop()
+        debugger.step()
+    assert _steps_present(dump_dir) == ["step5", "step6"]
+    for step in (5, 6):
+        assert list(msprobe.dump.load(only_step_dir(dump_dir, step)).data) == ["Functional.relu.0.forward"]
+
+
+def test_segmented_start_stop_keeps_counting(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics")
+    x = _x()
+    debugger.start()
+    ops.relu(x)
+    debugger.stop()
+    ops.relu(x * 10)            # between segments: not recorded, not counted
+    x2 = x * 2
+    debugger.start()
+    ops.relu(x2)
+    debugger.stop()
+    mid = msprobe.dump.load(only_step_dir(dump_dir, 0))   # stop() wrote the files so far
+    assert list(mid.data) == ["Functional.relu.0.forward", "Functional.relu.1.forward"]
+    debugger.step()
+    dump = msprobe.dump.load(only_step_dir(dump_dir, 0))
+    assert dump.complete
+    assert list(dump.data) == ["Functional.relu.0.forward", "Functional.relu.1.forward"]
+    assert dump.data["Functional.relu.0.forward"]["output"][0]["Max"] == 2.0
+    assert dump.data["Functional.relu.1.forward"]["output"][0]["Max"] == 4.0
+    assert _steps_present(dump_dir) == ["step0"]
+
+
+def test_backward_after_stop_is_recorded(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics")
+
+    def forward(x):
+        debugger.start()
+        y = ops.mul(ops.relu(x), 3)
+        debugger.stop()               # start - forward - stop - backward - step
+        return y.sum()
+
+    dx = ms.grad(forward)(_x())
+    debugger.step()
+    data = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
+    assert "Functional.relu.0.backward" in data and "Functional.mul.0.backward" in data
+    mul_bwd = data["Functional.mul.0.backward"]
+    assert mul_bwd["input"][0]["Max"] == mul_bwd["input"][0]["Min"] == 1.0
+    assert mul_bwd["output"][0]["Max"] == 3.0
+    relu_bwd = data["Functional.relu.0.backward"]["output"][0]
+    assert relu_bwd["Max"] == float(dx.asnumpy().max()) == 3.0 and relu_bwd["Min"] == 0.0
+    assert "Tensor.sum.0.forward" not in data        # after stop(): not recorded
+
+
+def test_stop_without_start_and_double_start(make_debugger, dump_dir):
+    relu = ops.relu
+    debugger = make_debugger(task="statistics")
+    debugger.stop()                   # no-op
+    assert not os.path.exists(os.path.join(dump_dir, "step0"))
+    debugger.start()
+    debugger.start()                  # no-op: nothing installed twice
+    assert ops.relu.__wrapped__ is relu
+    ops.relu(_x())
+    debugger.stop()
+    assert ops.relu is relu
+    debugger.stop()
+    debugger.step()
+    assert list(msprobe.dump.load(only_step_dir(dump_dir, 0)).data) == ["Functional.relu.0.forward"]
+
+
+def test_exception_between_start_and_stop(make_debugger, dump_dir):
+    relu = ops.relu
+    debugger = make_debugger(task="statistics")
+    x = _x()
+    with pytest.raises(ZeroDivisionError):
+        debugger.start()
+        ops.relu(x)
+        1 / 0                          # the user's step fails; stop() is skipped
+    debugger.step()                   # closes step 0, removes the wrappers
+    assert ops.relu is relu
+    x2 = x * 2
+    debugger.start()
+    ops.relu(x2)
+    debugger.stop()
+    debugger.step()
+    assert _steps_present(dump_dir) == ["step0", "step1"]
+    d0 = msprobe.dump.load(only_step_dir(dump_dir, 0))
+    d1 = msprobe.dump.load(only_step_dir(dump_dir, 1))
+    assert d0.complete and d1.complete
+    assert list(d0.data) == ["Functional.relu.0.forward"] == list(d1.data)
+    assert d0.data["Functional.relu.0.forward"]["output"][0]["Max"] == 2.0
+    assert d1.data["Functional.relu.0.forward"]["output"][0]["Max"] == 4.0
+
+
+def test_extra_info_false(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics", extra_info=False)
+    run_steps(build_mlp(), debugger, 1)
+    d = only_step_dir(dump_dir, 0)
+    assert sorted(os.listdir(d)) == ["dump.json"]
+    assert msprobe.dump.load(d).data
+
+
+def test_stack_and_construct_json(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics")
+    x = _x()
+    debugger.start()
+    for _ in range(2):
+        ops.relu(x)                   # same call site twice: one stack group
+    ops.gelu(x)
+    debugger.stop()
+    debugger.step()
+    d = only_step_dir(dump_dir, 0)
+    with open(os.path.join(d, "stack.json"), encoding="utf-8") as f:
+        stacks = json.load(f)
+    with open(os.path.join(d, "construct.json"), encoding="utf-8") as f:
+        assert json.load(f) == {}
+    assert list(stacks) == ["0", "1"]
+    names0, frames0 = stacks["0"]
+    assert names0 == ["Functional.relu.0.forward", "Functional.relu.1.forward"]
+    assert stacks["1"][0] == ["Functional.gelu.0.forward"]
+    me = os.path.abspath(__file__)
+    assert frames0[0].startswith(f"File {me}, line ") and "ops.relu(x)" in frames0[0]
+    assert not any("/msprobe/" in f and "/tests/" not in f for f in frames0)
+    loaded = msprobe.dump.load(d)
+    assert loaded.stacks["Functional.relu.1.forward"] == frames0
+
+
+def test_directory_names(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics")
+    debugger.start()
+    ops.relu(_x())
+    debugger.stop()
+    debugger.step()
+    debugger.start(rank_id=3)
+    ops.relu(_x())
+    debugger.stop()
+    debugger.step()
+    assert os.listdir(os.path.join(dump_dir, "step0")) == [f"proc{os.getpid()}"]
+    assert os.listdir(os.path.join(dump_dir, "step1")) == ["rank3"]
+
+
+def test_structure_task(make_debugger, dump_dir):
+    debugger = make_debugger(task="structure", level="mix")
+    run_steps(build_mlp(), debugger, 1)
+    d = only_step_dir(dump_dir, 0)
+    dump = msprobe.dump.load(d)
+    assert dump.data == {} and dump.header["task"] == "structure"
+    with open(os.path.join(d, "stack.json"), encoding="utf-8") as f:
+        stacks = json.load(f)
+    names = [n for group in stacks.values() for n in group[0]]
+    assert "Functional.relu.0.forward" in names and "Cell.fc1.Dense.forward.0" in names
+    assert dump.construct["Functional.relu.0.forward"] is None or "Cell" in str(
+        dump.construct["Functional.relu.0.forward"])
+    assert not os.path.exists(os.path.join(d, "dump_tensor_data"))
+
+
+def test_sigkill_mid_step_leaves_loadable_journal(tmp_path):
+    dump_path = str(tmp_path / "dump")
+    cfg = write_config(tmp_path, task="tensor", dump_path=dump_path)
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {ROOT!r})
+        import mindspore as ms
+        import numpy as np
+        from mindspore import Tensor, ops
+        ms.set_device("CPU"); ms.runtime.launch_blocking()
+        from msprobe.mindspore import PrecisionDebugger
+        debugger = PrecisionDebugger({cfg!r})
+        debugger.start()
+        x = Tensor(np.array([-1.0, 0.5, 2.0], np.float32))
+        ops.relu(x)
+        ops.gelu(x)
+        debugger.service.runtime.flush()
+        ops.relu(x * 2)                       # recorded but never flushed: lost
+        os.kill(os.getpid(), 9)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    d = only_step_dir(dump_path, 0)
+    assert not os.path.exists(os.path.join(d, "dump.json"))
+    dump = msprobe.dump.load(d)
+    assert dump.complete is False
+    assert list(dump.data) == ["Functional.relu.0.forward", "Functional.gelu.0.forward"]
+    leaf = dump.data["Functional.relu.0.forward"]["output"][0]
+    assert leaf["Max"] == 2.0 and (dump.load_tensor(leaf) == np.array([0, 0.5, 2], np.float32)).all()
+    assert dump.stacks["Functional.relu.0.forward"]
