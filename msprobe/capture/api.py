@@ -87,17 +87,26 @@ def make_wrapper(runtime, recorder: CallRecorder, original, api: str):
     return wrapper
 
 
-def install_api_wrappers(runtime, targets: list, recorder: CallRecorder | None = None) -> HandleSet:
-    """Wrap every target; the returned set restores the exact original objects."""
+def install_api_wrappers(runtime, targets: list, recorder: CallRecorder | None = None,
+                         cache: dict | None = None) -> HandleSet:
+    """Wrap every target; the returned set restores the exact original objects.
+
+    ``cache`` (``{(id(owner), attr): wrapper}``) keeps wrappers built at an earlier ``start()`` so
+    later starts only re-assign attributes.
+    """
     recorder = recorder or CallRecorder(runtime)
+    cache = {} if cache is None else cache
     handles = HandleSet()
     for owner, attr, api in targets:
-        raw = vars(owner).get(attr) if isinstance(owner, type) else None
-        original = getattr(owner, attr)
-        wrapper = make_wrapper(runtime, recorder, original, api)
-        if isinstance(raw, staticmethod):
-            wrapper = staticmethod(wrapper)
-        elif isinstance(raw, classmethod):
-            continue  # bound to the class; not an API call on data
+        key = (id(owner), attr)
+        wrapper = cache.get(key)
+        if wrapper is None:
+            raw = vars(owner).get(attr) if isinstance(owner, type) else None
+            if isinstance(raw, classmethod):
+                continue  # bound to the class; not an API call on data
+            wrapper = make_wrapper(runtime, recorder, getattr(owner, attr), api)
+            if isinstance(raw, staticmethod):
+                wrapper = staticmethod(wrapper)
+            cache[key] = wrapper
         handles.add(patch_attribute(owner, attr, wrapper))
     return handles

@@ -19,22 +19,26 @@ from msprobe.core.handles import HandleSet, patch_attribute
 
 def inplace_targets(exclude: set) -> list:
     """``[(owner, attribute)]`` of in-place Tensor methods and ops functions not in ``exclude``."""
+    return [t for t in _candidates() if t not in exclude]
+
+
+@functools.lru_cache(maxsize=1)
+def _candidates() -> tuple:
     out = []
     for name in dir(Tensor):
         if is_inplace(f"Tensor.{name}") and name not in ("requires_grad_",) and callable(getattr(Tensor, name, None)):
-            if (Tensor, name) not in exclude:
-                out.append((Tensor, name))
+            out.append((Tensor, name))
     for name in ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_nd_update"):
-        if callable(getattr(mindspore.ops, name, None)) and (mindspore.ops, name) not in exclude:
+        if callable(getattr(mindspore.ops, name, None)):
             out.append((mindspore.ops, name))
     try:  # torch-style collectives write into their arguments (all_reduce(tensor), ...)
         import mindspore.mint.distributed as dist
     except Exception:  # communication unavailable in this build
         dist = None
     for name in COLLECTIVE_WRITES if dist is not None else ():
-        if callable(getattr(dist, name, None)) and (dist, name) not in exclude:
+        if callable(getattr(dist, name, None)):
             out.append((dist, name))
-    return out
+    return tuple(out)
 
 
 def install_guard(runtime, targets: list) -> HandleSet:

@@ -22,6 +22,8 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common import dtype as mstype
 
+from msprobe.core.stats import dtype_name
+
 #: deepest nesting walked; deeper values are recorded as null with a note
 MAX_DEPTH = 64
 
@@ -88,8 +90,6 @@ class Describer:
         return self._other(value, path)
 
     def _tensor(self, t: Tensor, path: tuple) -> TensorSlot:
-        from msprobe.core.stats import dtype_name
-
         slot = TensorSlot(self.snapshot(t), self.name_for(path), dtype_name(t), list(t.shape),
                           "mindspore.Tensor")
         self.slots.append(slot)

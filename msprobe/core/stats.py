@@ -77,6 +77,7 @@ __all__ = [
 
 #: Elements per chunk: a float64 chunk (512 KiB) stays in L2 cache.
 _CHUNK = 1 << 16
+_TINY = float(np.finfo(np.float64).tiny)
 
 #: How :func:`to_host` stored a tensor whose values numpy can hold as they are.
 NATIVE = "native"
@@ -317,6 +318,11 @@ def _scan(flat: np.ndarray, exact_int_sum: bool, scale: float = 1.0):
     read = _to_float64_reader(flat.dtype)
     native = _extremes_on_native(flat.dtype)
     buf = np.empty(min(flat.size, _CHUNK), dtype=np.float64)
+    if flat.size <= _CHUNK and not exact_int_sum and scale == 1.0:
+        # one chunk: the same arithmetic as the loop below, without its bookkeeping
+        values = read(flat, buf)
+        source = flat if native else values
+        return source.max(), source.min(), float(values.sum()), float(np.dot(values, values))
     highs: List[Any] = []
     lows: List[Any] = []
     sums: List[Any] = []
@@ -377,7 +383,7 @@ def _needs_rescale(total: float, squares: float, scale: float) -> bool:
     if not math.isfinite(scale) or scale == 0.0:
         return False  # NaN/Inf present (propagate) or all zeros (exact)
     overflow = not (math.isfinite(total) and math.isfinite(squares))
-    return overflow or squares < np.finfo(np.float64).tiny
+    return overflow or squares < _TINY
 
 
 # --------------------------------------------------------------------------

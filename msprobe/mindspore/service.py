@@ -48,6 +48,7 @@ class DumpService:
         self._installed = HandleSet()
         self._api_targets = None
         self._custom: dict = {}
+        self._wrapper_cache: dict = {}  # wrappers are built once, re-assigned at each start()
         self._api_handles: dict = {}  # (id(owner), attr) -> handles of the installed yaml wrapper
         self.token_range = None
         self._kernel_dump = None
@@ -124,7 +125,7 @@ class DumpService:
     def _wrap_listed_api(self, target) -> None:
         """Install the wrapper of one support_wrap_ops.yaml target, kept per attribute so a custom
         registration made while started can take its place (and give it back on restore)."""
-        handles = install_api_wrappers(self.runtime, [target], self.recorder)
+        handles = install_api_wrappers(self.runtime, [target], self.recorder, self._wrapper_cache)
         self._api_handles[(id(target[0]), target[1])] = handles
         self._installed.add(handles)
 
