@@ -312,3 +312,16 @@ def test_parse_index_list_errors_name_element():
         parse_index_list([0, {}], "rank")
     with pytest.raises(ConfigError, match="'rank'"):
         parse_index_list("0-3", "rank")
+
+
+def test_misspelled_keys_warn_with_suggestion(tmp_path, caplog):
+    """A typo must not silently change the dump: unknown keys warn and name the closest known key."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"levle": "L0", "dump_path": str(tmp_path / "d"),
+                                "statistics": {"scopes": []}}))
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        cfg = load_config(path)
+    assert cfg.level == "L1"
+    text = caplog.text
+    assert "'levle'" in text and "did you mean 'level'" in text
+    assert "'scopes'" in text and "did you mean 'scope'" in text

@@ -22,6 +22,7 @@ Deliberate differences from the reference tool:
 """
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -532,8 +533,7 @@ def _section(data: Dict[str, Any], task: object) -> Tuple[str, Dict[str, Any]]:
 
 def _collect(data: Dict[str, Any], overrides: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
     """Flatten top-level fields, kwarg overrides and the task section into DumpConfig input."""
-    for key in data.keys() - _TOP_LEVEL_KEYS:
-        logger.debug("config.json: ignoring unknown top-level key %r", key)
+    _warn_unknown(data.keys(), _TOP_LEVEL_KEYS, "top level")
     raw = {key: data[key] for key in ("rank", "step", "level", "async_dump", "precision",
                                       "extra_info") if key in data}
     raw["task"] = data.get("task", "statistics")
@@ -543,8 +543,23 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any]) -> Tuple[Dict[str,
     keys = dict(_SECTION_KEYS)
     if section_name == "statistics":
         keys.update(_STATISTICS_KEYS)
+    _warn_unknown(section.keys(), _KNOWN_SECTION_KEYS, f"section '{section_name}'")
     raw.update({field: section[key] for field, key in keys.items() if key in section})
     return raw, section_name
+
+
+#: keys a task section may hold that we read, or accept and ignore (reference-tool compatibility)
+_KNOWN_SECTION_KEYS = frozenset(set(_SECTION_KEYS.values()) | set(_STATISTICS_KEYS.values())
+                                | {"slice", "request_id", "bench_path", "diff_nums", "white_list",
+                                   "black_list", "error_data_path"})
+
+
+def _warn_unknown(keys, known, where: str) -> None:
+    """A misspelled key would silently change the dump: warn, and suggest the closest known key."""
+    for key in sorted(set(keys) - set(known)):
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        logger.warning("config.json: unknown key %r at %s is ignored%s", key, where, hint)
 
 
 def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
