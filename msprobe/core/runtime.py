@@ -270,7 +270,7 @@ class Runtime:
 
     def _describe_and_queue(self, line: dict, value, entry: str, category: str, index: tuple, writer,
                             as_list: bool = False, fixed_name: bool = False) -> None:
-        if not self.records_data or self.failed:
+        if not self.records_data or self.failed or self.forked():
             return
         if self._saves(entry):
             if fixed_name:
