@@ -410,7 +410,9 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     data = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
     n_leaves = sum(1 for body in data.values() for _ in leaves(body))
     assert state["outside"] == 0, state
-    assert state["inside"] == n_leaves, (state, n_leaves)
+    # one read per distinct tensor object in a flush batch: a tensor recorded twice (output of one API,
+    # input of the next) is read once, so reads <= leaves
+    assert 0 < state["inside"] <= n_leaves, (state, n_leaves)
     assert n_leaves >= 40 and len(data) >= 20, (n_leaves, len(data))
 
 

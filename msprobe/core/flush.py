@@ -21,23 +21,34 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error) -> None:
         on_error: ``callable(str)`` told about a tensor that could not be read; its leaf then has
             null statistics and an ``"error"`` field. Never raises for bad tensors.
     """
+    # The same tensor object often appears several times in one batch (an API's output is the next
+    # API's input). Nothing can change it within a batch (the mutation guard flushes before in-place
+    # ops; Parameters are snapshots), so it is read and reduced once. Keyed by id(): the slots keep
+    # every tensor alive until the batch is done, so ids are not reused meanwhile.
+    seen: dict = {}
     for slot in slots:
         if slot.leaf is not None:
             continue
         leaf = {"type": slot.type_name, "dtype": slot.dtype, "shape": slot.shape}
         try:
-            if slot.type_name == "numpy.ndarray":
-                arr, stored = slot.tensor, "native"
-            else:
-                arr, stored = stats.to_host(slot.tensor)
-            leaf.update(stats.compute_stats(arr))
+            known = seen.get(id(slot.tensor))
+            if known is None:
+                if slot.type_name == "numpy.ndarray":
+                    arr, stored = slot.tensor, "native"
+                else:
+                    arr, stored = stats.to_host(slot.tensor)
+                known = seen[id(slot.tensor)] = (arr, stored, stats.compute_stats(arr), [])
+            arr, stored, tensor_stats, crc = known
+            leaf.update(tensor_stats)
             if slot.data_name and tensor_dir:
                 stats.save_npy(os.path.join(tensor_dir, slot.data_name), arr)
                 leaf["data_name"] = slot.data_name
                 if stored != "native":
                     leaf["stored_as"] = stored
             if md5:
-                leaf["md5"] = stats.crc32_hex(arr)
+                if not crc:
+                    crc.append(stats.crc32_hex(arr))
+                leaf["md5"] = crc[0]
         except OSError:  # the disk is full or not writable: the runtime switches the dump off
             if slot.data_name and tensor_dir:  # no truncated .npy left behind
                 try:
@@ -49,4 +60,5 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error) -> None:
             leaf.update({"Max": None, "Min": None, "Mean": None, "Norm": None, "error": repr(exc)})
             on_error(f"could not read tensor for {slot.data_name or slot.dtype}: {exc!r}")
         slot.leaf = leaf
+    for slot in slots:  # release the tensors only now: ids must stay unique while ``seen`` is used
         slot.tensor = None
