@@ -61,7 +61,7 @@ import math
 import os
 import threading
 import zlib
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Optional, Any, Callable, Dict, Iterator, List, Tuple
 
 import numpy as np
 
@@ -236,6 +236,9 @@ def compute_stats(arr: np.ndarray) -> Dict[str, Any]:
     Raises:
         TypeError: unsupported dtype (string, object, structured, ...).
     """
+    fast = _small_float_stats(arr)
+    if fast is not None:
+        return fast
     arr = _upcast_extension(np.asarray(arr), "")[0]
     kind = arr.dtype.kind
     if kind not in "biufc":
@@ -252,6 +255,31 @@ def compute_stats(arr: np.ndarray) -> Dict[str, Any]:
         if kind in "iu":
             return _integer_stats(flat)
         return _float_stats(flat)
+
+
+_FAST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _small_float_stats(arr) -> Optional[Dict[str, Any]]:
+    """The common case, cheaply: a float32/float64 array of at most one chunk with finite sums.
+
+    The same arithmetic as the general path (float64 copy, max/min on the original, one sum, one
+    dot), so results are bit-identical; anything else (NaN/Inf, underflow, other dtypes) returns
+    None and takes the general path.
+    """
+    if type(arr) is not np.ndarray or arr.dtype not in _FAST_FLOATS or not 0 < arr.size <= _CHUNK \
+            or arr.ndim == 0:
+        return None
+    flat = arr.reshape(-1)
+    mx, mn = float(flat.max()), float(flat.min())
+    if not (math.isfinite(mx) and math.isfinite(mn)) or max(-mn, mx) > 1e150:
+        return None  # NaN/Inf present, or squares could overflow: the general path handles it
+    values = flat if arr.dtype == np.float64 else flat.astype(np.float64)
+    total = float(values.sum())
+    squares = float(np.dot(values, values))
+    if not (math.isfinite(total) and math.isfinite(squares)) or (squares < _TINY and (mx or mn)):
+        return None  # overflow or underflow: the general path rescales
+    return _stats(mx, mn, total / flat.size, math.sqrt(squares))
 
 
 def _stats(mx: Any, mn: Any, mean: Any, norm: Any) -> Dict[str, Any]:
