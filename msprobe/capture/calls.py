@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from msprobe.capture.async_handles import defer_until_wait
 from msprobe.capture.backward import BackwardProbe, grad_enabled
 from msprobe.core import naming
 
@@ -88,7 +89,7 @@ class CallRecorder:
             out = original(*args, **kwargs)
             if selected or probe is not None:
                 try:
-                    if selected and self.fwd_out:
+                    if selected and self.fwd_out and not defer_until_wait(rt, fwd, api, args, kwargs, out):
                         rt.record(fwd, "output", as_output_list(written_output(api, args, kwargs, out)),
                                   "output")
                     if probe is not None:

@@ -82,12 +82,14 @@ ALLOWED: Dict[str, str] = {
     "device": _quoted(("host", "device")),
     "stat_precision": _quoted(("high", "low")),
     "framework": _quoted(("mindspore",)),
+    "tensor_budget_mb": "a number > 0 (megabytes of .npy data), or null for no limit",
 }
 
 # DumpConfig field -> key inside the task section of config.json.
 _SECTION_KEYS = {"scope": "scope", "api_list": "list", "data_mode": "data_mode",
                  "summary_mode": "summary_mode"}
 _STATISTICS_KEYS = {"tensor_list": "tensor_list", "device": "device", "stat_precision": "precision"}
+_TENSOR_KEYS = {"tensor_budget_mb": "tensor_budget_mb"}
 _TOP_LEVEL_KEYS = frozenset(
     ("task", "dump_path", "rank", "step", "level", "async_dump", "precision", "extra_info")
 ) | frozenset(TASKS)
@@ -221,6 +223,8 @@ def _locate(info: ValidationInfo) -> Tuple[str, str]:
         return name, "argument"
     if name in _STATISTICS_KEYS:
         return f"statistics.{_STATISTICS_KEYS[name]}", "config field"
+    if name in _TENSOR_KEYS:
+        return f"tensor.{_TENSOR_KEYS[name]}", "config field"
     if name in _SECTION_KEYS:
         section = context.get("section") or info.data.get("task", "statistics")
         return f"{section}.{_SECTION_KEYS[name]}", "config field"
@@ -261,6 +265,7 @@ class DumpConfig(pydantic.BaseModel):
     device: str = "host"
     stat_precision: str = "high"
     framework: str = "mindspore"
+    tensor_budget_mb: Optional[float] = None
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -392,6 +397,17 @@ class DumpConfig(pydantic.BaseModel):
     @classmethod
     def _v_stat_precision(cls, value: object, info: ValidationInfo) -> str:
         return _choice(value, ("high", "low"), _locate(info), ALLOWED["stat_precision"])
+
+    @field_validator("tensor_budget_mb", mode="before")
+    @classmethod
+    def _v_tensor_budget_mb(cls, value: object, info: ValidationInfo) -> Optional[float]:
+        if value is None:
+            return None
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+        if not ok:
+            path, kind = _locate(info)
+            raise ConfigError(path, value, ALLOWED["tensor_budget_mb"], kind=kind)
+        return float(value)
 
     @field_validator("framework", mode="before")
     @classmethod
@@ -543,6 +559,8 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any]) -> Tuple[Dict[str,
     keys = dict(_SECTION_KEYS)
     if section_name == "statistics":
         keys.update(_STATISTICS_KEYS)
+    if section_name == "tensor":
+        keys.update(_TENSOR_KEYS)
     _warn_unknown(section.keys(), _KNOWN_SECTION_KEYS, f"section '{section_name}'")
     raw.update({field: section[key] for field, key in keys.items() if key in section})
     return raw, section_name
@@ -550,6 +568,7 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any]) -> Tuple[Dict[str,
 
 #: keys a task section may hold that we read, or accept and ignore (reference-tool compatibility)
 _KNOWN_SECTION_KEYS = frozenset(set(_SECTION_KEYS.values()) | set(_STATISTICS_KEYS.values())
+                                | set(_TENSOR_KEYS.values())
                                 | {"slice", "request_id", "bench_path", "diff_nums", "white_list",
                                    "black_list", "error_data_path"})
 

@@ -7,11 +7,12 @@ before the kill) and returns ``complete=False``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
+from msprobe.core import report
 from msprobe.core.writer import JOURNAL, SCHEMA, TENSOR_DIR, read_journal, replay
 
 SUPPORTED_SCHEMAS = (SCHEMA,)
@@ -86,11 +87,65 @@ def load(directory: str) -> StepDump:
         stacks = _load_optional(os.path.join(directory, "stack.json"))
         construct = _load_optional(os.path.join(directory, "construct.json"))
         complete = True
+    _check_schema(directory, header)
+    return StepDump(directory, header, data, _ungroup(stacks), construct, complete)
+
+
+class Piece(NamedTuple):
+    """One piece of an entry, as :func:`iter_entries` yields it.
+
+    ``key`` is ``None`` when ``value`` is the whole entry (debug level); ``index`` is set for one
+    item of a list (a gradient arriving on its own, journal only); ``path`` for a nested item
+    (debug-level gradients, journal only).
+    """
+
+    entry: str
+    key: Optional[str]
+    value: object
+    index: Optional[int] = None
+    path: Optional[tuple] = None
+
+
+def iter_entries(directory: str):
+    """Yield the data of one ``step{N}/rank{R}`` directory as :class:`Piece` items, in written order.
+
+    An unfinished step (``dump.journal``) is streamed line by line: memory does not grow with the
+    dump, and one entry may come in several pieces (inputs, then outputs, then gradients). A finished
+    step's ``dump.json`` is one JSON document and is loaded whole, then yielded one key at a time.
+
+    Raises:
+        FileNotFoundError: no dump in ``directory``. DumpFormatError: unsupported schema.
+    """
+    journal = os.path.join(directory, JOURNAL)
+    if os.path.exists(journal):
+        for rec in read_journal(journal):
+            if "h" in rec:
+                _check_schema(directory, rec["h"])
+                continue
+            entry = rec.get("e")
+            if entry is None or "v" not in rec:
+                continue
+            if "p" in rec:
+                yield Piece(entry, None, rec["v"], path=tuple(rec["p"]))
+            elif "k" not in rec:
+                yield Piece(entry, None, rec["v"])
+            else:
+                yield Piece(entry, rec["k"], rec["v"], index=rec.get("i"))
+        return
+    dump = load(directory)
+    for entry, body in dump.data.items():
+        if isinstance(body, dict) and not ("type" in body and "dtype" in body):
+            for key, value in body.items():
+                yield Piece(entry, key, value)
+        else:
+            yield Piece(entry, None, body)
+
+
+def _check_schema(directory: str, header: dict) -> None:
     schema = header.get("schema", SCHEMA)
     if schema not in SUPPORTED_SCHEMAS:
         raise DumpFormatError(f"{directory}: dump schema {schema!r} is not supported by this reader "
                               f"(supported: {', '.join(SUPPORTED_SCHEMAS)}); upgrade msprobe")
-    return StepDump(directory, header, data, _ungroup(stacks), construct, complete)
 
 
 def _load_optional(path: str) -> dict:
@@ -114,30 +169,11 @@ def iter_step_dirs(dump_path: str):
     yield from sorted(found)
 
 
-def _leaves(value):
-    if isinstance(value, dict):
-        if "type" in value and "dtype" in value:
-            yield value
-        else:
-            for v in value.values():
-                yield from _leaves(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _leaves(v)
-
-
-def _non_finite(leaf: dict) -> bool:
-    for key in ("Max", "Min", "Mean", "Norm"):
-        v = leaf.get(key)
-        if isinstance(v, float) and not math.isfinite(v):
-            return True
-    return False
-
-
 def summarize(dump_path: str) -> str:
-    """A one-screen text summary: steps, entries, forward/backward counts, first non-finite entry."""
+    """A one-screen text summary: steps, entries, forward/backward counts, first non-finite entry and
+    the first producer of a non-finite value (inputs finite, output NaN/Inf; see ``anomalies.json``)."""
     lines = [f"dump at {os.path.abspath(dump_path)}"]
-    first_bad = None
+    first_bad = first_producer = None
     for step, rank, path in iter_step_dirs(dump_path):
         dump = load(path)
         fwd = sum(1 for k in dump.data if ".forward" in k)
@@ -148,9 +184,12 @@ def summarize(dump_path: str) -> str:
         lines.append(f"  step{step}/{rank}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
                      f"{grads} parameter-gradient) prefixes: {', '.join(prefixes)}{state}")
         if first_bad is None:
-            for name, body in dump.data.items():
-                if any(_non_finite(leaf) for leaf in _leaves(body)):
-                    first_bad = f"step{step}/{rank}: {name}"
-                    break
+            found = report.find_anomalies(dump.data)
+            if found is not None:
+                first_bad = f"step{step}/{rank}: {found['first_non_finite']}"
+                if found["first_producer"]:
+                    first_producer = f"step{step}/{rank}: {found['first_producer']}"
     lines.append(f"  first entry with a non-finite value: {first_bad or 'none'}")
+    lines.append(f"  first producer of a non-finite value (inputs finite, output not): "
+                 f"{first_producer or 'none'}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from collections import defaultdict
 from mindspore import Parameter, ops
 
 from msprobe.core import naming
+from msprobe.core.budget import TensorBudget
 from msprobe.core.filters import Selector
 from msprobe.core.flush import materialize
 from msprobe.core.records import Describer
@@ -83,6 +84,7 @@ class Runtime:
         self.counters: dict = defaultdict(int)
         self.selector = Selector(config)
         self.save_tensors = config.task == "tensor"
+        self.budget = TensorBudget(config)  # tensor_budget_mb: switch to statistics when reached
         self.records_data = config.task in ("statistics", "tensor")
         self.track_parents = config.extra_info and config.level in ("L0", "mix")
         self.stacks = StackTable()
@@ -228,7 +230,7 @@ class Runtime:
     # ------------------------------------------------------------------ recording
     def _saves(self, entry: str) -> bool:
         if self.save_tensors:
-            return True
+            return self.budget.allows()
         return any(item in entry for item in self.config.tensor_list)
 
     def record(self, entry: str, key: str, value, category: str, writer=None) -> None:
@@ -282,6 +284,8 @@ class Runtime:
             name_for = _no_file
         describer = Describer(name_for, _snapshot)
         described = describer.describe(value)
+        if name_for is not _no_file and self.budget.limit is not None:
+            self.budget.spend(describer.slots)
         line["v"] = [described] if as_list else described
         self._queue(line, describer.slots, writer)
 

@@ -24,6 +24,8 @@ import os
 import threading
 import time
 
+from msprobe.core import report
+
 logger = logging.getLogger("msprobe")
 
 SCHEMA = "msprobe-mindspore/1"
@@ -134,6 +136,8 @@ class StepWriter:
         os.makedirs(self.tensor_dir or directory, exist_ok=True)
         self.header = dict(header, dump_data_dir=self.tensor_dir, schema=SCHEMA)
         self.closed = False
+        #: coverage notes of this step (``coverage.json``): key -> list of JSON items
+        self.notes: dict = {}
         self._lock = threading.Lock()
         self._journal_path = os.path.join(directory, JOURNAL)
         self._journal = open(self._journal_path, "a", encoding="utf-8")
@@ -199,12 +203,23 @@ class StepWriter:
             dump = {k: header.get(k) for k in ("task", "level", "framework", "dump_data_dir")}
             dump["schema"] = header.get("schema", SCHEMA)
             dump["data"] = data
+            if not data:  # B42: an empty step is written with its reason, never left missing
+                dump["empty_reason"] = report.EMPTY_REASON
             _atomic_write_json(os.path.join(self.directory, self.data_file), dump)
             if self.extra_info:
                 _atomic_write_json(os.path.join(self.directory, "stack.json"), stacks)
                 _atomic_write_json(os.path.join(self.directory, "construct.json"), construct)
+                # anomalies.json / coverage.json are extra files too (extra_info: false -> dump.json only)
+                report.write_step_reports(self.directory, data, stacks, self.notes, _atomic_write_json)
             self._dirty = False
         logger.info("%s is at %s", self.data_file, self.directory)
+
+    def add_note(self, key: str, items: list) -> None:
+        """Add ``items`` to ``coverage.json[key]`` of this step (written with the next files)."""
+        if items:
+            with self._lock:
+                self.notes.setdefault(key, []).extend(items)
+                self._dirty = True
 
     def discard_if_empty(self) -> bool:
         """Close and delete this step directory if nothing was journaled but the header (a step
@@ -220,7 +235,7 @@ class StepWriter:
             os.remove(self._journal_path)
         if os.path.exists(os.path.join(self.directory, "dump_error_info.log")):
             return True  # keep a directory that reports tool errors
-        for name in (self.data_file, "stack.json", "construct.json"):
+        for name in (self.data_file, "stack.json", "construct.json", report.ANOMALIES, report.COVERAGE):
             try:
                 os.remove(os.path.join(self.directory, name))
             except OSError:

@@ -18,9 +18,11 @@ import weakref
 
 from mindspore import nn
 
-from msprobe.capture import debug_save
+from msprobe.capture import debug_save, graph_cell
 from msprobe.capture.api import install_api_wrappers, load_api_list, make_wrapper, resolve_targets
+from msprobe.capture.async_handles import release_pending
 from msprobe.capture.calls import CallRecorder
+from msprobe.capture.coverage import note_stale_bindings
 from msprobe.capture.cell import CellCapture, iter_cells
 from msprobe.capture.guard import inplace_targets, install_guard
 from msprobe.capture.jit import install_jit_capture
@@ -52,6 +54,7 @@ class DumpService:
         self._api_handles: dict = {}  # (id(owner), attr) -> handles of the installed yaml wrapper
         self.token_range = None
         self._kernel_dump = None
+        self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
         self._token = 0
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -88,12 +91,18 @@ class DumpService:
             return False
         if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler runs the script too; no rank
             return False
+        if self._graph is None and cfg.level in _CELL_LEVELS:
+            self._graph = graph_cell.attach(self)  # before open_step: may set the pynative/ subtree
         rt.refresh_rank()  # init() may have run since this step was opened as proc{pid}
         rank = rt.resolve_rank()
         if not cfg.dumps_rank(rank):
             return False
         if rt.open_step() is None:
             return False
+        if cfg.level in _API_LEVELS:  # B08: names bound to an API before start() are not captured
+            if self._api_targets is None:
+                self._api_targets = resolve_targets(load_api_list())
+            note_stale_bindings(rt.writer, self._api_targets, self.models)
         self._install()
         self._token = 0
         self.active = True
@@ -117,7 +126,10 @@ class DumpService:
                 cells = [cell for _, root in self.models for _, cell in root.cells_and_names()]
                 self._installed.add(install_primitive_hooks(self.recorder, cells))
         if level in _CELL_LEVELS:
-            self._installed.add(CellCapture(self.runtime).install(self.models))
+            if not (self._graph and self._graph.graph_mode):  # Python hooks do not run in a graph
+                self._installed.add(CellCapture(self.runtime).install(self.models))
+            if self._graph:
+                self._graph.begin_step()
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
         self._installed.add(install_guard(self.runtime, inplace_targets(wrapped)))
@@ -225,6 +237,8 @@ class DumpService:
         self._installed.remove()
         self._api_handles.clear()
         rt.write_files()
+        if self._graph:
+            self._graph.write_files()
 
     def set_init_step(self, step: int) -> None:
         """Number the current step ``step`` (``set_init_step``/``MsprobeInitStep``).
@@ -253,8 +267,16 @@ class DumpService:
             self.start()
 
     def step(self) -> None:
+        rt = self.runtime
+        release_pending(rt)  # B26: async handles never waited are released with a warning
+        directory = rt.writer.directory if rt.writer is not None and not rt.writer.closed else None
+        step = rt.step
         self.stop()
-        self.runtime.end_step()
+        rt.end_step()
+        if self._graph:
+            self._graph.end_step()
+        if directory is not None:  # B36: size estimate after the first dumped step
+            rt.budget.estimate_after_step(directory, step, len(self.config.step))
 
     def _finish(self) -> None:
         self.finished = True
@@ -266,6 +288,8 @@ class DumpService:
         self.stop()
         if self._kernel_dump is not None:
             self._installed_kernel.remove()
+        if self._graph:
+            self._graph.close()
         self.runtime.close_writer()
 
 

@@ -1,0 +1,124 @@
+"""Per-step reports written next to ``dump.json`` (cases B08, B11, B28, B42-B44 of the shared list).
+
+* ``anomalies.json`` — only when some recorded value is non-finite (NaN/±Inf): every *producer* in
+  execution order (an entry whose recorded inputs are all finite and whose output is not), the
+  first of them as ``first_producer`` with its call stack, and the first entry holding any
+  non-finite value. Computed from the statistics already in ``dump.json``: no extra tensor reads.
+  A ``Jit.*`` entry is a compiled region: its inside is not hooked, so the region is what is named.
+* ``coverage.json`` — only when something ran that the dump could not see: functions bound to a
+  wrapped API before ``start()`` (``not_captured``, filled by :mod:`msprobe.capture.coverage`),
+  compiled regions recorded as one ``Jit`` entry (``compiled_regions``), async handles never waited
+  (``unwaited_async_handles``).
+* An empty step's ``dump.json`` carries ``empty_reason`` (see :data:`EMPTY_REASON`), so "ran but
+  recorded nothing" and "never written" can be told apart.
+
+Execution order = the order in which entries first appear in the journal (a call's stack and inputs
+are journaled before its outputs, a Cell's before those of the calls inside it).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+ANOMALIES = "anomalies.json"
+COVERAGE = "coverage.json"
+EMPTY_REASON = "no recorded call between start() and stop() in this step"
+COMPILED_NOTE = "ran as one compiled graph (mindspore.jit); calls inside it are not captured"
+
+_STEP_RE = re.compile(r"step(\d+)$")
+
+
+def leaves(value):
+    """Yield every tensor-like leaf (dict with ``type`` and ``dtype``) of an entry body."""
+    if isinstance(value, dict):
+        if "type" in value and "dtype" in value:
+            yield value
+        else:
+            for v in value.values():
+                yield from leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from leaves(v)
+
+
+def non_finite(leaf: dict) -> bool:
+    """True when a statistic of ``leaf`` is NaN or ±Inf (the stats rule: any NaN makes all NaN)."""
+    for key in ("Max", "Min", "Mean", "Norm"):
+        v = leaf.get(key)
+        if isinstance(v, float) and not math.isfinite(v):
+            return True
+    return False
+
+
+def _any_non_finite(value) -> bool:
+    return any(non_finite(leaf) for leaf in leaves(value))
+
+
+def find_anomalies(data: dict) -> dict | None:
+    """``{"first_producer", "producers", "first_non_finite"}`` for one step's ``data``, or ``None``
+    when every recorded value is finite."""
+    producers, first_bad = [], None
+    for name, body in data.items():
+        if not isinstance(body, dict):
+            if first_bad is None and _any_non_finite(body):
+                first_bad = name
+            continue
+        out_bad = _any_non_finite(body.get("output"))
+        in_bad = any(_any_non_finite(v) for k, v in body.items() if k != "output")
+        if first_bad is None and (out_bad or in_bad):
+            first_bad = name
+        if out_bad and not in_bad:
+            producers.append(name)
+    if first_bad is None:
+        return None
+    return {"first_producer": producers[0] if producers else None, "producers": producers,
+            "first_non_finite": first_bad}
+
+
+def _stack_of(stacks: dict, entry: str):
+    for names, frames in stacks.values():
+        if entry in names:
+            return frames
+    return None
+
+
+def step_of(directory: str):
+    m = _STEP_RE.search(os.path.dirname(os.path.abspath(directory)))
+    return int(m.group(1)) if m else None
+
+
+def write_step_reports(directory: str, data: dict, stacks: dict, notes: dict, writer) -> None:
+    """Write ``anomalies.json`` and ``coverage.json`` for one step directory when they have content
+    (``writer(path, obj)`` writes JSON atomically); remove stale ones otherwise."""
+    found = find_anomalies(data)
+    path = os.path.join(directory, ANOMALIES)
+    if found is not None:
+        first = found["first_producer"]
+        found = dict(found, step=step_of(directory),
+                     rule="producer = inputs finite, output NaN/Inf; entries in execution order",
+                     stack=_stack_of(stacks, first) if first else None)
+        if first and first.startswith("Jit."):
+            found["note"] = f"{first} {COMPILED_NOTE}; the NaN/Inf appeared inside that region"
+        writer(path, found)
+    elif os.path.exists(path):
+        os.remove(path)
+    coverage = {k: list(v) for k, v in notes.items() if v}
+    compiled = [name for name in data if name.startswith("Jit.") and ".forward" in name]
+    if compiled:
+        coverage["compiled_regions"] = [{"entry": name, "note": COMPILED_NOTE} for name in compiled]
+    path = os.path.join(directory, COVERAGE)
+    if coverage:
+        writer(path, coverage)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def read_report(directory: str, name: str):
+    """The parsed report ``name`` (``anomalies.json``/``coverage.json``) of a step dir, or ``None``."""
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,125 @@
+"""Worker for tests/test_graph_mode.py: trains examples.models.LeNet on digits for a few steps in one
+MindSpore mode (set_context mode is process-global) and prints the losses as JSON on the last line.
+
+    python graph_worker.py MODE TOOL DUMP_PATH [--task statistics] [--data-mode all] [--driver loop|model|jit]
+
+MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optimizer), ``model``
+(``Model.train`` + ``MsprobeStep``), ``jit`` (PyNative network whose ``features`` Cell has a
+``mindspore.jit`` construct).
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
+
+from examples.models import LeNet, configure_cpu, load_digits_dataset, set_seed  # noqa: E402
+
+
+class JitFeatures(nn.Cell):
+    """conv1 -> relu -> pool, compiled with mindspore.jit (children run inside the graph)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.conv1, self.relu, self.pool = net.conv1, nn.ReLU(), net.pool
+
+    @ms.jit
+    def construct(self, x):
+        return self.pool(self.relu(self.conv1(x)))
+
+
+class JitLeNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        base = LeNet()
+        self.features = JitFeatures(base)
+        self.conv2, self.relu, self.flatten = base.conv2, base.relu, base.flatten
+        self.fc1, self.fc2 = base.fc1, base.fc2
+
+    def construct(self, x):
+        x = self.relu(self.conv2(self.features(x)))
+        x = self.relu(self.fc1(self.flatten(x)))
+        return self.fc2(x)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["graph", "pynative"])
+    ap.add_argument("tool", choices=["on", "off"])
+    ap.add_argument("dump_path")
+    ap.add_argument("--task", default="statistics")
+    ap.add_argument("--level", default="L0")
+    ap.add_argument("--data-mode", default="all")
+    ap.add_argument("--driver", default="loop", choices=["loop", "model", "jit"])
+    ap.add_argument("--steps", type=int, default=2)
+    args = ap.parse_args()
+    faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where, then ends the run
+
+    configure_cpu()
+    ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
+    set_seed(1234)
+    net = JitLeNet() if args.driver == "jit" else LeNet()
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
+    batches = load_digits_dataset(batch_size=32)[:args.steps]
+
+    debugger = None
+    if args.tool == "on":
+        from msprobe.mindspore import PrecisionDebugger
+        debugger = PrecisionDebugger(dump_path=args.dump_path, task=args.task, level=args.level)
+        if args.data_mode != "all":
+            cfg = {"task": args.task, "dump_path": args.dump_path, "level": args.level,
+                   args.task: {"data_mode": args.data_mode.split(",")}}
+            path = os.path.join(args.dump_path + ".json")
+            with open(path, "w") as f:
+                json.dump(cfg, f)
+            debugger = PrecisionDebugger(config_path=path)
+
+    losses, times = [], []
+    if args.driver == "model":
+        from mindspore import dataset as ds
+        from mindspore.train import Callback, Model
+        from msprobe.mindspore import MsprobeStep
+
+        class Losses(Callback):
+            def on_train_step_end(self, run_context):
+                losses.append(float(run_context.original_args().net_outputs.asnumpy()))
+
+        data = ds.NumpySlicesDataset(
+            {"x": [b[0] for b in batches], "y": [b[1] for b in batches]}, shuffle=False)
+        model = Model(net, loss_fn=loss_fn, optimizer=opt)
+        callbacks = [Losses()]
+        if debugger is not None:
+            debugger.start(net)
+            callbacks.insert(0, MsprobeStep(debugger))
+        model.train(1, data, callbacks=callbacks, dataset_sink_mode=False)
+    else:
+        def forward(x, y):
+            return loss_fn(net(x), y)
+
+        grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+        for x, y in batches:
+            t0 = time.perf_counter()
+            if debugger is not None:
+                debugger.start(net)
+            loss, grads = grad_fn(Tensor(x), Tensor(y))
+            opt(grads)
+            losses.append(float(loss.asnumpy()))
+            if debugger is not None:
+                debugger.stop()
+                debugger.step()
+            times.append(time.perf_counter() - t0)
+    print(json.dumps({"losses": [repr(v) for v in losses], "times": times}))
+
+
+if __name__ == "__main__":
+    main()
