@@ -25,6 +25,7 @@ from mindspore import Tensor, mint, nn, ops
 from mindspore.ops import relu  # B08: bound before start(): calls through it are not captured
 
 import msprobe.dump
+import msprobe.core.writer
 from msprobe.capture.async_handles import pending_for
 from msprobe.core.config import ConfigError
 from msprobe.core.report import EMPTY_REASON, read_report
@@ -324,8 +325,11 @@ def test_b36_tensor_budget_validated(tmp_path, bad):
 
 
 # ---------------------------------------------------------------------------------------------- B39
-def test_b39_journal_writing_keeps_memory_flat_and_reader_streams(make_debugger, dump_dir):
+def test_b39_journal_writing_keeps_memory_flat_and_reader_streams(make_debugger, dump_dir, monkeypatch):
     n = 20_000                        # traced by tracemalloc (5x slower); 50k untraced: ~4 s
+    # the writer mirrors a step live only up to LIVE_STATE_BYTES of journal (4 MB by default), then
+    # reads the journal back: a small cap here shows memory is bounded by the cap, not the step
+    monkeypatch.setattr(msprobe.core.writer, "LIVE_STATE_BYTES", 128 << 10)
     debugger = make_debugger(task="statistics", level="L1", extra_info=False)
     debugger.start()
     rt = debugger.service.runtime

@@ -89,10 +89,12 @@ def step_of(directory: str):
     return int(m.group(1)) if m else None
 
 
-def write_step_reports(directory: str, data: dict, stacks: dict, notes: dict, writer) -> None:
+def write_step_reports(directory: str, data: dict, stacks: dict, notes: dict, writer,
+                       scan: bool = True) -> None:
     """Write ``anomalies.json`` and ``coverage.json`` for one step directory when they have content
-    (``writer(path, obj)`` writes JSON atomically); remove stale ones otherwise."""
-    found = find_anomalies(data)
+    (``writer(path, obj)`` writes JSON atomically); remove stale ones otherwise. ``scan=False``: the
+    caller knows every value is finite, so the anomaly scan is skipped."""
+    found = find_anomalies(data) if scan else None
     path = os.path.join(directory, ANOMALIES)
     if found is not None:
         first = found["first_producer"]

@@ -29,6 +29,11 @@ from msprobe.core import report
 logger = logging.getLogger("msprobe")
 
 SCHEMA = "msprobe-mindspore/1"
+
+#: journal text (bytes) up to which a step's records are also kept live in memory, so ``dump.json``
+#: is written without reading the journal back; a bigger step drops the mirror and reads back
+#: (writer memory stays bounded however many calls a step makes)
+LIVE_STATE_BYTES = 4 << 20
 JOURNAL = "dump.journal"
 TENSOR_DIR = "dump_tensor_data"
 
@@ -49,25 +54,30 @@ def _atomic_write_json(path: str, obj) -> None:
         raise
 
 
-def replay(lines):
-    """Rebuild ``(header, data, stacks, construct)`` from journal lines (dicts), in order.
+class Replay:
+    """Applies journal records in order: the one definition of what a journal line means.
 
-    ``stacks`` is the grouped ``stack.json`` form: ``{"0": [[names], [frames]], ...}``.
+    Used by the reader on a journal file and by :class:`StepWriter` live, as records are appended,
+    so ``dump.json`` is written without reading the journal back.
     """
-    header, data, construct = {}, {}, {}
-    frames, stack_names = {}, {}
-    for rec in lines:
+
+    def __init__(self):
+        self.header, self.data, self.construct = {}, {}, {}
+        self._frames, self._stack_names = {}, {}
+
+    def apply(self, rec: dict) -> None:
         entry = rec.get("e")
         if entry is not None:
+            data = self.data
             if "p" in rec:
                 if rec["p"]:
                     _set_path(data.get(entry), rec["p"], rec["v"])
                 else:  # the saved variable is a single tensor: its gradient is the whole entry
                     data[entry] = rec["v"]
-                continue
+                return
             if "k" not in rec and "v" in rec:
                 data[entry] = rec["v"]
-                continue
+                return
             body = data.setdefault(entry, {})
             if "k" in rec:
                 if "i" in rec:
@@ -79,19 +89,47 @@ def replay(lines):
                 else:
                     body[rec["k"]] = rec["v"]
             if "stack" in rec:
-                stack_names.setdefault(rec["stack"], []).append(entry)
+                self._stack_names.setdefault(rec["stack"], []).append(entry)
         elif "c" in rec:
-            construct[rec["c"]] = rec["p"]
+            self.construct[rec["c"]] = rec["p"]
         elif "s" in rec:
-            frames[rec["s"]] = rec["f"]
+            self._frames[rec["s"]] = rec["f"]
         elif "h" in rec:
-            header = rec["h"]
-    # entries that never got a body (only a stack reference) are not data entries
-    data = {k: v for k, v in data.items() if v}
-    stacks = {}
-    for sid, names in stack_names.items():
-        stacks[str(len(stacks))] = [names, frames.get(sid, [])]
-    return header, data, stacks, construct
+            self.header = rec["h"]
+
+    def result(self):
+        """``(header, data, stacks, construct)``; ``stacks`` in the grouped ``stack.json`` form
+        ``{"0": [[names], [frames]], ...}``."""
+        # entries that never got a body (only a stack reference) are not data entries
+        data = {k: v for k, v in self.data.items() if v}
+        stacks = {}
+        for sid, names in self._stack_names.items():
+            stacks[str(len(stacks))] = [names, self._frames.get(sid, [])]
+        return self.header, data, stacks, self.construct
+
+
+def replay(lines):
+    """Rebuild ``(header, data, stacks, construct)`` from journal lines (dicts), in order."""
+    state = Replay()
+    for rec in lines:
+        state.apply(rec)
+    return state.result()
+
+
+def _resolve(value, flags: list):
+    """A journal record's value with tensor slots replaced by their finished leaves; ``flags[0]``
+    is set when a leaf holds a non-finite statistic (so the anomaly report has work to do)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _resolve(v, flags) for k, v in value.items()}
+    if kind is list:
+        return [_resolve(v, flags) for v in value]
+    leaf = getattr(value, "leaf", None)
+    if leaf is None:
+        return value
+    if not flags[0] and report.non_finite(leaf):
+        flags[0] = True
+    return leaf
 
 
 def _set_path(container, path, value) -> None:
@@ -142,6 +180,9 @@ class StepWriter:
         self._journal_path = os.path.join(directory, JOURNAL)
         self._journal = open(self._journal_path, "a", encoding="utf-8")
         self._dirty = True
+        self._state = Replay()  # what the journal says so far, kept live (no read-back at stop())
+        self._journal_bytes = 0
+        self._non_finite = [False]
         self.append([{"h": self.header}])
         self.last_flush = time.monotonic()
 
@@ -154,6 +195,13 @@ class StepWriter:
             self._journal.write(text)
             self._journal.flush()
             self._dirty = True
+            self._journal_bytes += len(text)
+            if self._state is not None and self._journal_bytes > LIVE_STATE_BYTES:
+                self._state = None  # too big to mirror: write_files reads the journal back
+            for r in records:
+                resolved = {k: _resolve(v, self._non_finite) for k, v in r.items()}
+                if self._state is not None:
+                    self._state.apply(resolved)
         self.last_flush = time.monotonic()
 
     def error(self, message: str) -> None:
@@ -199,7 +247,11 @@ class StepWriter:
         with self._lock:
             if not self._dirty:
                 return
-            header, data, stacks, construct = replay(read_journal(self._journal_path))
+            state = self._state or Replay()
+            if self._state is None:
+                for rec in read_journal(self._journal_path):
+                    state.apply(rec)
+            header, data, stacks, construct = state.result()
             dump = {k: header.get(k) for k in ("task", "level", "framework", "dump_data_dir")}
             dump["schema"] = header.get("schema", SCHEMA)
             dump["data"] = data
@@ -210,7 +262,8 @@ class StepWriter:
                 _atomic_write_json(os.path.join(self.directory, "stack.json"), stacks)
                 _atomic_write_json(os.path.join(self.directory, "construct.json"), construct)
                 # anomalies.json / coverage.json are extra files too (extra_info: false -> dump.json only)
-                report.write_step_reports(self.directory, data, stacks, self.notes, _atomic_write_json)
+                report.write_step_reports(self.directory, data, stacks, self.notes, _atomic_write_json,
+                                          scan=self._non_finite[0])
             self._dirty = False
         logger.info("%s is at %s", self.data_file, self.directory)
 
