@@ -1,11 +1,15 @@
 """Calls of ``mindspore.jit``-compiled functions and Cells at L1/mix (seed: jit notes under
 "动态图场景"; spec §3.4 "Jit").
 
-A compiled region runs as one graph: hooks inside it never fire. While the dump runs, each call of a
-``jit`` function (``capture_mode="ast"``) is recorded as one API entry ``Jit.{name}.{n}.forward`` /
-``.backward`` with its positional inputs and outputs, so the region is visible in the dump rather than
-silently absent. ``name`` is the function's ``__name__``, or the Cell class name for a jit-decorated
-``construct``.
+A compiled region runs as one graph: hooks inside it never fire. While the dump runs:
+
+* each call of a ``jit`` function compiled from its source (``capture_mode="ast"``, the default) is
+  recorded as one API entry ``Jit.{name}.{n}.forward`` / ``.backward`` with its positional inputs and
+  outputs, so the region is visible in the dump rather than silently absent. ``name`` is the
+  function's ``__name__``, or the Cell class name for a jit-decorated ``construct``;
+* a ``capture_mode="bytecode"`` function runs as plain PyNative (its bytecode capture is switched
+  off while recording), so its body is dumped API by API, as the seed describes. Outside recording
+  it compiles as usual.
 """
 from __future__ import annotations
 
@@ -15,6 +19,11 @@ except ImportError:  # older MindSpore layouts
     from mindspore.common.api import _JitExecutor
 
 from msprobe.core.handles import HandleSet, patch_attribute
+
+try:
+    from mindspore.graph._utils.pijit_context import PIJitCaptureContext
+except ImportError:  # no bytecode capture in this MindSpore
+    PIJitCaptureContext = None
 
 
 def _region_name(executor) -> str:
@@ -40,4 +49,27 @@ def install_jit_capture(recorder) -> HandleSet:
 
     handles = HandleSet()
     handles.add(patch_attribute(_JitExecutor, "__call__", __call__))
+    if PIJitCaptureContext is not None:
+        handles.add(_run_bytecode_jit_as_pynative(rt))
+    return handles
+
+
+def _run_bytecode_jit_as_pynative(rt) -> HandleSet:
+    """While recording, entering a bytecode-capture context does nothing: the body runs in PyNative."""
+    enter, exit_ = PIJitCaptureContext.__enter__, PIJitCaptureContext.__exit__
+
+    def __enter__(self):
+        self._msprobe_skipped = rt.running
+        if not self._msprobe_skipped:
+            return enter(self)
+        return None
+
+    def __exit__(self, *exc):
+        if getattr(self, "_msprobe_skipped", False):
+            return None
+        return exit_(self, *exc)
+
+    handles = HandleSet()
+    handles.add(patch_attribute(PIJitCaptureContext, "__enter__", __enter__))
+    handles.add(patch_attribute(PIJitCaptureContext, "__exit__", __exit__))
     return handles
