@@ -49,21 +49,7 @@ def train(net: nn.Cell, batches: Sequence, steps: int, debugger=None,
     """
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=LEARNING_RATE, momentum=MOMENTUM)
     train_step = models.make_train_step(net, nn.CrossEntropyLoss(), optimizer)
-    net.set_train(True)
-    losses = []
-    for step in range(steps):
-        x, y = batches[step % len(batches)]
-        if debugger is not None:
-            debugger.start(net)
-        loss = train_step(x, y)
-        if debugger is not None:
-            debugger.stop()
-            debugger.step()
-        losses.append(float(loss.asnumpy()))
-        if log_every and (step % log_every == 0 or step == steps - 1):
-            print(f"step {step:4d}  loss {losses[-1]:.4f}", flush=True)
-    net.set_train(False)
-    return losses
+    return models.run_training(net, train_step, batches, steps, debugger, log_every)
 
 
 def write_default_config(dump_path: str, steps: Sequence[int], task: str = "statistics",

@@ -365,3 +365,35 @@ def generate(net: nn.Cell, prompt_ids: Sequence[int], num_tokens: int) -> List[i
         logits = net(Tensor(np.asarray([ctx], dtype=np.int32)))
         ids.append(int(logits.asnumpy()[0, -1].argmax()))
     return ids
+
+
+def run_training(net, train_step, batches, steps: int, debugger=None, log_every: int = 0) -> list:
+    """The training loop of the examples, with the seed's three debugger lines around each step.
+
+    Args:
+        net (nn.Cell): the model (passed to ``debugger.start``).
+        train_step: ``callable(data, label) -> loss Tensor`` (see :func:`make_train_step`).
+        batches: sequence of ``(data, label)`` numpy batches, cycled through.
+        steps (int): number of training steps.
+        debugger (PrecisionDebugger | None): when given, every step runs between
+            ``start(net)`` and ``stop()``/``step()``; its config decides which steps are dumped.
+        log_every (int): print the loss every this many steps (0: never).
+
+    Returns:
+        list[float]: the loss of every step (compare tool-on and tool-off runs bit for bit).
+    """
+    net.set_train(True)
+    losses = []
+    for step in range(steps):
+        x, y = batches[step % len(batches)]
+        if debugger is not None:
+            debugger.start(net)
+        loss = train_step(x, y)
+        if debugger is not None:
+            debugger.stop()
+            debugger.step()
+        losses.append(float(loss.asnumpy()))
+        if log_every and (step % log_every == 0 or step == steps - 1):
+            print(f"step {step:4d}  loss {losses[-1]:.4f}", flush=True)
+    net.set_train(False)
+    return losses

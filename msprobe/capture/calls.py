@@ -55,11 +55,7 @@ class CallRecorder:
 
     def __init__(self, runtime):
         self.rt = runtime
-        cfg = runtime.config
-        self.fwd_in = cfg.allows("forward", "input")
-        self.fwd_out = cfg.allows("forward", "output")
-        self.bwd_in = cfg.allows("backward", "input") and runtime.records_data
-        self.bwd_out = cfg.allows("backward", "output") and runtime.records_data
+        self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
 
     def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
         """Run ``original(*args, **kwargs)`` as API ``api`` (``"{prefix}.{name}"``) and record it."""

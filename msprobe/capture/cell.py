@@ -82,11 +82,7 @@ class CellCapture:
 
     def __init__(self, runtime):
         self.rt = runtime
-        cfg = runtime.config
-        self.fwd_in = cfg.allows("forward", "input")
-        self.fwd_out = cfg.allows("forward", "output")
-        self.bwd_in = cfg.allows("backward", "input") and runtime.records_data
-        self.bwd_out = cfg.allows("backward", "output") and runtime.records_data
+        self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
         # parameter gradients: not collected when only forward data is asked for (spec §2.5)
         self.param_grads = self.bwd_in or self.bwd_out
 

@@ -111,11 +111,7 @@ class GraphCellCapture:
     def __init__(self, gate, sink):
         self.gate = gate
         self.rt = sink
-        cfg = sink.config
-        self.fwd_in = cfg.allows("forward", "input")
-        self.fwd_out = cfg.allows("forward", "output")
-        self.bwd_in = cfg.allows("backward", "input") and sink.records_data
-        self.bwd_out = cfg.allows("backward", "output") and sink.records_data
+        self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = sink.data_flags()
         self.param_grads = self.bwd_in or self.bwd_out
         self._lock = threading.RLock()
         self._writer = None

@@ -127,6 +127,14 @@ class Runtime:
             stack = self._tls.cell_stack = []
         return stack
 
+    def data_flags(self) -> tuple:
+        """``(forward input, forward output, backward input, backward output)``: what ``data_mode``
+        lets capture record (spec §2.5); backward needs a task that records data."""
+        cfg = self.config
+        return (cfg.allows("forward", "input"), cfg.allows("forward", "output"),
+                cfg.allows("backward", "input") and self.records_data,
+                cfg.allows("backward", "output") and self.records_data)
+
     def cell_frames(self) -> list:
         """Per-thread stack of open Cell calls (forward hook bookkeeping)."""
         frames = getattr(self._tls, "cell_frames", None)
