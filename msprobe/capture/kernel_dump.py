@@ -252,7 +252,11 @@ def _synchronize() -> None:
     if ms is None:
         return
     try:
-        ms.runtime.synchronize()
+        # the PyNative executor's sync waits for queued work on every device; runtime.synchronize()
+        # would log "CPU device is not supported" on CPU and do nothing
+        from mindspore.common.api import _pynative_executor
+
+        _pynative_executor.sync()
     except Exception as exc:  # noqa: BLE001 - best effort; partial files are retried anyway
         logger.debug("L2 kernel dump: synchronize failed: %s", exc)
 

@@ -6,11 +6,15 @@ before the kill) and returns ``complete=False``.
 """
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
+
+import numpy as np
 
 from msprobe.core import report
 from msprobe.core.writer import JOURNAL, SCHEMA, TENSOR_DIR, read_journal, replay
@@ -169,6 +173,73 @@ def iter_step_dirs(dump_path: str):
     yield from sorted(found)
 
 
+_KERNEL_RANK_RE = re.compile(r"^rank_(\d+)$")
+_KERNEL_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def iter_kernel_steps(dump_path: str):
+    """Yield ``(step, rank, path)`` for every L2 kernel-dump step directory
+    (``rank_{id}/{timestamp}/step_{n}``), by step then rank."""
+    found = []
+    for rank_name in os.listdir(dump_path) if os.path.isdir(dump_path) else ():
+        m = _KERNEL_RANK_RE.match(rank_name)
+        if not m:
+            continue
+        rank_dir = os.path.join(dump_path, rank_name)
+        for stamp in sorted(os.listdir(rank_dir)):
+            stamp_dir = os.path.join(rank_dir, stamp)
+            for step_name in os.listdir(stamp_dir) if os.path.isdir(stamp_dir) else ():
+                s = _KERNEL_STEP_RE.match(step_name)
+                if s:
+                    found.append((int(s.group(1)), int(m.group(1)), os.path.join(stamp_dir, step_name)))
+    yield from sorted(found)
+
+
+def load_kernel_statistics(step_dir: str) -> list:
+    """Rows of an L2 step's ``statistic.csv`` as dicts (MindSpore's column names); [] if absent."""
+    path = os.path.join(step_dir, "statistic.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _first_non_finite_kernel(step_dir: str):
+    """Name of the first kernel tensor (execution order) holding NaN/Inf, from statistic.csv or, for
+    the tensor task, from the saved tensors."""
+    rows = load_kernel_statistics(step_dir)
+    if rows:
+        for row in sorted(rows, key=lambda r: int(r.get("Timestamp") or 0)):
+            for col in ("Max Value", "Min Value", "Avg Value", "L2Norm Value"):
+                try:
+                    if not math.isfinite(float(row.get(col) or 0)):
+                        return f"{row.get('Op Name')} {row.get('IO')} {row.get('Slot')}"
+                except ValueError:
+                    continue
+        return None
+    from msprobe.core.stats import load_npy
+
+    for name in sorted(n for n in os.listdir(step_dir) if n.endswith(".npy")):
+        arr = load_npy(os.path.join(step_dir, name))
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            return name
+    return None
+
+
+def _summarize_kernel_dump(dump_path: str, lines: list) -> None:
+    first_bad = None
+    for step, rank, path in iter_kernel_steps(dump_path):
+        rows = load_kernel_statistics(path)
+        files = sum(1 for n in os.listdir(path) if n.endswith(".npy"))
+        what = f"{len(rows)} kernel statistic rows" if rows else f"{files} kernel tensor files"
+        lines.append(f"  L2 rank_{rank} step_{step}: {what}")
+        if first_bad is None:
+            bad = _first_non_finite_kernel(path)
+            if bad:
+                first_bad = f"rank_{rank} step_{step}: {bad}"
+    lines.append(f"  first kernel tensor with a non-finite value: {first_bad or 'none'}")
+
+
 def summarize(dump_path: str) -> str:
     """A one-screen text summary: steps, entries, forward/backward counts, first non-finite entry and
     the first producer of a non-finite value (inputs finite, output NaN/Inf; see ``anomalies.json``)."""
@@ -189,7 +260,13 @@ def summarize(dump_path: str) -> str:
                 first_bad = f"step{step}/{rank}: {found['first_non_finite']}"
                 if found["first_producer"]:
                     first_producer = f"step{step}/{rank}: {found['first_producer']}"
-    lines.append(f"  first entry with a non-finite value: {first_bad or 'none'}")
-    lines.append(f"  first producer of a non-finite value (inputs finite, output not): "
-                 f"{first_producer or 'none'}")
+    cell_or_api = len(lines) > 1
+    if cell_or_api:
+        lines.append(f"  first entry with a non-finite value: {first_bad or 'none'}")
+        lines.append(f"  first producer of a non-finite value (inputs finite, output not): "
+                     f"{first_producer or 'none'}")
+    if any(True for _ in iter_kernel_steps(dump_path)):
+        _summarize_kernel_dump(dump_path, lines)
+    elif not cell_or_api:
+        lines.append("  no dump found here (expected step{N}/rank{R}/ or, for L2, rank_{id}/{timestamp}/step_{n}/)")
     return "\n".join(lines)
