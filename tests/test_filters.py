@@ -422,3 +422,37 @@ def test_precision_low_and_high_identical(tmp_path, all_l1):
     cfg = _write_config(tmp_path, precision="medium")
     with pytest.raises(ConfigError, match="precision"):
         PrecisionDebugger(cfg)
+
+
+# ------------------------------------------------------------------ pruning by `list` at L1
+def test_l1_list_wraps_only_apis_that_could_be_recorded(tmp_path):
+    """With an L1 `list`, an API none of whose entries can contain a list item is not wrapped (so a
+    one-API list costs almost nothing); APIs named by a scope bound are kept (their calls are counted)."""
+    import mindspore
+    from msprobe.core.config import load_config
+    from msprobe.core.filters import Selector
+
+    def selector(**section):
+        cfg = tmp_path / f"c{len(section)}.json"
+        cfg.write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"),
+                                   "statistics": section}))
+        return Selector(load_config(str(cfg)))
+
+    sel = selector(list=["Functional.softmax"])
+    assert sel.may_record_api("Functional.softmax") and not sel.may_record_api("Tensor.__add__")
+    sel = selector(list=["relu.12.back"])
+    assert sel.may_record_api("Functional.relu") and sel.may_record_api("Mint.relu")
+    assert not sel.may_record_api("Functional.gelu")
+    sel = selector(list=["add"], scope=["Functional.relu.0.forward", "Tensor.__add__.3.forward"])
+    assert sel.may_record_api("Functional.relu") and sel.may_record_api("Tensor.__add__")
+    assert selector().may_record_api("Tensor.__add__")             # no list: everything
+
+    debugger = PrecisionDebugger(config_path=_write_config(tmp_path / "run", section={"list": ["Functional.relu"]}))
+    original_add = mindspore.Tensor.__add__
+    debugger.start()
+    try:
+        assert mindspore.Tensor.__add__ is original_add            # never recorded: not wrapped
+        assert mindspore.ops.relu.__wrapped__ is not None          # wrapped
+    finally:
+        debugger.stop()
+        debugger.step()

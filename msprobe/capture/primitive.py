@@ -44,8 +44,9 @@ def _is_side_effect(prim) -> bool:
     return bool(attrs.get("side_effect_mem", False))
 
 
-def install_primitive_hooks(recorder, cells) -> HandleSet:
-    """Hook the Primitive attributes of ``cells`` (an iterable of ``nn.Cell``), each instance once."""
+def install_primitive_hooks(recorder, cells, keep=None) -> HandleSet:
+    """Hook the Primitive attributes of ``cells`` (an iterable of ``nn.Cell``), each instance once;
+    ``keep(api_name) -> bool`` (optional) skips Primitives that could never be recorded."""
     handles = HandleSet()
     seen = set()
     for cell in cells:
@@ -53,7 +54,9 @@ def install_primitive_hooks(recorder, cells) -> HandleSet:
             if not isinstance(value, Primitive) or id(value) in seen or _PROBE in value.__dict__:
                 continue
             seen.add(id(value))
-            handles.add(_hook(value, recorder, f"Primitive.{attr}.{type(value).__name__}"))
+            api = f"Primitive.{attr}.{type(value).__name__}"
+            if keep is None or keep(api):
+                handles.add(_hook(value, recorder, api))
     return handles
 
 

@@ -62,6 +62,19 @@ class Selector:
         self._last_is_cell = bool(self.scope) and self.scope[1].startswith("Cell.")
         self.reset()
 
+    def may_record_api(self, api: str) -> bool:
+        """Whether any entry ``{api}.{n}.{forward|backward}`` of this API can ever be recorded.
+
+        Only at L1 with a ``list`` can an API be ruled out (in mix a matching Cell records everything
+        inside it). APIs named by a ``scope`` bound are always kept: their calls must be counted.
+        Used to skip wrapping APIs that could never be recorded.
+        """
+        if self.level != "L1" or not self.items:
+            return True
+        if any(bound.startswith(api + ".") for bound in self.scope):
+            return True
+        return any(_could_match(item, api) for item in self.items)
+
     def reset(self) -> None:
         self._open = not self.scope
         self._closing = False
@@ -108,3 +121,16 @@ class Selector:
             self._expanded.pop()
         if self.scope and self._last_is_cell and call_key(entry) == self._last:
             self._open = False
+
+
+def _could_match(item: str, api: str) -> bool:
+    """Is ``item`` a substring of ``{api}.{n}.{forward|backward}`` for some call number ``n``?
+
+    ``n`` only matters through the digits the item itself contains, so trying each digit run of the
+    item (and 0) as ``n`` decides it exactly.
+    """
+    for n in {"0", *re.findall(r"\d+", item)}:
+        for direction in ("forward", "backward"):
+            if item in f"{api}.{n}.{direction}":
+                return True
+    return False

@@ -100,9 +100,7 @@ class DumpService:
         if rt.open_step() is None:
             return False
         if cfg.level in _API_LEVELS:  # B08: names bound to an API before start() are not captured
-            if self._api_targets is None:
-                self._api_targets = resolve_targets(load_api_list())
-            note_stale_bindings(rt.writer, self._api_targets, self.models)
+            note_stale_bindings(rt.writer, self._listed_targets(), self.models)
         self._install()
         self._token = 0
         self.active = True
@@ -114,17 +112,16 @@ class DumpService:
         level = self.config.level
         wrapped = set()
         if level in _API_LEVELS:
-            if self._api_targets is None:
-                self._api_targets = resolve_targets(load_api_list())
+            selector = self.runtime.selector
             # a custom registration of the same attribute takes precedence over the yaml list
-            targets = [t for t in self._api_targets if (id(t[0]), t[1]) not in self._custom]
+            targets = [t for t in self._listed_targets() if (id(t[0]), t[1]) not in self._custom]
             for target in targets:
                 self._wrap_listed_api(target)
             wrapped = {(owner, attr) for owner, attr, _ in targets}
             self._installed.add(install_jit_capture(self.recorder))
             if self.models is not None:
                 cells = [cell for _, root in self.models for _, cell in root.cells_and_names()]
-                self._installed.add(install_primitive_hooks(self.recorder, cells))
+                self._installed.add(install_primitive_hooks(self.recorder, cells, selector.may_record_api))
         if level in _CELL_LEVELS:
             if not (self._graph and self._graph.graph_mode):  # Python hooks do not run in a graph
                 self._installed.add(CellCapture(self.runtime).install(self.models))
@@ -133,6 +130,15 @@ class DumpService:
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
         self._installed.add(install_guard(self.runtime, inplace_targets(wrapped)))
+
+    def _listed_targets(self) -> list:
+        """support_wrap_ops.yaml targets that exist, resolved once; with an L1 ``list``, only APIs
+        that could ever be recorded (the others are not wrapped at all)."""
+        if self._api_targets is None:
+            selector = self.runtime.selector
+            self._api_targets = [t for t in resolve_targets(load_api_list())
+                                 if selector.may_record_api(t[2])]
+        return self._api_targets
 
     def _wrap_listed_api(self, target) -> None:
         """Install the wrapper of one support_wrap_ops.yaml target, kept per attribute so a custom
