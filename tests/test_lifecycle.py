@@ -127,6 +127,8 @@ def test_exception_between_start_and_stop(make_debugger, dump_dir):
     d0 = msprobe.dump.load(only_step_dir(dump_dir, 0))
     d1 = msprobe.dump.load(only_step_dir(dump_dir, 1))
     assert d0.complete and d1.complete
+    # the interrupted step says so; the next one does not
+    assert "stop()" in d0.header["abnormal"] and "abnormal" not in d1.header
     assert list(d0.data) == ["Functional.relu.0.forward"] == list(d1.data)
     assert d0.data["Functional.relu.0.forward"]["output"][0]["Max"] == 2.0
     assert d1.data["Functional.relu.0.forward"]["output"][0]["Max"] == 4.0
@@ -224,3 +226,26 @@ def test_sigkill_mid_step_leaves_loadable_journal(tmp_path):
     leaf = dump.data["Functional.relu.0.forward"]["output"][0]
     assert leaf["Max"] == 2.0 and (dump.load_tensor(leaf) == np.array([0, 0.5, 2], np.float32)).all()
     assert dump.stacks["Functional.relu.0.forward"]
+
+
+def test_unhandled_exception_marks_step_abnormal_and_reaches_user(tmp_path):
+    """An exception that ends the program: records so far are flushed into dump.json, the step is
+    marked abnormal with the exception, and the user sees the exception unchanged (exit code, text)."""
+    script = tmp_path / "boom.py"
+    dump = tmp_path / "dump"
+    script.write_text(textwrap.dedent(f"""
+        import numpy as np, mindspore as ms
+        from mindspore import ops, Tensor
+        ms.set_device("CPU"); ms.runtime.launch_blocking()
+        from msprobe.mindspore import PrecisionDebugger
+        debugger = PrecisionDebugger(dump_path={str(dump)!r}, level="L1")
+        debugger.start()
+        ops.relu(Tensor(np.ones(3, np.float32)))
+        raise RuntimeError("boom in the user's step")
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "RuntimeError: boom in the user's step" in out.stderr
+    d = msprobe.dump.load(only_step_dir(str(dump), 0))
+    assert d.complete and list(d.data) == ["Functional.relu.0.forward"]
+    assert "RuntimeError: boom in the user's step" in d.header["abnormal"]

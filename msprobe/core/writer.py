@@ -180,6 +180,7 @@ class StepWriter:
         self._journal_path = os.path.join(directory, JOURNAL)
         self._journal = open(self._journal_path, "a", encoding="utf-8")
         self._dirty = True
+        self.abnormal = None  # why the step ended abnormally (exception, skipped stop()), if it did
         self._state = Replay()  # what the journal says so far, kept live (no read-back at stop())
         self._journal_bytes = 0
         self._non_finite = [False]
@@ -255,6 +256,8 @@ class StepWriter:
             dump = {k: header.get(k) for k in ("task", "level", "framework", "dump_data_dir")}
             dump["schema"] = header.get("schema", SCHEMA)
             dump["data"] = data
+            if self.abnormal:
+                dump["abnormal"] = self.abnormal
             if not data:  # B42: an empty step is written with its reason, never left missing
                 dump["empty_reason"] = report.EMPTY_REASON
             _atomic_write_json(os.path.join(self.directory, self.data_file), dump)
@@ -266,6 +269,13 @@ class StepWriter:
                                           scan=self._non_finite[0])
             self._dirty = False
         logger.info("%s is at %s", self.data_file, self.directory)
+
+    def mark_abnormal(self, reason: str) -> None:
+        """Record in ``dump.json["abnormal"]`` why this step ended abnormally (first reason kept)."""
+        with self._lock:
+            if self.abnormal is None:
+                self.abnormal = reason
+                self._dirty = True
 
     def add_note(self, key: str, items: list) -> None:
         """Add ``items`` to ``coverage.json[key]`` of this step (written with the next files)."""

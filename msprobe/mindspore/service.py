@@ -12,6 +12,7 @@ Calling ``start`` twice, or ``stop`` without ``start``, does nothing.
 from __future__ import annotations
 
 import atexit
+import sys
 import logging
 import os
 import weakref
@@ -57,6 +58,8 @@ class DumpService:
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
         self._token = 0
         atexit.register(_close_at_exit, weakref.ref(self))
+        _LIVE_SERVICES.add(self)
+        _install_excepthook()
 
     # ------------------------------------------------------------------ models
     def set_model(self, model) -> None:
@@ -272,11 +275,21 @@ class DumpService:
         if was_running:
             self.start()
 
+    def note_abnormal(self, reason: str) -> None:
+        """Mark the open step abnormal (its records so far are flushed when it is closed)."""
+        writer = self.runtime.writer
+        if writer is not None and not writer.closed:
+            writer.mark_abnormal(reason)
+
     def step(self) -> None:
         rt = self.runtime
         release_pending(rt)  # B26: async handles never waited are released with a warning
         directory = rt.writer.directory if rt.writer is not None and not rt.writer.closed else None
         step = rt.step
+        if self.active:  # step() while recording: stop() was skipped, usually by an exception
+            exc = sys.exc_info()[1]
+            self.note_abnormal(f"step() called without stop(){': ' + repr(exc) if exc else ''} "
+                               "(an exception in the step?); records up to that point are kept")
         self.stop()
         rt.end_step()
         if self._graph:
@@ -297,6 +310,28 @@ class DumpService:
         if self._graph:
             self._graph.close()
         self.runtime.close_writer()
+
+
+_LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _install_excepthook() -> None:
+    """Once per process: an exception that ends the program marks every open step abnormal before
+    the exit handler closes it; the exception itself is reported by the previous hook, unchanged."""
+    previous = sys.excepthook
+    if getattr(previous, "_msprobe", False):
+        return
+
+    def excepthook(exc_type, exc, tb):
+        for service in list(_LIVE_SERVICES):
+            try:
+                service.note_abnormal(f"the program ended with {exc_type.__name__}: {exc}")
+            except Exception:  # never hide the user's exception
+                pass
+        previous(exc_type, exc, tb)
+
+    excepthook._msprobe = True
+    sys.excepthook = excepthook
 
 
 def _close_at_exit(ref) -> None:
