@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+import msprobe.dump
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "scripts", "graph_worker.py")
 
@@ -148,3 +150,16 @@ def test_jit_cell_children_in_graph_subtree(runs, name):
         assert not any(k.startswith("Cell.features.") and "JitFeatures" not in k for k in p["data"])
         assert not any(k.startswith("Cell.") and "JitFeatures" in k for k in g["data"])
         assert gc["Cell.features.relu.ReLU.forward.0"] is None  # parent (the jit Cell) is in pynative/
+
+
+def test_graph_mode_resume_with_msprobe_init_step(tmp_path):
+    """Issue 5 item 5: GRAPH_MODE Model.train resumed at step 5 with MsprobeInitStep dumps step5, step6."""
+    dump = str(tmp_path / "dump")
+    out = subprocess.run([sys.executable, WORKER, "graph", "on", dump, "--driver", "model", "--resume", "5"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = sorted(n for n in os.listdir(dump) if n.startswith("step"))
+    assert steps == ["step5", "step6"], steps
+    for name in steps:
+        rank_dir = os.path.join(dump, name, os.listdir(os.path.join(dump, name))[0])
+        assert any(k.startswith("Cell.") for k in msprobe.dump.load(rank_dir).data)

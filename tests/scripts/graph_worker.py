@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--data-mode", default="all")
     ap.add_argument("--driver", default="loop", choices=["loop", "model", "jit"])
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--resume", type=int, default=0,
+                    help="model driver: resume at this step number (MsprobeInitStep)")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where, then ends the run
 
@@ -101,6 +103,14 @@ def main():
         if debugger is not None:
             debugger.start(net)
             callbacks.insert(0, MsprobeStep(debugger))
+            if args.resume:
+                from msprobe.mindspore import MsprobeInitStep
+
+                class Resumed(Callback):  # what Model does when training resumes from a checkpoint
+                    def on_train_begin(self, run_context):
+                        run_context.original_args().cur_step_num = args.resume
+
+                callbacks[:0] = [Resumed(), MsprobeInitStep()]
         model.train(1, data, callbacks=callbacks, dataset_sink_mode=False)
     else:
         def forward(x, y):
