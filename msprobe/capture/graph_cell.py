@@ -203,14 +203,11 @@ class GraphCellCapture:
             rt = self.rt
             if writer is not rt.writer:
                 return
-            rt.enter()
-            try:
+            with rt.tool_code():
                 rt.record_parent(bwd, bparent)
                 if self.bwd_in:
                     _record_grads(rt, bwd, "input", arrays, writer)
                 self.inflight[prefix].append((bwd, writer))
-            finally:
-                rt.leave()
 
     def _input_grads(self, prefix: str, arrays) -> None:
         """bprop of the input probe: gradients w.r.t. the Cell's inputs (backward ``output``)."""
@@ -220,11 +217,8 @@ class GraphCellCapture:
                 return
             bwd, writer = pending.pop()
             if self.bwd_out and writer is self.rt.writer:
-                self.rt.enter()
-                try:
+                with self.rt.tool_code():
                     _record_grads(self.rt, bwd, "output", arrays, writer)
-                finally:
-                    self.rt.leave()
 
     def _param_grads(self, owners: list, arrays) -> None:
         """Gradients entering an optimizer: ``owners[i]`` = (prefix, short name, first-of-Cell) or None."""
@@ -280,11 +274,7 @@ class GraphCellCapture:
         return Handle(remove, "graph-mode Cell probes")
 
     def _instrument(self, prefix: str, cell):
-        had = "construct" in vars(cell)
-        previous = vars(cell).get("construct")
-        original = getattr(previous, "__func__", None) if had else type(cell).construct
-        if original is None:
-            original = type(cell).construct
+        original = _current_construct(cell)
         arities = range(1, graph_probes.MAX_ARITY + 1)
         probes_in = (None,) + tuple(
             _make_probe(lambda a, p=prefix: self._enter(p, a), n,
@@ -294,16 +284,7 @@ class GraphCellCapture:
             _make_probe(lambda a, p=prefix, c=cell: self._exit(p, c, a), n,
                         (lambda a, p=prefix: self._output_grads(p, a)) if (self.bwd_in or self.bwd_out) else None)
             for n in arities)
-        construct = graph_probes.make_construct(original, probes_in, probes_out)
-        object.__setattr__(cell, "construct", construct.__get__(cell))
-
-        def restore():
-            if had:
-                object.__setattr__(cell, "construct", previous)
-            else:
-                vars(cell).pop("construct", None)
-
-        return restore
+        return _set_construct(cell, graph_probes.make_construct(original, probes_in, probes_out))
 
     def _instrument_optimizer(self, optimizer, cells):
         owners_by_id = {}
@@ -321,19 +302,29 @@ class GraphCellCapture:
             _make_probe(lambda a, o=owners[start:start + size]: self._param_grads(o, a),
                         len(params[start:start + size]))
             for start in range(0, len(params), size))
-        had = "construct" in vars(optimizer)
-        previous = vars(optimizer).get("construct")
-        original = getattr(previous, "__func__", None) if had else type(optimizer).construct
-        construct = graph_probes.make_grads_construct(original or type(optimizer).construct, chunk_probes)
-        object.__setattr__(optimizer, "construct", construct.__get__(optimizer))
+        construct = graph_probes.make_grads_construct(_current_construct(optimizer), chunk_probes)
+        return _set_construct(optimizer, construct)
 
-        def restore():
-            if had:
-                object.__setattr__(optimizer, "construct", previous)
-            else:
-                vars(optimizer).pop("construct", None)
 
-        return restore
+def _current_construct(cell):
+    """The plain function currently serving as ``cell.construct`` (instance override or class)."""
+    previous = vars(cell).get("construct")
+    return getattr(previous, "__func__", None) or type(cell).construct
+
+
+def _set_construct(cell, construct):
+    """Bind ``construct`` as the instance's ``construct``; returns the function that undoes it."""
+    had = "construct" in vars(cell)
+    previous = vars(cell).get("construct")
+    object.__setattr__(cell, "construct", construct.__get__(cell))
+
+    def restore():
+        if had:
+            object.__setattr__(cell, "construct", previous)
+        else:
+            vars(cell).pop("construct", None)
+
+    return restore
 
 
 def _record_grads(rt, entry: str, key: str, arrays, writer) -> None:

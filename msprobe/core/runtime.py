@@ -9,6 +9,7 @@ Capture code talks to it through :meth:`record`, :meth:`record_item`, :meth:`nex
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -119,6 +120,16 @@ class Runtime:
 
     def leave(self) -> None:
         self._tls.depth -= 1
+
+    @contextlib.contextmanager
+    def tool_code(self):
+        """``with runtime.tool_code():`` — hooks ignore calls made inside (restored even on error).
+        Hot paths use :meth:`enter`/:meth:`leave` with ``try/finally`` directly."""
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
 
     @property
     def cell_stack(self) -> list:
