@@ -148,16 +148,7 @@ def load_step(dump_path, step):
     return msprobe.dump.load(dirs[0])
 
 
-def leaves(value):
-    if isinstance(value, dict):
-        if "type" in value and "dtype" in value:
-            yield value
-        else:
-            for v in value.values():
-                yield from leaves(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from leaves(v)
+from msprobe.core.report import leaves  # noqa: E402  (every tensor-like leaf of an entry body)
 
 
 def train(net, x, z, steps, debugger=None, lr=0.1):
