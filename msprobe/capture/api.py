@@ -87,26 +87,24 @@ def make_wrapper(runtime, recorder: CallRecorder, original, api: str):
     return wrapper
 
 
-def install_api_wrappers(runtime, targets: list, recorder: CallRecorder | None = None,
-                         cache: dict | None = None) -> HandleSet:
-    """Wrap every target; the returned set restores the exact original objects.
-
-    ``cache`` (``{(id(owner), attr): wrapper}``) keeps wrappers built at an earlier ``start()`` so
-    later starts only re-assign attributes.
-    """
+def build_wrappers(runtime, targets: list, recorder: CallRecorder | None = None) -> list:
+    """``[(owner, attribute, wrapper)]`` for every target (static methods stay static; class
+    methods are skipped: they are bound to the class, not API calls on data)."""
     recorder = recorder or CallRecorder(runtime)
-    cache = {} if cache is None else cache
-    handles = HandleSet()
+    out = []
     for owner, attr, api in targets:
-        key = (id(owner), attr)
-        wrapper = cache.get(key)
-        if wrapper is None:
-            raw = vars(owner).get(attr) if isinstance(owner, type) else None
-            if isinstance(raw, classmethod):
-                continue  # bound to the class; not an API call on data
-            wrapper = make_wrapper(runtime, recorder, getattr(owner, attr), api)
-            if isinstance(raw, staticmethod):
-                wrapper = staticmethod(wrapper)
-            cache[key] = wrapper
+        raw = vars(owner).get(attr) if isinstance(owner, type) else None
+        if isinstance(raw, classmethod):
+            continue
+        wrapper = make_wrapper(runtime, recorder, getattr(owner, attr), api)
+        out.append((owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper))
+    return out
+
+
+def install_api_wrappers(runtime, targets: list, recorder: CallRecorder | None = None) -> HandleSet:
+    """Wrap every target now; the returned set restores the exact original objects. (The service
+    prepares an :class:`~msprobe.core.handles.AttributePatches` plan once instead, for speed.)"""
+    handles = HandleSet()
+    for owner, attr, wrapper in build_wrappers(runtime, targets, recorder):
         handles.add(patch_attribute(owner, attr, wrapper))
     return handles

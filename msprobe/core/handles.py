@@ -73,3 +73,69 @@ def patch_attribute(owner, name: str, new) -> Handle:
                 pass
 
     return Handle(undo, f"{getattr(owner, '__name__', owner)}.{name}")
+
+
+class AttributePatches:
+    """A fixed set of attribute replacements, built once, then applied and undone many times.
+
+    ``start()``/``stop()`` run every step: applying a prepared plan assigns attributes and creates no
+    objects. (Per-step handle objects that live from start to stop are "long-lived" to Python's
+    collector and trigger full collections over MindSpore's large heap: measured 13 ms vs 5 ms per
+    start/stop cycle.) Originals are taken when the plan is built; :meth:`undo` restores exactly them
+    (or removes the override when the attribute was inherited).
+
+    Args:
+        items: iterable of ``(owner, attribute, replacement)``.
+    """
+
+    def __init__(self, items):
+        self._items = []
+        self._index = {}
+        for owner, name, new in items:
+            own = name in vars(owner)
+            original = vars(owner)[name] if own else getattr(owner, name)
+            self._index[(id(owner), name)] = len(self._items)
+            self._items.append((owner, name, new, own, original))
+        self._applied = bytearray(len(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def apply(self, skip=()) -> None:
+        """Install every replacement except ``(id(owner), attribute)`` keys in ``skip``."""
+        for i, (owner, name, new, _, _) in enumerate(self._items):
+            if not self._applied[i] and (id(owner), name) not in skip:
+                setattr(owner, name, new)
+                self._applied[i] = 1
+
+    def undo(self) -> None:
+        """Restore every installed attribute. Idempotent."""
+        for i in range(len(self._items)):
+            if self._applied[i]:
+                self._restore(i)
+
+    def apply_one(self, owner, name) -> bool:
+        i = self._index.get((id(owner), name))
+        if i is None or self._applied[i]:
+            return False
+        setattr(owner, name, self._items[i][2])
+        self._applied[i] = 1
+        return True
+
+    def undo_one(self, owner, name) -> bool:
+        i = self._index.get((id(owner), name))
+        if i is None or not self._applied[i]:
+            return False
+        self._restore(i)
+        return True
+
+    def _restore(self, i: int) -> None:
+        owner, name, _, own, original = self._items[i]
+        if own:
+            setattr(owner, name, original)
+        else:
+            try:
+                delattr(owner, name)
+            except AttributeError:
+                pass
+        self._applied[i] = 0

@@ -20,7 +20,7 @@ import weakref
 from mindspore import nn
 
 from msprobe.capture import debug_save, graph_cell
-from msprobe.capture.api import install_api_wrappers, load_api_list, make_wrapper, resolve_targets
+from msprobe.capture.api import build_wrappers, load_api_list, make_wrapper, resolve_targets
 from msprobe.capture.async_handles import release_pending
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
@@ -29,7 +29,7 @@ from msprobe.capture.guard import inplace_targets, install_guard
 from msprobe.capture.jit import install_jit_capture
 from msprobe.capture.primitive import install_primitive_hooks
 from msprobe.core.config import ConfigError
-from msprobe.core.handles import Handle, HandleSet, patch_attribute
+from msprobe.core.handles import AttributePatches, Handle, HandleSet, patch_attribute
 from msprobe.core.runtime import Runtime
 
 logger = logging.getLogger("msprobe")
@@ -51,8 +51,7 @@ class DumpService:
         self._installed = HandleSet()
         self._api_targets = None
         self._custom: dict = {}
-        self._wrapper_cache: dict = {}  # wrappers are built once, re-assigned at each start()
-        self._api_handles: dict = {}  # (id(owner), attr) -> handles of the installed yaml wrapper
+        self._api_patches: AttributePatches | None = None  # built once, applied at each start()
         self.token_range = None
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
@@ -116,10 +115,12 @@ class DumpService:
         wrapped = set()
         if level in _API_LEVELS:
             selector = self.runtime.selector
+            targets = self._listed_targets()
+            if self._api_patches is None:
+                self._api_patches = AttributePatches(build_wrappers(self.runtime, targets, self.recorder))
             # a custom registration of the same attribute takes precedence over the yaml list
-            targets = [t for t in self._listed_targets() if (id(t[0]), t[1]) not in self._custom]
-            for target in targets:
-                self._wrap_listed_api(target)
+            self._api_patches.apply(skip=self._custom)
+            self._installed.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
             wrapped = {(owner, attr) for owner, attr, _ in targets}
             self._installed.add(install_jit_capture(self.recorder))
             if self.models is not None:
@@ -142,13 +143,6 @@ class DumpService:
             self._api_targets = [t for t in resolve_targets(load_api_list())
                                  if selector.may_record_api(t[2])]
         return self._api_targets
-
-    def _wrap_listed_api(self, target) -> None:
-        """Install the wrapper of one support_wrap_ops.yaml target, kept per attribute so a custom
-        registration made while started can take its place (and give it back on restore)."""
-        handles = install_api_wrappers(self.runtime, [target], self.recorder, self._wrapper_cache)
-        self._api_handles[(id(target[0]), target[1])] = handles
-        self._installed.add(handles)
 
     # ------------------------------------------------------------------ inference token range
     def set_token_range(self, token_range) -> None:
@@ -200,9 +194,8 @@ class DumpService:
         key = (id(module), api)
         if key in self._custom:
             self._custom.pop(key).remove()
-        listed = self._api_handles.pop(key, None)
-        if listed is not None:  # registered while started: unwrap the yaml wrapper first, so the
-            listed.remove()     # custom wrapper holds (and later restores) MindSpore's own object
+        if self._api_patches is not None:  # registered while started: unwrap the yaml wrapper
+            self._api_patches.undo_one(module, api)  # first, so the custom one wraps MindSpore's own
         wrapper = make_wrapper(self.runtime, self.recorder, getattr(module, api), f"{api_prefix}.{api}")
         self._custom[key] = patch_attribute(module, api, wrapper)
         logger.info("msprobe: custom API registered: %s.%s as %s", getattr(module, "__name__", module),
@@ -213,10 +206,8 @@ class DumpService:
         handle = self._custom.pop((id(module), api), None)
         if handle is not None:
             handle.remove()
-            if self.active and self._api_targets is not None:  # the yaml list applies again
-                for target in self._api_targets:
-                    if target[0] is module and target[1] == api:
-                        self._wrap_listed_api(target)
+            if self.active and self._api_patches is not None:  # the yaml list applies again
+                self._api_patches.apply_one(module, api)
 
     def save(self, variable, name, save_backward=True) -> None:
         """Debug level ``save``; ignored at other levels (a warning once)."""
@@ -244,7 +235,6 @@ class DumpService:
         self.active = False
         rt.running = False
         self._installed.remove()
-        self._api_handles.clear()
         rt.write_files()
         if self._graph:
             self._graph.write_files()
@@ -264,7 +254,6 @@ class DumpService:
                 self.active = False
                 rt.running = False
                 self._installed.remove()
-                self._api_handles.clear()
                 rt.writer = None
                 rt.counters.clear()
             else:
