@@ -102,6 +102,14 @@ def leaves(body):
             yield from leaves(v)
 
 
+def write_config_with_dump(directory, **fields) -> str:
+    """:func:`write_config` into ``directory`` (created), with ``dump_path`` defaulting to
+    ``directory/dump``."""
+    os.makedirs(str(directory), exist_ok=True)
+    fields.setdefault("dump_path", os.path.join(str(directory), "dump"))
+    return write_config(directory, **fields)
+
+
 def write_config(directory, **fields) -> str:
     """Write ``config.json`` into ``directory``; ``fields`` are top-level keys, plus ``section={...}``
     for the task section."""

@@ -6,7 +6,6 @@ Real MindSpore (CPU, PyNative, blocking launch), no mocks.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import types
@@ -26,16 +25,7 @@ from msprobe.dump import iter_step_dirs, load  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
 
 
-def _write_config(directory, **fields) -> str:
-    os.makedirs(str(directory), exist_ok=True)
-    section = fields.pop("section", {})
-    cfg = {"task": "statistics", "level": "L1", "dump_path": os.path.join(str(directory), "dump")}
-    cfg.update(fields)
-    cfg[cfg["task"]] = section
-    path = os.path.join(str(directory), "config.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    return path
+from conftest import write_config_with_dump as _write_config  # noqa: E402
 
 
 def _debugger(tmp_path, **fields) -> PrecisionDebugger:

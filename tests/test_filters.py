@@ -80,16 +80,7 @@ def _cell(*names, param_grads=True):
     return out
 
 
-def _write_config(directory, **fields) -> str:
-    os.makedirs(str(directory), exist_ok=True)
-    section = fields.pop("section", {})
-    cfg = {"task": "statistics", "level": "L1", "dump_path": os.path.join(str(directory), "dump")}
-    cfg.update(fields)
-    cfg[cfg["task"]] = section
-    path = os.path.join(str(directory), "config.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    return path
+from conftest import write_config_with_dump as _write_config  # noqa: E402
 
 
 def _dump(tmp_path, level="L1", section=None, task="statistics", train=True, **fields):
@@ -332,16 +323,7 @@ def test_tensor_list_saves_only_matching_entries(tmp_path):
     np.testing.assert_array_equal(dump.load_tensor(out_leaf), ops.relu(net.fc1(X)).asnumpy())
 
 
-def _leaves(value):
-    if isinstance(value, dict):
-        if value.get("type") in ("mindspore.Tensor", "numpy.ndarray"):
-            yield value
-            return
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _leaves(v)
+from conftest import leaves as _leaves  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- extra_info, structure

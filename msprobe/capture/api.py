@@ -16,7 +16,6 @@ import os
 import yaml
 
 from msprobe.capture.calls import CallRecorder, is_inplace
-from msprobe.core.handles import HandleSet, patch_attribute
 
 SUPPORT_WRAP_OPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")
 
@@ -99,12 +98,3 @@ def build_wrappers(runtime, targets: list, recorder: CallRecorder | None = None)
         wrapper = make_wrapper(runtime, recorder, getattr(owner, attr), api)
         out.append((owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper))
     return out
-
-
-def install_api_wrappers(runtime, targets: list, recorder: CallRecorder | None = None) -> HandleSet:
-    """Wrap every target now; the returned set restores the exact original objects. (The service
-    prepares an :class:`~msprobe.core.handles.AttributePatches` plan once instead, for speed.)"""
-    handles = HandleSet()
-    for owner, attr, wrapper in build_wrappers(runtime, targets, recorder):
-        handles.add(patch_attribute(owner, attr, wrapper))
-    return handles

@@ -93,13 +93,11 @@ class PendingHandles:
         handle, fwd, value, writer = item
         _restore(handle)
         rt = self.rt
-        rt.enter()
-        try:
-            rt.record(fwd, "output", value, "output", writer=writer)
-        except Exception as exc:  # tool failure: keep training
-            logger.warning("msprobe: failed to record %s after wait(): %r", fwd, exc)
-        finally:
-            rt.leave()
+        with rt.tool_code():
+            try:
+                rt.record(fwd, "output", value, "output", writer=writer)
+            except Exception as exc:  # tool failure: keep training
+                logger.warning("msprobe: failed to record %s after wait(): %r", fwd, exc)
 
     def release(self) -> list:
         """Forget every handle not waited yet (step end); returns their entry names."""

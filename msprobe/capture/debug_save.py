@@ -78,8 +78,7 @@ def save(runtime, variable, name: str, save_backward: bool = True) -> None:
     cfg = runtime.config
     if not cfg.dumps_step(runtime.step):
         return
-    runtime.enter()
-    try:
+    with runtime.tool_code():
         writer = runtime.open_step()
         count = runtime.next_count(f"{name}.debug")
         entry = f"{name}.{count}.debug"
@@ -92,8 +91,6 @@ def save(runtime, variable, name: str, save_backward: bool = True) -> None:
                     runtime.queue_line({"e": grad_entry, "v": _null_shape(variable)}, writer)
                 for path, tensor in tensors:
                     tensor.register_hook(_grad_hook(runtime, grad_entry, path, writer))
-    finally:
-        runtime.leave()
 
 
 def _grad_hook(runtime, grad_entry: str, path: tuple, writer):

@@ -150,8 +150,7 @@ class GraphCellCapture:
             if not self._recording():
                 return
             rt = self.rt
-            rt.enter()
-            try:
+            with rt.tool_code():
                 k = rt.next_count(f"{prefix}.forward")
                 fwd = naming.cell_entry(prefix, naming.FORWARD, k)
                 parent = self.stack[-1] if self.stack else None
@@ -164,8 +163,6 @@ class GraphCellCapture:
                     rt.record(fwd, "input_kwargs", {}, "kwargs")
                 self.stack.append(fwd)
                 self.open[prefix].append((fwd, selected, parent))
-            finally:
-                rt.leave()
 
     def _exit(self, prefix: str, cell, arrays) -> None:
         with self._lock:
@@ -179,8 +176,7 @@ class GraphCellCapture:
                 self.stack.pop()
             rt = self.rt
             rt.selector.exit_cell(fwd)
-            rt.enter()
-            try:
+            with rt.tool_code():
                 if selected and self.fwd_out:
                     rt.record(fwd, "output", [_host_tensor(a) for a in arrays], "output")
                     rt.record(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
@@ -190,8 +186,6 @@ class GraphCellCapture:
                         rt.selector.note_backward(prefix)
                         bparent = parent.replace(".forward.", ".backward.") if parent else None
                         self.done[prefix].append((bwd, bparent, rt.writer))
-            finally:
-                rt.leave()
 
     def _output_grads(self, prefix: str, arrays) -> None:
         """bprop of the output probe: gradients w.r.t. the Cell's outputs (backward ``input``)."""
@@ -226,8 +220,7 @@ class GraphCellCapture:
             if not self._recording():
                 return
             rt = self.rt
-            rt.enter()
-            try:
+            with rt.tool_code():
                 for owner, array in zip(owners, arrays):
                     if owner is None:
                         continue
@@ -237,8 +230,6 @@ class GraphCellCapture:
                     entry = naming.param_grad_entry(prefix, g)
                     if rt.selector.selects_param_grad(prefix, entry):
                         rt.record_param_grad(entry, pname, _host_tensor(array))
-            finally:
-                rt.leave()
 
     # ------------------------------------------------------------------ installation
     def install(self, cells, models, graph_mode: bool = True) -> Handle:

@@ -54,25 +54,11 @@ class HandleSet:
 
 
 def patch_attribute(owner, name: str, new) -> Handle:
-    """Replace ``owner.name`` by ``new``; the handle restores the exact original object.
-
-    If the attribute was inherited (not in ``owner.__dict__``), removal deletes the override instead
-    of pinning the inherited value on ``owner``.
-    """
-    own = name in vars(owner)
-    original = vars(owner)[name] if own else getattr(owner, name)
-    setattr(owner, name, new)
-
-    def undo():
-        if own:
-            setattr(owner, name, original)
-        else:
-            try:
-                delattr(owner, name)
-            except AttributeError:
-                pass
-
-    return Handle(undo, f"{getattr(owner, '__name__', owner)}.{name}")
+    """Replace ``owner.name`` by ``new`` now; the handle restores the exact original object (or
+    removes the override when the attribute was inherited). A one-item :class:`AttributePatches`."""
+    plan = AttributePatches([(owner, name, new)])
+    plan.apply()
+    return Handle(plan.undo, f"{getattr(owner, '__name__', owner)}.{name}")
 
 
 class AttributePatches:

@@ -24,7 +24,7 @@ from msprobe.capture.api import build_wrappers, load_api_list, make_wrapper, res
 from msprobe.capture.async_handles import release_pending
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
-from msprobe.capture.cell import CellCapture, iter_cells
+from msprobe.capture.cell import CellCapture
 from msprobe.capture.guard import inplace_targets, install_guard
 from msprobe.capture.jit import install_jit_capture
 from msprobe.capture.primitive import install_primitive_hooks
