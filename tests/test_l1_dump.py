@@ -195,6 +195,96 @@ def test_backward_semantics_mul_by_three(make_debugger, dump_dir):
     assert [n for n in dump.data if ".backward" in n] == ["Functional.mul.0.backward"]
 
 
+def _edges_net(x, w, t2):
+    y = ops.mul(x, w)                      # Functional.mul.0: first (f32, f32) call, identity node
+    a = ops.mul(y, w)                      # mul.1: node hook; y has two consumers (mul.1, mul.2)
+    b = ops.mul(y, y)                      # mul.2: node hook; the same tensor on both edges
+    c = ops.mul(a.transpose(1, 0), t2)     # mul.3: a non-contiguous view (edge via Contiguous)
+    return c.sum() + 2 * b.sum()
+
+
+def test_backward_per_call_gradients_from_node_hooks(make_debugger, dump_dir):
+    """Calls after the first of a signature take their gradients from the autograd node's hook:
+    each ``output`` gradient is what this call sends to that argument, not a tensor's total."""
+    rng = np.random.RandomState(0)
+    x, w = rng.randn(3, 4).astype(np.float32), rng.randn(3, 4).astype(np.float32)
+    t2 = rng.randn(4, 3).astype(np.float32)
+    debugger = make_debugger(task="tensor", level="L1")
+    debugger.start()
+    ms.grad(_edges_net, grad_position=(0, 1))(Tensor(x), Tensor(w), Tensor(t2))
+    debugger.stop()
+    debugger.step()
+    dump = msprobe.dump.load(only_step_dir(dump_dir, 0))
+    calls = debugger.service.recorder.single_node
+    assert calls[("Functional.mul", ms.float32, ms.float32)] is True
+
+    def grads(n, side):
+        return [None if leaf is None else dump.load_tensor(leaf)
+                for leaf in dump.data[f"Functional.mul.{n}.backward"][side]]
+
+    y = x * w
+    a_grad = t2.T                                      # d loss / d a (through the transpose)
+    gy = a_grad * w + 2 * (2 * y)                      # y's total gradient: mul.1 plus both edges of mul.2
+    expected = {
+        3: ([np.ones((4, 3), np.float32)], [t2, None]),   # t2 takes no gradient: MindSpore computes none
+        2: ([np.full((3, 4), 2, np.float32)], [2 * y, 2 * y]),
+        1: ([a_grad], [a_grad * w, a_grad * y]),
+        0: ([gy], [gy * w, gy * x]),
+    }
+    for n, (grad_outputs, grad_inputs) in expected.items():
+        got_in, got_out = grads(n, "input"), grads(n, "output")
+        assert len(got_in) == 1 and len(got_out) == 2, n
+        np.testing.assert_allclose(got_in[0], grad_outputs[0], rtol=1e-6, err_msg=f"mul.{n} input")
+        for got, want in zip(got_out, grad_inputs):
+            if want is None:
+                assert got is None, n
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"mul.{n} output")
+    for leaf in (leaf for e in dump.data.values() for side in ("input", "output") for leaf in e.get(side) or []
+                 if isinstance(leaf, dict) and leaf.get("data_name")):
+        _check_leaf_against(leaf, dump.load_tensor(leaf))
+
+
+def test_node_hook_fallback_when_a_call_is_not_one_node(make_debugger, dump_dir):
+    """A call whose signature ran as one node before but not now loses only its own input
+    gradients, says so in dump_error_info.log, and later calls go through the identity node."""
+    import types
+
+    mod = types.ModuleType("user_ops")
+
+    def scale(x, twice):
+        return x * 3.0 if not twice else (x * 3.0) * x   # one node, or two
+
+    mod.scale = scale
+    debugger = make_debugger(task="statistics", level="L1")
+    debugger.register_custom_api(mod, "scale", "UserOps")
+    x = Tensor(np.arange(1, 7, dtype=np.float32).reshape(2, 3))
+
+    def f(t):
+        return mod.scale(t, False).sum() + mod.scale(t, False).sum() + mod.scale(t, True).sum() \
+            + mod.scale(t, True).sum()
+
+    try:
+        debugger.start()
+        ms.grad(f)(x)
+        debugger.stop()
+        debugger.step()
+    finally:
+        debugger.restore_custom_api(mod, "scale")
+    step_dir = only_step_dir(dump_dir, 0)
+    data = msprobe.dump.load(step_dir).data
+    xs = x.asnumpy().astype(np.float64)
+    for n in range(4):
+        bwd = data[f"UserOps.scale.{n}.backward"]
+        assert bwd["input"][0]["Max"] == 1.0, n          # gradient w.r.t. the output: always there
+    assert data["UserOps.scale.0.backward"]["output"][0]["Max"] == 3.0    # identity node (learning)
+    assert data["UserOps.scale.1.backward"]["output"][0]["Max"] == 3.0    # node hook
+    assert "output" not in data["UserOps.scale.2.backward"]               # the lost one, reported:
+    log = open(os.path.join(step_dir, "dump_error_info.log"), encoding="utf-8").read()
+    assert "UserOps.scale.2.backward: gradients w.r.t. the inputs not captured" in log
+    assert data["UserOps.scale.3.backward"]["output"][0]["Max"] == pytest.approx((6 * xs).max())
+
+
 def test_nested_api_calls_record_only_outer(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics")
     a = Tensor(np.ones((2, 3), np.float32))
@@ -225,6 +315,8 @@ def test_non_tensor_arguments(make_debugger, dump_dir):
     recorder.call("Custom.index", lambda t, s, cfg, nested, step=None: t[s],   # drive the recorder directly
                   (x, slice(0, 2), {"k": [1, None, True], "e": Ellipsis, "n": np.int64(7)},
                    [x, (1.5, "s")]), {"step": slice(None, 3, 2)})
+    # values JSON carries only as NaN/Infinity tokens, or beyond 64 bits (the json module writes them)
+    recorder.call("Custom.odd", lambda *a: a[0], (x, float("nan"), float("-inf"), 2 ** 70), {})
     debugger.stop()
     debugger.step()
     data = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
@@ -258,6 +350,9 @@ def test_non_tensor_arguments(make_debugger, dump_dir):
     assert args[3][1] == [{"type": "float", "value": 1.5}, {"type": "str", "value": "s"}]
     assert custom["input_kwargs"] == {"step": {"type": "slice", "value": [None, 3, 2]}}
     assert custom["output"][0]["shape"] == [2, 3]
+    odd = data["Custom.odd.0.forward"]["input_args"]
+    assert math.isnan(odd[1]["value"]) and odd[2] == {"type": "float", "value": -math.inf}
+    assert odd[3] == {"type": "int", "value": 2 ** 70}
 
 
 # ---------------------------------------------------------------------------------------------- 5

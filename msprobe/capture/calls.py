@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from msprobe.capture.async_handles import defer_until_wait
-from msprobe.capture.backward import BackwardProbe, grad_enabled
+from msprobe.capture.backward import NO_GRADIENT, BackwardProbe, call_edges, grad_enabled, signature
 from msprobe.core import naming
 
 logger = logging.getLogger("msprobe")
@@ -56,6 +56,10 @@ class CallRecorder:
     def __init__(self, runtime):
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
+        #: call signature (:func:`~msprobe.capture.backward.signature`) -> True when such calls run as
+        #: one autograd node (gradients come from a node hook), False when not (identity node);
+        #: learned on the first call with that signature, which goes through the identity node
+        self.single_node: dict = {}
 
     def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
         """Run ``original(*args, **kwargs)`` as API ``api`` (``"{prefix}.{name}"``) and record it."""
@@ -63,6 +67,7 @@ class CallRecorder:
         rt.enter()
         try:
             probe = None
+            node_hook = False
             try:
                 n = rt.next_count(api)
                 fwd = naming.api_entry(api, n, naming.FORWARD)
@@ -76,7 +81,10 @@ class CallRecorder:
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
                         if rt.track_parents:
                             rt.record_parent(bwd, _backward_name(self._parent()))
-                        args = probe.wrap_inputs(args)
+                        key = signature(api, args, kwargs)
+                        node_hook = self.single_node.get(key, False)
+                        if not node_hook:
+                            args = probe.wrap_inputs(args)
                 if inplace and rt.has_pending:
                     rt.flush()
             except Exception as exc:  # tool failure: keep training
@@ -89,12 +97,37 @@ class CallRecorder:
                         rt.record(fwd, "output", as_output_list(written_output(api, args, kwargs, out)),
                                   "output")
                     if probe is not None:
-                        probe.watch_outputs(out)
+                        self._watch_backward(key, probe, node_hook, args, out)
                 except Exception as exc:
                     self._tool_error(api, exc)
             return out
         finally:
             rt.leave()
+
+    def _watch_backward(self, key: tuple, probe, node_hook: bool, args: tuple, out) -> None:
+        if node_hook:
+            edges = call_edges(args, out)
+            if edges is NO_GRADIENT:
+                return
+            if edges is not None:
+                probe.hook_node(edges)
+                return
+            # this call did not run as one node, unlike the first call with its signature: later
+            # calls use the identity node; this call's input gradients can no longer be told apart
+            # from those of other users of the same tensors
+            self.single_node[key] = False
+            if probe.want_output:
+                self.rt.writer.error(f"{probe.entry}: gradients w.r.t. the inputs not captured (the call "
+                                     f"did not run as one autograd node, unlike the first call of {key[0]} "
+                                     f"with the same argument types); later such calls go through an "
+                                     f"identity node")
+            probe.watch_outputs(out)
+            return
+        probe.watch_outputs(out)
+        if key not in self.single_node:
+            edges = call_edges(args, out)
+            if edges is not NO_GRADIENT:
+                self.single_node[key] = edges is not None
 
     def _record_inputs(self, fwd: str, args: tuple, kwargs: dict) -> None:
         rt = self.rt
