@@ -467,12 +467,13 @@ def test_patches_only_inside_start_stop(make_debugger):
 # ---------------------------------------------------------------------------------------------- 7
 def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     """B05. Counted on one MLP training step, statistics mode, start(model): every Tensor.asnumpy /
-    Tensor.item call the tool makes happens inside Runtime.flush (one zero-copy asnumpy per recorded
-    tensor: 50 on this MLP step when written); hooks themselves make none."""
+    Tensor.item / data_ptr call the tool makes happens inside Runtime.flush (one zero-copy read per
+    recorded tensor: 50 on this MLP step when written); hooks themselves make none."""
     from msprobe.core.runtime import Runtime
 
     state = {"in_flush": 0, "inside": 0, "outside": 0}
     orig_asnumpy, orig_item, orig_flush = Tensor.asnumpy, Tensor.item, Runtime.flush
+    orig_data_ptr = Tensor.data_ptr  # the zero-copy host view of a CPU tensor starts from it
 
     def counted(orig):
         def f(self, *a, **k):
@@ -495,6 +496,7 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     debugger = make_debugger(task="statistics")
     monkeypatch.setattr(Tensor, "asnumpy", counted(orig_asnumpy))
     monkeypatch.setattr(Tensor, "item", counted(orig_item))
+    monkeypatch.setattr(Tensor, "data_ptr", counted(orig_data_ptr))
     monkeypatch.setattr(Runtime, "flush", flush)
     debugger.start(net)
     _, g = grad_fn(x, y)

@@ -409,3 +409,37 @@ def test_load_truncated_bf16_npy_raises(tmp_path):
     write_mindspore_bf16_npy(path, [1.0, 2.0], (4,))
     with pytest.raises(ValueError, match="truncated"):
         load_npy(path)
+
+
+# ------------------------------------------------------------------ zero-copy host views (flush)
+def _views(base):
+    return {"whole": base, "row": base[1], "column": base[:, 2], "transpose": base.transpose(1, 0),
+            "strided": base[::2, 1::3], "scalar": base[2, 3]}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32, np.int64, np.uint8, np.bool_])
+def test_zero_copy_view_equals_asnumpy(dtype):
+    """to_host(zero_copy=True) reads the tensor's memory through data_ptr and strides: contiguous or
+    not (slices, transposes, steps, offsets), the array equals asnumpy() exactly, as do the stats."""
+    assert stats.host_memory_readable()
+    rng = np.random.RandomState(3)
+    base = ms.Tensor((rng.randn(4, 6) * 50).astype(dtype))
+    base = base + base if dtype is not np.bool_ else base.logical_not()  # an op's output
+    for name, view in _views(base).items():
+        arr, how = stats.to_host(view, zero_copy=True)
+        want = view.asnumpy()
+        assert how == "native" and arr.dtype == want.dtype and arr.shape == want.shape, name
+        assert np.array_equal(arr, want), name
+        assert arr.flags.c_contiguous, name          # as asnumpy: float64 sums see the same order
+        assert stats.compute_stats(arr) == stats.compute_stats(want), name
+        if view.is_contiguous():
+            assert not arr.flags.writeable and arr.base is not None, name  # the tensor's own memory
+
+
+def test_zero_copy_falls_back_for_bfloat16_and_empty():
+    bf = ms.Tensor(np.array([1.5, -2.0], np.float32)).astype(ms.bfloat16)
+    arr, how = stats.to_host(bf, zero_copy=True)
+    assert how == "bfloat16->float32" and arr.tolist() == [1.5, -2.0]
+    empty = ms.Tensor(np.zeros((0, 3), np.float32))
+    arr, how = stats.to_host(empty, zero_copy=True)
+    assert arr.shape == (0, 3) and how == "native"

@@ -1,8 +1,8 @@
 """Flush: turns pending tensor slots into finished leaf records (statistics layer entry point).
 
 This is the only place that reads tensor data. It runs at flush points (batch full, before an in-place
-operation, ``stop()``, ``step()``, exit), never per hooked call: the first host read of a batch
-synchronises the device once, the rest are zero-copy views on CPU.
+operation, ``stop()``, ``step()``, exit), never per hooked call: a batch synchronises the device
+once, then on CPU reads every tensor as a zero-copy view of its memory.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error) -> None:
     # ops; Parameters are snapshots), so it is read and reduced once. Keyed by id(): the slots keep
     # every tensor alive until the batch is done, so ids are not reused meanwhile.
     seen: dict = {}
+    zero_copy = any(slot.type_name != "numpy.ndarray" for slot in slots) and stats.host_memory_readable()
     for slot in slots:
         if slot.leaf is not None:
             continue
@@ -36,7 +37,7 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error) -> None:
                 if slot.type_name == "numpy.ndarray":
                     arr, stored = slot.tensor, "native"
                 else:
-                    arr, stored = stats.to_host(slot.tensor)
+                    arr, stored = stats.to_host(slot.tensor, zero_copy)
                 known = seen[id(slot.tensor)] = (arr, stored, stats.compute_stats(arr), [])
             arr, stored, tensor_stats, crc = known
             leaf.update(tensor_stats)
