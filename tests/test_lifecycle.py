@@ -249,3 +249,33 @@ def test_unhandled_exception_marks_step_abnormal_and_reaches_user(tmp_path):
     d = msprobe.dump.load(only_step_dir(str(dump), 0))
     assert d.complete and list(d.data) == ["Functional.relu.0.forward"]
     assert "RuntimeError: boom in the user's step" in d.header["abnormal"]
+
+
+def test_gc_threshold_widened_only_while_capturing(make_debugger, dump_dir):
+    """gc_window: the gen-0 threshold is raised from start() to stop() and restored exactly; a value
+    the user sets meanwhile is kept; steps that are not dumped change nothing."""
+    import gc
+
+    from msprobe.core.gc_window import CAPTURE_GEN0
+
+    before = gc.get_threshold()
+    assert before[0] < CAPTURE_GEN0
+    debugger = make_debugger(task="statistics", level="L1", step=[0, 1])
+    try:
+        debugger.start()
+        assert gc.get_threshold() == (CAPTURE_GEN0,) + before[1:]
+        ops.relu(Tensor(np.ones(3, np.float32)))
+        debugger.stop()
+        assert gc.get_threshold() == before
+        debugger.step()
+        debugger.start()
+        gc.set_threshold(900, 5, 5)            # the user's own setting during the step wins
+        debugger.stop()
+        assert gc.get_threshold() == (900, 5, 5)
+        debugger.step()
+        gc.set_threshold(*before)
+        debugger.start()                       # step 2 is not dumped: nothing installed
+        assert gc.get_threshold() == before
+        debugger.stop()
+    finally:
+        gc.set_threshold(*before)

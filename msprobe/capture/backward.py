@@ -152,14 +152,25 @@ class BackwardProbe:
         return hook
 
 
-#: :func:`call_edges` result for a call whose outputs carry no gradient (nothing to watch)
-NO_GRADIENT = ()
+#: :func:`call_edges` results when there is nothing to watch: no floating-point output tensor (a
+#: property of the API, e.g. ``shape`` or a comparison), or float outputs outside any gradient
+NO_FLOAT_OUTPUT = "no floating-point output"
+NO_GRADIENT = "no gradient"
+
+
+def takes_gradient(args: tuple) -> bool:
+    """Whether a positional tensor argument takes part in a gradient (has an autograd node)."""
+    for a in args:
+        if isinstance(a, Tensor) and a._grad_node is not None:
+            return True
+    return False
 
 
 def call_edges(args: tuple, out):
     """``(node, [(edge index, argument index)], len(args), number of outputs)`` when ``out`` came from
-    ``args`` through a single autograd node (see the module docstring); :data:`NO_GRADIENT` when no
-    output is a floating-point tensor taking part in a gradient; else ``None``.
+    ``args`` through a single autograd node (see the module docstring); :data:`NO_FLOAT_OUTPUT` or
+    :data:`NO_GRADIENT` when no output is a floating-point tensor taking part in a gradient; else
+    ``None``.
 
     Accepted: every floating-point output tensor has the same node, which is not the node of any
     argument, and which has exactly as many outputs (all floating-point); every edge of that node that carries a gradient
@@ -168,7 +179,9 @@ def call_edges(args: tuple, out):
     """
     outs = _flatten_tensors(out, [])
     floats = [t for t in outs if _is_float(t)]
-    if not floats or all(t._grad_node is None for t in floats):
+    if not floats:
+        return NO_FLOAT_OUTPUT
+    if all(t._grad_node is None for t in floats):
         return NO_GRADIENT
     node = outs[0]._grad_node
     if node is None or len(floats) != len(outs):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 
 from msprobe.capture.async_handles import defer_until_wait
-from msprobe.capture.backward import NO_GRADIENT, BackwardProbe, call_edges, grad_enabled, signature
+from msprobe.capture.backward import (NO_FLOAT_OUTPUT, NO_GRADIENT, BackwardProbe, call_edges, grad_enabled,
+                                      signature, takes_gradient)
 from msprobe.core import naming
 
 logger = logging.getLogger("msprobe")
@@ -50,6 +51,10 @@ def is_inplace(api_name: str) -> bool:
             or short.startswith("inplace_"))
 
 
+#: capture mode of a call none of whose inputs takes part in a gradient: output hooks only
+_OUTPUTS_ONLY = "outputs only"
+
+
 class CallRecorder:
     """Records calls of API-like functions into the runtime."""
 
@@ -57,8 +62,9 @@ class CallRecorder:
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
         #: call signature (:func:`~msprobe.capture.backward.signature`) -> True when such calls run as
-        #: one autograd node (gradients come from a node hook), False when not (identity node);
-        #: learned on the first call with that signature, which goes through the identity node
+        #: one autograd node or have no floating-point output (gradients come from a node hook, if
+        #: any), False when not (identity node); learned on the first call with that signature
+        #: whose inputs take part in a gradient, which goes through the identity node
         self.single_node: dict = {}
 
     def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
@@ -67,7 +73,6 @@ class CallRecorder:
         rt.enter()
         try:
             probe = None
-            node_hook = False
             try:
                 n = rt.next_count(api)
                 fwd = naming.api_entry(api, n, naming.FORWARD)
@@ -82,9 +87,12 @@ class CallRecorder:
                         if rt.track_parents:
                             rt.record_parent(bwd, _backward_name(self._parent()))
                         key = signature(api, args, kwargs)
-                        node_hook = self.single_node.get(key, False)
-                        if not node_hook:
-                            args = probe.wrap_inputs(args)
+                        mode = self.single_node.get(key)
+                        if mode is not True:
+                            if takes_gradient(args):
+                                args = probe.wrap_inputs(args)
+                            else:  # no input gradient to capture; nothing to learn from this call
+                                mode = _OUTPUTS_ONLY
                 if inplace and rt.has_pending:
                     rt.flush()
             except Exception as exc:  # tool failure: keep training
@@ -97,17 +105,19 @@ class CallRecorder:
                         rt.record(fwd, "output", as_output_list(written_output(api, args, kwargs, out)),
                                   "output")
                     if probe is not None:
-                        self._watch_backward(key, probe, node_hook, args, out)
+                        self._watch_backward(key, probe, mode, args, out)
                 except Exception as exc:
                     self._tool_error(api, exc)
             return out
         finally:
             rt.leave()
 
-    def _watch_backward(self, key: tuple, probe, node_hook: bool, args: tuple, out) -> None:
-        if node_hook:
+    def _watch_backward(self, key: tuple, probe, mode, args: tuple, out) -> None:
+        """After the call: node hook (``mode`` True), or output hooks beside the identity node
+        (False), learning the mode on the first call of a signature (None)."""
+        if mode is True:
             edges = call_edges(args, out)
-            if edges is NO_GRADIENT:
+            if edges is NO_GRADIENT or edges is NO_FLOAT_OUTPUT:
                 return
             if edges is not None:
                 probe.hook_node(edges)
@@ -121,13 +131,11 @@ class CallRecorder:
                                      f"did not run as one autograd node, unlike the first call of {key[0]} "
                                      f"with the same argument types); later such calls go through an "
                                      f"identity node")
-            probe.watch_outputs(out)
-            return
         probe.watch_outputs(out)
-        if key not in self.single_node:
+        if mode is None:
             edges = call_edges(args, out)
-            if edges is not NO_GRADIENT:
-                self.single_node[key] = edges is not None
+            if edges is not NO_GRADIENT:  # no float output at all (shape, comparisons): nothing to wrap
+                self.single_node[key] = edges is NO_FLOAT_OUTPUT or edges is not None
 
     def _record_inputs(self, fwd: str, args: tuple, kwargs: dict) -> None:
         rt = self.rt

@@ -29,6 +29,7 @@ from msprobe.capture.guard import inplace_targets, install_guard
 from msprobe.capture.jit import install_jit_capture
 from msprobe.capture.primitive import install_primitive_hooks
 from msprobe.core.config import ConfigError
+from msprobe.core.gc_window import widen_gen0
 from msprobe.core.handles import AttributePatches, Handle, HandleSet, patch_attribute
 from msprobe.core.runtime import Runtime
 
@@ -134,6 +135,7 @@ class DumpService:
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
         self._installed.add(install_guard(self.runtime, inplace_targets(wrapped)))
+        self._installed.add(widen_gen0())
 
     def _listed_targets(self) -> list:
         """support_wrap_ops.yaml targets that exist, resolved once; with an L1 ``list``, only APIs
