@@ -85,22 +85,40 @@ class CellCapture:
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
         # parameter gradients: not collected when only forward data is asked for (spec §2.5)
         self.param_grads = self.bwd_in or self.bwd_out
+        self._plan = None  # (models key, [(prefix, cell, pre-hook, post-hook, [(param, hook)])])
 
     def install(self, models) -> HandleSet:
+        """Register the hooks on every descendant Cell of ``models`` (``list[(index or None, Cell)]``).
+
+        The Cell tree and the hook functions are read and built at the first install for a given
+        ``models`` list; later installs (one per dumped step) only register them.
+        """
+        key = [(index, id(root)) for index, root in models]
+        if self._plan is None or self._plan[0] != key:
+            self._plan = (key, self._build_plan(models))
         handles = HandleSet()
-        for prefix, cell in iter_cells(models):
-            if getattr(cell, "has_bprop", False):
+        for prefix, cell, pre, post, param_hooks in self._plan[1]:
+            if pre is None:
                 # MindSpore ignores register_forward_hook on a Cell with a custom bprop (it returns a
                 # dummy handle), so the forward hook would never pop the pre-hook's frame: wrap the
                 # instance's construct (forward output) and bprop (backward entry) instead.
                 handles.add(self._install_bprop_cell(prefix, cell))
                 continue
-            handles.add(_hook_handle(cell.register_forward_pre_hook(self._pre_hook(prefix), with_kwargs=True)))
-            handles.add(_hook_handle(cell.register_forward_hook(self._post_hook(prefix), with_kwargs=True,
-                                                                always_call=True)))
-            if self.param_grads:
-                self._hook_params(prefix, cell, handles)
+            handles.add(_hook_handle(cell.register_forward_pre_hook(pre, with_kwargs=True)))
+            handles.add(_hook_handle(cell.register_forward_hook(post, with_kwargs=True, always_call=True)))
+            for param, hook in param_hooks:
+                handles.add(_hook_handle(param.register_hook(hook)))
         return handles
+
+    def _build_plan(self, models) -> list:
+        plan = []
+        for prefix, cell in iter_cells(models):
+            if getattr(cell, "has_bprop", False):
+                plan.append((prefix, cell, None, None, ()))
+                continue
+            param_hooks = self._param_hooks(prefix, cell) if self.param_grads else []
+            plan.append((prefix, cell, self._pre_hook(prefix), self._post_hook(prefix), param_hooks))
+        return plan
 
     # ------------------------------------------------------------------ forward
     def _pre_hook(self, prefix: str, bprop_probes: list | None = None):
@@ -117,18 +135,19 @@ class CellCapture:
                 fwd = naming.cell_entry(prefix, naming.FORWARD, k)
                 stack = rt.cell_stack
                 parent = stack[-1] if stack else None
-                rt.record_parent(fwd, parent)
-                rt.record_stack(fwd)
                 selected = rt.selector.selects(fwd)
                 rt.selector.enter_cell(fwd)
-                if selected and self.fwd_in:
-                    rt.record(fwd, "input_args", args, "input")
-                    rt.record(fwd, "input_kwargs", kwargs, "kwargs")
+                if selected:  # stack.json / construct.json describe dumped entries only
+                    rt.record_parent(fwd, parent)
+                    rt.record_stack(fwd)
+                    if self.fwd_in:
+                        rt.record(fwd, "input_args", args, "input")
+                        rt.record(fwd, "input_kwargs", kwargs, "kwargs")
                 probe = None
                 if (self.bwd_in or self.bwd_out) and grad_enabled():
                     bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
-                    rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
                     if rt.selector.selects(bwd):
+                        rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
                         rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
                         if bprop_probes is None:
@@ -249,13 +268,20 @@ class CellCapture:
 
     # ------------------------------------------------------------------ parameter gradients
     def _hook_params(self, prefix: str, cell, handles: HandleSet) -> None:
+        """Register the parameter-gradient hooks of ``cell`` into ``handles``."""
+        for param, hook in self._param_hooks(prefix, cell):
+            handles.add(_hook_handle(param.register_hook(hook)))
+
+    def _param_hooks(self, prefix: str, cell) -> list:
+        """``[(Parameter, hook)]`` recording ``{prefix}.parameters_grad.{g}`` for the Cell's own
+        trainable parameters (``g`` counts the Cell's backward passes in the step)."""
         params = [(name, p) for name, p in _own_parameter_items(cell) if p.requires_grad]
         if not params:
-            return
+            return []
         first = params[0][0]
         rt = self.rt
         key = f"{prefix}.parameters_grad"
-
+        hooks = []
         for pname, param in params:
             def hook(grad, pname=pname):
                 if not rt.running:
@@ -269,7 +295,8 @@ class CellCapture:
                     rt.record_param_grad(entry, pname, grad)
                 return None
 
-            handles.add(_hook_handle(param.register_hook(hook)))
+            hooks.append((param, hook))
+        return hooks
 
 
 def _own_parameter_items(cell):

@@ -14,7 +14,7 @@ import mindspore
 from mindspore import Tensor
 
 from msprobe.capture.calls import COLLECTIVE_WRITES, is_inplace
-from msprobe.core.handles import HandleSet, patch_attribute
+from msprobe.core.handles import AttributePatches
 
 
 def inplace_targets(exclude: set) -> list:
@@ -41,8 +41,10 @@ def _candidates() -> tuple:
     return tuple(out)
 
 
-def install_guard(runtime, targets: list) -> HandleSet:
-    handles = HandleSet()
+def guard_patches(runtime, targets: list) -> AttributePatches:
+    """The guard as a prepared :class:`~msprobe.core.handles.AttributePatches` over ``targets``
+    (``[(owner, attribute)]``, e.g. from :func:`inplace_targets`): built once, applied per step."""
+    items = []
     for owner, name in targets:
         if isinstance(vars(owner).get(name), (staticmethod, classmethod)):
             continue
@@ -54,5 +56,5 @@ def install_guard(runtime, targets: list) -> HandleSet:
             return __original(*args, **kwargs)
 
         functools.update_wrapper(guarded, original)
-        handles.add(patch_attribute(owner, name, guarded))
-    return handles
+        items.append((owner, name, guarded))
+    return AttributePatches(items)

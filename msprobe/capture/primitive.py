@@ -11,7 +11,7 @@ import functools
 
 from mindspore.ops import Primitive
 
-from msprobe.core.handles import Handle, HandleSet
+from msprobe.core.handles import Handle
 
 _PROBE = "_msprobe_probe"
 _SUBCLASSES: dict = {}
@@ -44,29 +44,37 @@ def _is_side_effect(prim) -> bool:
     return bool(attrs.get("side_effect_mem", False))
 
 
-def install_primitive_hooks(recorder, cells, keep=None) -> HandleSet:
-    """Hook the Primitive attributes of ``cells`` (an iterable of ``nn.Cell``), each instance once;
-    ``keep(api_name) -> bool`` (optional) skips Primitives that could never be recorded."""
-    handles = HandleSet()
+def primitive_targets(cells, keep=None) -> list:
+    """``[(Primitive instance, api name)]`` held as attributes by ``cells`` (an iterable of
+    ``nn.Cell``), each instance once; ``keep(api_name) -> bool`` (optional) drops Primitives that
+    could never be recorded. Read once per model; :func:`install_primitive_hooks` applies it."""
+    targets = []
     seen = set()
     for cell in cells:
         for attr, value in list(vars(cell).items()):
-            if not isinstance(value, Primitive) or id(value) in seen or _PROBE in value.__dict__:
+            if not isinstance(value, Primitive) or id(value) in seen:
                 continue
             seen.add(id(value))
             api = f"Primitive.{attr}.{type(value).__name__}"
             if keep is None or keep(api):
-                handles.add(_hook(value, recorder, api))
-    return handles
+                targets.append((value, api))
+    return targets
 
 
-def _hook(prim, recorder, api: str) -> Handle:
-    original_class = type(prim)
-    prim.__class__ = _hooked_class(original_class)
-    prim.__dict__[_PROBE] = (recorder, api, _is_side_effect(prim))
+def install_primitive_hooks(recorder, targets: list) -> Handle:
+    """Hook the Primitives of :func:`primitive_targets` (an instance hooked already is skipped)."""
+    hooked = []
+    for prim, api in targets:
+        if _PROBE not in prim.__dict__:
+            original_class = type(prim)
+            prim.__class__ = _hooked_class(original_class)
+            prim.__dict__[_PROBE] = (recorder, api, _is_side_effect(prim))
+            hooked.append((prim, original_class))
 
     def undo():
-        prim.__dict__.pop(_PROBE, None)
-        prim.__class__ = original_class
+        for prim, original_class in reversed(hooked):
+            prim.__dict__.pop(_PROBE, None)
+            prim.__class__ = original_class
+        hooked.clear()
 
-    return Handle(undo, api)
+    return Handle(undo, f"{len(hooked)} Primitive hooks")

@@ -25,9 +25,9 @@ from msprobe.capture.async_handles import release_pending
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
 from msprobe.capture.cell import CellCapture
-from msprobe.capture.guard import inplace_targets, install_guard
+from msprobe.capture.guard import guard_patches, inplace_targets
 from msprobe.capture.jit import install_jit_capture
-from msprobe.capture.primitive import install_primitive_hooks
+from msprobe.capture.primitive import install_primitive_hooks, primitive_targets
 from msprobe.core.config import ConfigError
 from msprobe.core.gc_window import widen_gen0
 from msprobe.core.handles import AttributePatches, Handle, HandleSet, patch_attribute
@@ -53,6 +53,9 @@ class DumpService:
         self._api_targets = None
         self._custom: dict = {}
         self._api_patches: AttributePatches | None = None  # built once, applied at each start()
+        self._guard: AttributePatches | None = None  # likewise
+        self._cells = CellCapture(self.runtime)  # its hook plan is built at the first start(model)
+        self._primitives = None  # (models key, primitive_targets) read at the first start(model)
         self.token_range = None
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
@@ -115,7 +118,6 @@ class DumpService:
         level = self.config.level
         wrapped = set()
         if level in _API_LEVELS:
-            selector = self.runtime.selector
             targets = self._listed_targets()
             if self._api_patches is None:
                 self._api_patches = AttributePatches(build_wrappers(self.runtime, targets, self.recorder))
@@ -125,17 +127,27 @@ class DumpService:
             wrapped = {(owner, attr) for owner, attr, _ in targets}
             self._installed.add(install_jit_capture(self.recorder))
             if self.models is not None:
-                cells = [cell for _, root in self.models for _, cell in root.cells_and_names()]
-                self._installed.add(install_primitive_hooks(self.recorder, cells, selector.may_record_api))
+                self._installed.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
         if level in _CELL_LEVELS:
             if not (self._graph and self._graph.graph_mode):  # Python hooks do not run in a graph
-                self._installed.add(CellCapture(self.runtime).install(self.models))
+                self._installed.add(self._cells.install(self.models))
             if self._graph:
                 self._graph.begin_step()
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
-        self._installed.add(install_guard(self.runtime, inplace_targets(wrapped)))
+        if self._guard is None:  # the wrapped set is the same at every start (one level per service)
+            self._guard = guard_patches(self.runtime, inplace_targets(wrapped))
+        self._guard.apply()
+        self._installed.add(Handle(self._guard.undo, "in-place guard"))
         self._installed.add(widen_gen0())
+
+    def _primitive_targets(self) -> list:
+        """Primitives held by the model's Cells, read at the first ``start(model)`` of a model."""
+        key = [(index, id(root)) for index, root in self.models]
+        if self._primitives is None or self._primitives[0] != key:
+            cells = [cell for _, root in self.models for _, cell in root.cells_and_names()]
+            self._primitives = (key, primitive_targets(cells, self.runtime.selector.may_record_api))
+        return self._primitives[1]
 
     def _listed_targets(self) -> list:
         """support_wrap_ops.yaml targets that exist, resolved once; with an L1 ``list``, only APIs
