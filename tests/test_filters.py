@@ -177,6 +177,27 @@ def test_list_mix_expands_nested_cells(tmp_path):
                 "Primitive.relu.ReLU.0"]))
 
 
+def test_filtered_cell_keeps_its_ancestors_in_construct_json(tmp_path):
+    """README "Configuration": construct.json has every Cell call, so the parent chain of a selected
+    Cell is complete although its ancestors are not in dump.json; stack.json only has dumped entries."""
+    cfg = _write_config(tmp_path, level="L0", section={"list": ["Cell.block.0.Dense"]})
+    debugger = PrecisionDebugger(cfg)
+    ms.set_seed(1)
+    net = _Outer()
+    debugger.start(net)
+    ms.value_and_grad(net, None, net.trainable_params())(X)
+    debugger.stop()
+    debugger.step()
+    (_, _, path), = iter_step_dirs(os.path.join(str(tmp_path), "dump"))
+    dump = load(path)
+    assert set(dump.data) == {"Cell.block.0.Dense.forward.0", "Cell.block.0.Dense.backward.0",
+                              "Cell.block.0.Dense.parameters_grad.0"}
+    assert dump.construct["Cell.block.0.Dense.forward.0"] == "Cell.block.SequentialCell.forward.0"
+    assert dump.construct["Cell.block.SequentialCell.forward.0"] is None
+    assert dump.construct["Cell.block.0.Dense.backward.0"] == "Cell.block.SequentialCell.backward.0"
+    assert set(dump.stacks) == {"Cell.block.0.Dense.forward.0"}
+
+
 def test_list_backward_name_l0(tmp_path):
     """A list naming only a Cell's backward entry records it and that Cell's parameter gradients."""
     dump = _dump(tmp_path, "L0", {"list": ["Cell.fc2.Dense.backward.0"]})

@@ -135,10 +135,12 @@ class CellCapture:
                 fwd = naming.cell_entry(prefix, naming.FORWARD, k)
                 stack = rt.cell_stack
                 parent = stack[-1] if stack else None
+                # construct.json has every Cell call (a selected Cell keeps its ancestors);
+                # stack.json only the dumped entries
+                rt.record_parent(fwd, parent)
                 selected = rt.selector.selects(fwd)
                 rt.selector.enter_cell(fwd)
-                if selected:  # stack.json / construct.json describe dumped entries only
-                    rt.record_parent(fwd, parent)
+                if selected:
                     rt.record_stack(fwd)
                     if self.fwd_in:
                         rt.record(fwd, "input_args", args, "input")
@@ -146,8 +148,8 @@ class CellCapture:
                 probe = None
                 if (self.bwd_in or self.bwd_out) and grad_enabled():
                     bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
+                    rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
                     if rt.selector.selects(bwd):
-                        rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
                         rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
                         if bprop_probes is None:
