@@ -255,7 +255,7 @@ def summarize(dump_path: str) -> str:
         lines.append(f"  step{step}/{rank}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
                      f"{grads} parameter-gradient) prefixes: {', '.join(prefixes)}{state}")
         if first_bad is None:
-            found = report.find_anomalies(dump.data)
+            found = report.find_anomalies(dump.data, dump.construct)
             if found is not None:
                 first_bad = f"step{step}/{rank}: {found['first_non_finite']}"
                 if found["first_producer"]:

@@ -56,9 +56,14 @@ def _any_non_finite(value) -> bool:
     return any(non_finite(leaf) for leaf in leaves(value))
 
 
-def find_anomalies(data: dict) -> dict | None:
+def find_anomalies(data: dict, construct: dict | None = None) -> dict | None:
     """``{"first_producer", "producers", "first_non_finite"}`` for one step's ``data``, or ``None``
-    when every recorded value is finite."""
+    when every recorded value is finite.
+
+    ``construct`` (``construct.json``: entry -> parent Cell entry) makes ``first_producer`` the
+    innermost one: a Cell whose output turned NaN is a producer, and so is the API inside it that
+    made the NaN (mix level); the first producer with no other producer inside it is named.
+    """
     producers, first_bad = [], None
     for name, body in data.items():
         if not isinstance(body, dict):
@@ -73,8 +78,22 @@ def find_anomalies(data: dict) -> dict | None:
             producers.append(name)
     if first_bad is None:
         return None
-    return {"first_producer": producers[0] if producers else None, "producers": producers,
+    return {"first_producer": _innermost_first(producers, construct or {}), "producers": producers,
             "first_non_finite": first_bad}
+
+
+def _innermost_first(producers: list, construct: dict):
+    """The first of ``producers`` (execution order) that encloses no other producer."""
+    enclosing = set()
+    for name in producers:
+        parent, seen = construct.get(name), 0
+        while parent is not None and seen < 1000:  # the bound guards against a malformed cycle
+            enclosing.add(parent)
+            parent, seen = construct.get(parent), seen + 1
+    for name in producers:
+        if name not in enclosing:
+            return name
+    return producers[0] if producers else None
 
 
 def _stack_of(stacks: dict, entry: str):
@@ -90,16 +109,18 @@ def step_of(directory: str):
 
 
 def write_step_reports(directory: str, data: dict, stacks: dict, notes: dict, writer,
-                       scan: bool = True) -> None:
+                       scan: bool = True, construct: dict | None = None) -> None:
     """Write ``anomalies.json`` and ``coverage.json`` for one step directory when they have content
     (``writer(path, obj)`` writes JSON atomically); remove stale ones otherwise. ``scan=False``: the
-    caller knows every value is finite, so the anomaly scan is skipped."""
-    found = find_anomalies(data) if scan else None
+    caller knows every value is finite, so the anomaly scan is skipped. ``construct`` as for
+    :func:`find_anomalies`."""
+    found = find_anomalies(data, construct) if scan else None
     path = os.path.join(directory, ANOMALIES)
     if found is not None:
         first = found["first_producer"]
         found = dict(found, step=step_of(directory),
-                     rule="producer = inputs finite, output NaN/Inf; entries in execution order",
+                     rule="producer = inputs finite, output NaN/Inf; entries in execution order; "
+                          "first_producer = the first that encloses no other producer",
                      stack=_stack_of(stacks, first) if first else None)
         if first and first.startswith("Jit."):
             found["note"] = f"{first} {COMPILED_NOTE}; the NaN/Inf appeared inside that region"

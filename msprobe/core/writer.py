@@ -298,7 +298,7 @@ class StepWriter:
                 _atomic_write_json(os.path.join(self.directory, "construct.json"), construct, False)
                 # anomalies.json / coverage.json are extra files too (extra_info: false -> dump.json only)
                 report.write_step_reports(self.directory, data, stacks, self.notes, _atomic_write_json,
-                                          scan=self._non_finite[0])
+                                          scan=self._non_finite[0], construct=construct)
             self._dirty = False
         logger.info("%s is at %s", self.data_file, self.directory)
 
