@@ -285,6 +285,24 @@ def test_node_hook_fallback_when_a_call_is_not_one_node(make_debugger, dump_dir)
     assert data["UserOps.scale.3.backward"]["output"][0]["Max"] == pytest.approx((6 * xs).max())
 
 
+def test_backward_data_independent_of_learning_call_and_level(make_debugger, tmp_path):
+    """The first call of a signature (identity node) and later ones (node hook) record the same
+    thing, so step 1 is the same whether step 0 was dumped; API entries are the same at L1 and mix;
+    the data batch, which takes no gradient, has ``null`` everywhere."""
+    def dump(level, steps_dumped, name):
+        path = str(tmp_path / name)
+        run_steps(build_mlp(), make_debugger(task="statistics", level=level, step=steps_dumped,
+                                             dump_path=path), steps=2)
+        return msprobe.dump.load(only_step_dir(path, 1)).data
+
+    both, only_second = dump("L1", [0, 1], "a"), dump("L1", [1], "b")
+    assert both == only_second
+    mix = dump("mix", [0, 1], "c")
+    assert {k: v for k, v in mix.items() if not k.startswith("Cell.")} == both
+    first = both["Primitive.matmul.MatMul.0.backward"]["output"]
+    assert first[0] is None and first[1]["shape"] == [16, 8]   # data batch: none; weight: its gradient
+
+
 def test_nested_api_calls_record_only_outer(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics")
     a = Tensor(np.ones((2, 3), np.float32))

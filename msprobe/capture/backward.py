@@ -10,16 +10,17 @@ Two ways to see the gradients of one call, both leaving values untouched (hooks 
   :func:`call_edges` checks that shape of graph after each call; edges through an automatic
   ``Contiguous`` (a view passed to a kernel) count as leading to the view.
 * **Identity node** (Cells, composite APIs, and each API's first call, which learns whether the node
-  hook applies): the floating-point positional inputs pass together through one ``ops.HookBackward``
-  identity whose hook sees the gradients flowing back through this call (not the sums over all users
-  of the tensors), about 120-280 µs per call; gradients w.r.t. outputs come from
-  ``Tensor.register_hook`` on each floating-point output tensor (about 15 µs each). MindSpore computes
-  the gradient of every input of the identity when any of them needs one (a data input next to a
-  weight included), whereas the node hook reports only the gradients MindSpore computes anyway.
+  hook applies): the floating-point positional inputs that take part in a gradient pass together
+  through one ``ops.HookBackward`` identity whose hook sees the gradients flowing back through this
+  call (not the sums over all users of the tensors), about 120-280 µs per call; gradients w.r.t.
+  outputs come from ``Tensor.register_hook`` on each floating-point output tensor (about 15 µs each).
+
+Either way an input that takes no gradient (a data batch, a constant) has none recorded (``null``), so
+the two ways give the same dump.
 """
 from __future__ import annotations
 
-from mindspore import Tensor, ops
+from mindspore import Parameter, Tensor, ops
 from mindspore.common import dtype as _mstype
 from mindspore.common.api import _pynative_executor
 
@@ -83,7 +84,7 @@ class BackwardProbe:
         want_output: record gradients w.r.t. inputs (``data_mode`` allows backward output).
     """
 
-    __slots__ = ("runtime", "entry", "writer", "want_input", "want_output")
+    __slots__ = ("runtime", "entry", "writer", "want_input", "want_output", "held")
 
     def __init__(self, runtime, entry: str, want_input: bool, want_output: bool):
         self.runtime = runtime
@@ -91,17 +92,29 @@ class BackwardProbe:
         self.writer = runtime.writer
         self.want_input = want_input
         self.want_output = want_output
+        self.held = None  # input index -> gradient, for inputs that are leaves (see wrap_inputs)
 
     def wrap_inputs(self, args: tuple) -> tuple:
         """Route floating-point positional tensors through a HookBackward identity."""
         if not self.want_output:
             return args
-        indexes = [i for i, a in enumerate(args) if _is_float(a)]
+        # only inputs that take part in a gradient: routing a data batch through the identity would
+        # make MindSpore compute a gradient nobody asked for, and give the calls inside (mix) inputs
+        # that need one, so dumps would differ by level and by which call learned the signature
+        indexes = [i for i, a in enumerate(args) if _is_float(a) and a._grad_node is not None]
         if not indexes:
             return args
         # one identity node for all of the call's float inputs (a HookBackward node costs ~120 µs
         # forward+backward; most calls have two float inputs)
-        hooked = ops.HookBackward(self._input_grads_hook(indexes, len(args)))(*(args[i] for i in indexes))
+        # A leaf other than a Parameter (an argument of the differentiated function, e.g. the data
+        # batch) has its gradient computed by MindSpore only when asked for (grad_position); the node
+        # hook reports exactly that. Through the identity its gradient is always computed, so it is
+        # held back until the leaf's own hook shows MindSpore computes it (hooks removed at step end).
+        leaves = [i for i in indexes if args[i]._grad_node.is_leaf() and not isinstance(args[i], Parameter)]
+        for i in leaves:
+            self.runtime.leaf_hooks.append(args[i].register_hook(self._release_hook(i, len(args))))
+        hooked = ops.HookBackward(self._input_grads_hook(indexes, len(args), set(leaves)))(
+            *(args[i] for i in indexes))
         if len(indexes) == 1:
             hooked = (hooked,)
         wrapped = list(args)
@@ -138,12 +151,25 @@ class BackwardProbe:
 
         node.register_hook(hook)
 
-    def _input_grads_hook(self, indexes: list, size: int):
+    def _input_grads_hook(self, indexes: list, size: int, leaves: set):
         def hook(grads):
             grads = grads if isinstance(grads, tuple) else (grads,)
             for index, grad in zip(indexes, grads):
-                if grad is not None:
+                if grad is None:
+                    continue
+                if index in leaves:
+                    if self.held is None:
+                        self.held = {}
+                    self.held[index] = grad
+                else:
                     self.runtime.record_item(self.entry, "output", index, size, grad, "output", self.writer)
+        return hook
+
+    def _release_hook(self, index: int, size: int):
+        def hook(_total_grad):
+            grad = self.held.pop(index, None) if self.held else None
+            if grad is not None:
+                self.runtime.record_item(self.entry, "output", index, size, grad, "output", self.writer)
         return hook
 
     def _output_grad_hook(self, index: int, size: int):

@@ -97,6 +97,8 @@ class Runtime:
         self._pending_bytes = 0
         self._emitted_stacks: set = set()
         self._pid = os.getpid()
+        #: hook handles on the user's leaf tensors (capture/backward.py), removed at the end of the step
+        self.leaf_hooks: list = []
         self.late_pieces = 0
         #: set by the first failed write (disk full, file too large, ...): dumping is off for good
         self.failed = False
@@ -404,6 +406,8 @@ class Runtime:
                            "not written", self.late_pieces)
         self.writer = None
         self.late_pieces = 0
+        while self.leaf_hooks:
+            self.leaf_hooks.pop().remove()
         self.counters.clear()
         self.selector.reset()
         self._tls = threading.local()
