@@ -14,6 +14,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
+	rm -rf demo_dump  # the demo's own output: a single process writes step{N}/proc{pid}, new per run
 	$(PY) examples/lenet_digits.py --dump-path ./demo_dump
 
 test: install

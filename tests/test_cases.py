@@ -444,3 +444,25 @@ def test_b22_statistics_overhead_budget(make_debugger):
     run(True, 3)
     ratios = sorted(run(True) / run(False) for _ in range(5))
     assert ratios[2] <= 10.0, ratios  # measured 4-6.5x on 2 loaded cores (benchmarks: TinyLM L1 4.0x)
+
+
+def test_b42_empty_reason_says_when_filters_selected_nothing(make_debugger, dump_dir):
+    """Calls ran but a list matched none: the empty step says so, not "no recorded call"."""
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["Functional.no_such_api"]})
+    debugger.start()
+    ops.relu(Tensor(np.ones(3, np.float32)))   # not wrapped: the list can never match it
+    x = Tensor(np.ones(3, np.float32))
+    debugger.stop()
+    debugger.step()
+    doc = msprobe.dump.load(only_step_dir(dump_dir, 0)).header
+    assert doc["empty_reason"] == EMPTY_REASON    # nothing hooked ran at all
+
+    debugger = make_debugger(task="statistics", level="L1", section={"scope": [
+        "Functional.relu.5.forward", "Functional.relu.6.forward"]}, dump_path=dump_dir + "_2")
+    debugger.start()
+    ops.relu(x)
+    ops.relu(x)                                # relu.0 and relu.1: outside the scope
+    debugger.stop()
+    debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header["empty_reason"]
+    assert reason.startswith("2 hooked calls ran in this step") and "selected none" in reason

@@ -316,12 +316,13 @@ def test_parse_index_list_errors_name_element():
 
 def test_misspelled_keys_warn_with_suggestion(tmp_path, caplog):
     """A typo must not silently change the dump: unknown keys warn and name the closest known key."""
-    path = tmp_path / "config.json"
+    path = tmp_path / "my_dump.json"
     path.write_text(json.dumps({"levle": "L0", "dump_path": str(tmp_path / "d"),
                                 "statistics": {"scopes": []}}))
     with caplog.at_level(logging.WARNING, logger="msprobe"):
         cfg = load_config(path)
     assert cfg.level == "L1"
     text = caplog.text
+    assert "my_dump.json: unknown key 'levle'" in text   # the file it came from
     assert "'levle'" in text and "did you mean 'level'" in text
     assert "'scopes'" in text and "did you mean 'scope'" in text

@@ -459,3 +459,15 @@ def test_l1_list_wraps_only_apis_that_could_be_recorded(tmp_path):
     finally:
         debugger.stop()
         debugger.step()
+
+
+def test_construct_json_has_no_backward_entry_without_gradient(tmp_path):
+    """A call whose outputs carry no gradient (Primitive Shape) has no backward entry in dump.json,
+    and none in construct.json either; its forward entry is in both."""
+    dump = _dump(tmp_path, level="mix")
+    assert "Primitive.shape_op.Shape.0.forward" in dump.data
+    assert "Primitive.shape_op.Shape.0.forward" in dump.construct
+    assert not any(".backward" in name and name not in dump.data and
+                   not any(parent == name for parent in dump.construct.values())
+                   for name in dump.construct)
+    assert "Primitive.shape_op.Shape.0.backward" not in dump.construct

@@ -150,6 +150,10 @@ def test_jit_cell_children_in_graph_subtree(runs, name):
         assert not any(k.startswith("Cell.features.") and "JitFeatures" not in k for k in p["data"])
         assert not any(k.startswith("Cell.") and "JitFeatures" in k for k in g["data"])
         assert gc["Cell.features.relu.ReLU.forward.0"] is None  # parent (the jit Cell) is in pynative/
+    text = msprobe.dump.summarize(dump)          # the reader finds both subtrees
+    for step in (0, 1):
+        assert f"pynative/step{step}/" in text and f"graph/step{step}/" in text
+    assert "no dump found" not in text
 
 
 def test_graph_mode_resume_with_msprobe_init_step(tmp_path):

@@ -132,6 +132,9 @@ def test_exception_between_start_and_stop(make_debugger, dump_dir):
     assert list(d0.data) == ["Functional.relu.0.forward"] == list(d1.data)
     assert d0.data["Functional.relu.0.forward"]["output"][0]["Max"] == 2.0
     assert d1.data["Functional.relu.0.forward"]["output"][0]["Max"] == 4.0
+    lines = msprobe.dump.summarize(dump_dir).splitlines()
+    assert "ABNORMAL" in next(line for line in lines if "step0/" in line)
+    assert "ABNORMAL" not in next(line for line in lines if "step1/" in line)
 
 
 def test_extra_info_false(make_debugger, dump_dir):

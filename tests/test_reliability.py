@@ -147,6 +147,25 @@ def _one_step(dump_path, value, rank_id=None):
     debugger.step()
 
 
+def test_rankless_run_moves_dead_process_dirs_aside(tmp_path):
+    """Without a rank each run writes step{N}/proc{pid}: an earlier run's proc directory (its process
+    gone) is moved aside, a running process's is left alone, and readers see one run."""
+    dump_path = str(tmp_path / "dump")
+    step0 = os.path.join(dump_path, "step0")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_dir = os.path.join(step0, f"proc{int(dead.stdout)}")
+    alive_dir = os.path.join(step0, f"proc{os.getppid()}")   # pytest's parent process runs
+    for d in (dead_dir, alive_dir):
+        os.makedirs(d)
+        open(os.path.join(d, "dump.json"), "w").write("{}")
+    _one_step(dump_path, 3.0)
+    names = sorted(os.listdir(step0))
+    assert f"proc{os.getpid()}" in names and os.path.basename(alive_dir) in names
+    assert os.path.basename(dead_dir) not in names
+    assert any(n.startswith(os.path.basename(dead_dir) + ".previous-") for n in names)
+
+
 def test_second_run_moves_earlier_dump_aside(tmp_path, caplog):
     dump_path = str(tmp_path / "dump")
     _one_step(dump_path, 1.0, rank_id=0)

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from mindspore import Parameter, Tensor, ops
 from mindspore.common import dtype as _mstype
-from mindspore.common.api import _pynative_executor
+try:
+    from mindspore.graph.api import _pynative_executor
+except ImportError:  # older MindSpore layouts
+    from mindspore.common.api import _pynative_executor
 
 _FLOAT_DTYPES = None
 

@@ -547,9 +547,11 @@ def _section(data: Dict[str, Any], task: object) -> Tuple[str, Dict[str, Any]]:
     return name, content
 
 
-def _collect(data: Dict[str, Any], overrides: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
-    """Flatten top-level fields, kwarg overrides and the task section into DumpConfig input."""
-    _warn_unknown(data.keys(), _TOP_LEVEL_KEYS, "top level")
+def _collect(data: Dict[str, Any], overrides: Dict[str, Any],
+             source: str = "config.json") -> Tuple[Dict[str, Any], str]:
+    """Flatten top-level fields, kwarg overrides and the task section into DumpConfig input
+    (``source``: the file's name, for warnings)."""
+    _warn_unknown(data.keys(), _TOP_LEVEL_KEYS, "top level", source)
     raw = {key: data[key] for key in ("rank", "step", "level", "async_dump", "precision",
                                       "extra_info") if key in data}
     raw["task"] = data.get("task", "statistics")
@@ -561,7 +563,7 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any]) -> Tuple[Dict[str,
         keys.update(_STATISTICS_KEYS)
     if section_name == "tensor":
         keys.update(_TENSOR_KEYS)
-    _warn_unknown(section.keys(), _KNOWN_SECTION_KEYS, f"section '{section_name}'")
+    _warn_unknown(section.keys(), _KNOWN_SECTION_KEYS, f"section '{section_name}'", source)
     raw.update({field: section[key] for field, key in keys.items() if key in section})
     return raw, section_name
 
@@ -573,12 +575,12 @@ _KNOWN_SECTION_KEYS = frozenset(set(_SECTION_KEYS.values()) | set(_STATISTICS_KE
                                    "black_list", "error_data_path"})
 
 
-def _warn_unknown(keys, known, where: str) -> None:
+def _warn_unknown(keys, known, where: str, source: str = "config.json") -> None:
     """A misspelled key would silently change the dump: warn, and suggest the closest known key."""
     for key in sorted(set(keys) - set(known)):
         close = difflib.get_close_matches(key, sorted(known), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        logger.warning("config.json: unknown key %r at %s is ignored%s", key, where, hint)
+        logger.warning("%s: unknown key %r at %s is ignored%s", source, key, where, hint)
 
 
 def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
@@ -613,7 +615,7 @@ def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
     data = _read_json(path)
     given = {"task": task, "dump_path": dump_path, "level": level, "step": step}
     overrides = {name: value for name, value in given.items() if value is not None}
-    raw, section_name = _collect(data, overrides)
+    raw, section_name = _collect(data, overrides, os.path.basename(str(path)))
     token = _LOAD_CONTEXT.set({"section": section_name, "arguments": frozenset(overrides)})
     try:
         return DumpConfig(**raw)

@@ -240,26 +240,42 @@ def _summarize_kernel_dump(dump_path: str, lines: list) -> None:
     lines.append(f"  first kernel tensor with a non-finite value: {first_bad or 'none'}")
 
 
+#: subtrees written when a PyNative network contains ``mindspore.jit`` Cells (README "L0 in GRAPH_MODE")
+SUBTREES = ("pynative", "graph")
+
+
+def _iter_trees(dump_path: str):
+    """``(tree label, step, rank dir, path)`` over ``dump_path`` and its ``pynative/``/``graph/``."""
+    for step, rank, path in iter_step_dirs(dump_path):
+        yield "", step, rank, path
+    for tree in SUBTREES:
+        for step, rank, path in iter_step_dirs(os.path.join(dump_path, tree)):
+            yield f"{tree}/", step, rank, path
+
+
 def summarize(dump_path: str) -> str:
     """A one-screen text summary: steps, entries, forward/backward counts, first non-finite entry and
     the first producer of a non-finite value (inputs finite, output NaN/Inf; see ``anomalies.json``)."""
     lines = [f"dump at {os.path.abspath(dump_path)}"]
     first_bad = first_producer = None
-    for step, rank, path in iter_step_dirs(dump_path):
+    for tree, step, rank, path in _iter_trees(dump_path):
         dump = load(path)
         fwd = sum(1 for k in dump.data if ".forward" in k)
         bwd = sum(1 for k in dump.data if ".backward" in k)
         grads = sum(1 for k in dump.data if ".parameters_grad." in k)
         prefixes = sorted({k.split(".", 1)[0] for k in dump.data})
         state = "" if dump.complete else "  (INCOMPLETE)"
-        lines.append(f"  step{step}/{rank}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
+        if dump.header.get("abnormal"):
+            state += f"  (ABNORMAL: {dump.header['abnormal']})"
+        where = f"{tree}step{step}/{rank}"
+        lines.append(f"  {where}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
                      f"{grads} parameter-gradient) prefixes: {', '.join(prefixes)}{state}")
         if first_bad is None:
             found = report.find_anomalies(dump.data, dump.construct)
             if found is not None:
-                first_bad = f"step{step}/{rank}: {found['first_non_finite']}"
+                first_bad = f"{where}: {found['first_non_finite']}"
                 if found["first_producer"]:
-                    first_producer = f"step{step}/{rank}: {found['first_producer']}"
+                    first_producer = f"{where}: {found['first_producer']}"
     cell_or_api = len(lines) > 1
     if cell_or_api:
         lines.append(f"  first entry with a non-finite value: {first_bad or 'none'}")

@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from collections import defaultdict
 
 from mindspore import Parameter, ops
 
-from msprobe.core import naming
+from msprobe.core import naming, report
 from msprobe.core.budget import TensorBudget
 from msprobe.core.filters import Selector
 from msprobe.core.flush import materialize
@@ -40,6 +41,33 @@ FLUSH_SECONDS = 2.0
 
 def _no_file(path):
     return None
+
+
+def _move_aside_dead_procs(step_dir: str) -> None:
+    """``proc{pid}`` directories of processes that no longer run are earlier runs of a process with no
+    rank (each run has a new pid, so :func:`move_aside` never sees them): moved aside the same way, so
+    readers do not mix runs. A pid that runs (another process, or a reused pid) is left alone."""
+    try:
+        names = os.listdir(step_dir)
+    except OSError:
+        return
+    for name in names:
+        m = _PROC_DIR.match(name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            move_aside(os.path.join(step_dir, name))
+
+
+_PROC_DIR = re.compile(r"^proc(\d+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def move_aside(directory: str):
@@ -194,6 +222,8 @@ class Runtime:
             directory = self.step_directory()
             try:
                 move_aside(directory)
+                if self.rank is None:
+                    _move_aside_dead_procs(os.path.dirname(directory))
                 self.writer = StepWriter(directory, header,
                                          tensor_data=self.save_tensors or bool(self.config.tensor_list),
                                          extra_info=self.config.extra_info and not debug,
@@ -390,10 +420,21 @@ class Runtime:
         self.refresh_rank()
         self.flush()
         if self.writer is not None and not self.writer.closed:
+            self.writer.empty_reason = self._empty_reason()
             try:
                 self.writer.write_files()
             except OSError as exc:
                 self.disk_failure(exc)
+
+    def _empty_reason(self) -> str:
+        """Why a step's ``dump.json`` would have no data (written only when it has none)."""
+        if self.config.task == "structure":
+            return "task 'structure' records the call structure (construct.json, stack.json), no data"
+        calls = sum(self.counters.values())
+        if calls:
+            return (f"{calls} hooked calls ran in this step, but the config's list/scope/data_mode "
+                    "selected none of them")
+        return report.EMPTY_REASON
 
     def end_step(self) -> None:
         """Close the current step and reset every per-step state (``step()``). The only reset path."""
@@ -419,6 +460,7 @@ class Runtime:
             return
         self.flush()
         if self.writer is not None:
+            self.writer.empty_reason = self._empty_reason()
             try:
                 self.writer.close()
             except OSError as exc:

@@ -177,7 +177,10 @@ def host_memory_readable() -> bool:
     """True when tensor memory is host memory (CPU device target); then waits once for every queued
     operation, so :func:`to_host` with ``zero_copy=True`` may read tensors directly."""
     import mindspore as ms
-    from mindspore.common.api import _pynative_executor
+    try:
+        from mindspore.graph.api import _pynative_executor
+    except ImportError:  # older MindSpore layouts
+        from mindspore.common.api import _pynative_executor
 
     if ms.get_context("device_target") != "CPU":
         return False

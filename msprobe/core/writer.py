@@ -207,6 +207,7 @@ class StepWriter:
         self._journal = open(self._journal_path, "ab")
         self._dirty = True
         self.abnormal = None  # why the step ended abnormally (exception, skipped stop()), if it did
+        self.empty_reason = None  # why nothing was recorded, when nothing was (set by the runtime)
         self._state = Replay()  # what the journal says so far, kept live (no read-back at stop())
         self._journal_bytes = 0
         self._non_finite = [False]
@@ -285,13 +286,15 @@ class StepWriter:
                 for rec in read_journal(self._journal_path):
                     state.apply(rec)
             header, data, stacks, construct = state.result()
+            if header.get("task") != "structure":
+                construct = _without_empty_backward(construct, data)
             dump = {k: header.get(k) for k in ("task", "level", "framework", "dump_data_dir")}
             dump["schema"] = header.get("schema", SCHEMA)
             dump["data"] = data
             if self.abnormal:
                 dump["abnormal"] = self.abnormal
             if not data:  # B42: an empty step is written with its reason, never left missing
-                dump["empty_reason"] = report.EMPTY_REASON
+                dump["empty_reason"] = self.empty_reason or report.EMPTY_REASON
             _atomic_write_json(os.path.join(self.directory, self.data_file), dump, self._non_finite[0])
             if self.extra_info:
                 _atomic_write_json(os.path.join(self.directory, "stack.json"), stacks, False)
@@ -353,3 +356,15 @@ class StepWriter:
             self._journal.close()
             os.remove(self._journal_path)
 
+
+def _without_empty_backward(construct: dict, data: dict) -> dict:
+    """``construct`` without the backward entries that never received a gradient (a call whose
+    outputs carry none, e.g. ``shape``) and enclose nothing that did: they are not in ``dump.json``."""
+    needed = set()
+    for name in data:
+        parent = construct.get(name)
+        while parent is not None and parent not in needed:
+            needed.add(parent)
+            parent = construct.get(parent)
+    return {name: parent for name, parent in construct.items()
+            if name in data or name in needed or ".backward" not in name}

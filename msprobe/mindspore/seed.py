@@ -34,7 +34,11 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = False) -> 
     random.seed(seed)
     np.random.seed(seed)
     ms.set_seed(seed)
-    ms.set_context(deterministic="ON" if mode else "OFF")
+    wanted = "ON" if mode else "OFF"
+    # only when it changes: MindSpore warns that set_context(deterministic=) is deprecated, and its
+    # replacement set_deterministic() refuses to be called twice in a process
+    if ms.get_context("deterministic") != wanted:
+        ms.set_context(deterministic=wanted)
     os.environ["HCCL_DETERMINISTIC"] = str(mode)
     if rm_dropout:
         _remove_dropout()
