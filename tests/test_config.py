@@ -326,3 +326,19 @@ def test_misspelled_keys_warn_with_suggestion(tmp_path, caplog):
     assert "my_dump.json: unknown key 'levle'" in text   # the file it came from
     assert "'levle'" in text and "did you mean 'level'" in text
     assert "'scopes'" in text and "did you mean 'scope'" in text
+
+
+def test_name_regex_outside_l2_warns(tmp_path, caplog):
+    """name-regex(...) is an L2 feature: at other levels it is a plain substring, and the user is told."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"level": "L1", "dump_path": str(tmp_path / "d"),
+                                "statistics": {"list": ["name-regex(relu.*)", "Functional.gelu"]}}))
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        load_config(path)
+    assert "name-regex(relu.*)" in caplog.text and "plain substrings" in caplog.text
+    caplog.clear()
+    path.write_text(json.dumps({"level": "L2", "dump_path": str(tmp_path / "d"),
+                                "statistics": {"list": ["name-regex(relu.*)"]}}))
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        load_config(path)
+    assert "plain substrings" not in caplog.text

@@ -429,6 +429,15 @@ class DumpConfig(pydantic.BaseModel):
         logger.warning("async_dump is true: dumping large tensors may run out of memory.")
         return self
 
+    @model_validator(mode="after")
+    def _v_regex_outside_l2(self) -> "DumpConfig":
+        regex = [entry for entry in self.api_list if _REGEX_ENTRY.match(entry)]
+        if regex and self.level != "L2":
+            logger.warning("list entries %s use name-regex(...), which only level L2 reads as a regular "
+                           "expression; at level %r they are matched as plain substrings", regex,
+                           self.level)
+        return self
+
     # -- queries ------------------------------------------------------------------------------
 
     @property
