@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     print(f"{'own %':>6} {'cum %':>6} {'calls/step':>10}  function")
     for fname, line, func, nc, tt, ct in sorted(rows, key=lambda r: -r[4])[:args.top]:
         print(f"{100 * tt / total:6.1f} {100 * ct / total:6.1f} {nc / args.steps:10.0f}  {short(fname)}:{line}:{func}")
-    print(f"\nmsprobe functions by cumulative time:")
+    print("\nmsprobe functions by cumulative time:")
     print(f"{'cum %':>6} {'own %':>6} {'calls/step':>10}  function")
     ms_rows = [r for r in rows if "/msprobe/" in r[0]]
     for fname, line, func, nc, tt, ct in sorted(ms_rows, key=lambda r: -r[5])[:args.top]:

@@ -641,3 +641,67 @@ def test_jit_cell_inside_pynative(tmp_path, level):
         assert dump.construct["Jit.JitSub.0.forward"] == "Cell.jsub.JitSub.forward.0"
     # parameters living inside the jit Cell: their gradients are in graph/, not in pynative/
     assert not any("parameters_grad" in k and "jsub" in k for k in dump.data)
+
+
+# ---------------------------------------------------------------------------------------------- Cell node hooks
+class _Scale(nn.Cell):
+    """Uses its input once, or twice when ``twice`` is set (the structure changes between calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.twice = False
+
+    def construct(self, x, y):
+        out = x * 3.0 + y
+        return out * x if self.twice else out
+
+
+class _ScaleNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.s = _Scale()
+
+    def construct(self, x):
+        a, b = ops.split(x * 1.0, 2, 1)               # two inputs from one producer node
+        first = self.s(a * 1.0, b * 1.0)              # call 0: learns (identity node)
+        second = self.s(a * 2.0, b * 1.0)             # call 1: one consumer per input -> node hook
+        self.s.twice = True
+        third = self.s(a * 1.0, b * 1.0)              # call 2: x now has two consumers: reported
+        fourth = self.s(a * 1.0, b * 1.0)             # call 3: identity node again
+        self.s.twice = False
+        fifth = self.s(a, a)                          # same tensor twice: identity node, exact
+        return (first + second * 2 + third + fourth + fifth).sum()
+
+
+def test_cell_input_gradients_from_consumer_node_hooks(tmp_path):
+    """A Cell whose inputs each have one consumer inside it takes its input gradients from that
+    consumer's node hook after its first call; a call that breaks the rule is reported and the
+    Cell goes back to the identity node; every recorded gradient equals the framework's."""
+    debugger, dump_path = make_debugger(tmp_path, task="tensor", level="L0")
+    net = _ScaleNet()
+    x = Tensor(np.arange(1, 9, dtype=np.float32).reshape(2, 4))
+    debugger.start(net)
+    ms.grad(net)(x)
+    debugger.stop()
+    debugger.step()
+    net.s.twice = False
+    (step_dir,) = glob.glob(os.path.join(dump_path, "step0", "*"))
+    dump = msprobe.dump.load(step_dir)
+    assert debugger.service._cells.one_consumer["Cell.s._Scale"] is False
+    a = x.asnumpy()[:, :2]
+    grads = {k: [None if g is None else dump.load_tensor(g)
+                 for g in dump.data.get(f"Cell.s._Scale.backward.{k}", {}).get("output", [])]
+             for k in range(5)}
+    # d(loss)/d(x_in) of a call = its weight * 3, d/d(y_in) = its weight; twice: (3 x_in + y) x_in
+    np.testing.assert_array_equal(grads[0][0], np.full((2, 2), 3.0, np.float32))
+    np.testing.assert_array_equal(grads[0][1], np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(grads[1][0], np.full((2, 2), 6.0, np.float32))     # node hook
+    np.testing.assert_array_equal(grads[1][1], np.full((2, 2), 2.0, np.float32))
+    assert grads[2] == []                                                            # reported:
+    log = open(os.path.join(step_dir, "dump_error_info.log"), encoding="utf-8").read()
+    assert "Cell.s._Scale.backward.2: gradients w.r.t. the inputs not captured" in log
+    b = x.asnumpy()[:, 2:]
+    np.testing.assert_allclose(grads[3][0], 6 * a + b, rtol=1e-6)   # d/dx of (3x + y) x
+    np.testing.assert_allclose(grads[3][1], a, rtol=1e-6)
+    np.testing.assert_array_equal(grads[4][0], np.full((2, 2), 3.0, np.float32))     # same tensor twice:
+    np.testing.assert_array_equal(grads[4][1], np.ones((2, 2), np.float32))          # one value per position

@@ -154,6 +154,22 @@ class BackwardProbe:
 
         node.register_hook(hook)
 
+    def hook_consumers(self, consumers: list, size: int) -> None:
+        """Record backward ``output`` item ``index`` from the node hook of its one consumer inside a
+        Cell; ``consumers`` = ``[(index, node, edge index)]`` (see :func:`consumer_edges`)."""
+        by_node: dict = {}
+        for index, node, j in consumers:
+            by_node.setdefault(node._unique_id(), (node, []))[1].append((j, index))
+        record, entry, writer = self.runtime.record_item, self.entry, self.writer
+        for node, edges in by_node.values():
+            def hook(grad_inputs, grad_outputs, edges=edges):
+                for j, index in edges:
+                    grad = grad_inputs[j]
+                    if grad is not None:
+                        record(entry, "output", index, size, grad, "output", writer)
+
+            node.register_hook(hook)
+
     def _input_grads_hook(self, indexes: list, size: int, leaves: set):
         def hook(grads):
             grads = grads if isinstance(grads, tuple) else (grads,)
@@ -248,3 +264,59 @@ def call_edges(args: tuple, out):
         used[e_uid] = k + 1
         mapping.append((j, candidates[k]))
     return node, mapping, len(args), len(outs)
+
+
+# ---------------------------------------------------------------------------------------------- Cells
+# A Cell is many nodes. Its input gradients are the gradients its internal consumers send to each
+# input; when each input has exactly one consumer edge inside the Cell, that consumer's node hook gives
+# them exactly, as for a one-node API call. The inside is found by walking back from the outputs,
+# bounded by a watermark: nodes are numbered in creation order (``_sequence_nr``), and a node made
+# just before the Cell ran (a view of an input, never used) marks where the Cell's own nodes begin.
+
+#: most nodes walked for one Cell call before giving up (the identity node is used instead)
+MAX_WALK = 4096
+
+try:  # the raw view primitive: the tool's own node, never a wrapped API
+    from mindspore.ops.auto_generate.gen_ops_prim import view_op as _view_op
+except ImportError:  # pragma: no cover - other MindSpore layouts
+    _view_op = None
+
+
+def grad_inputs(args: tuple) -> list:
+    """``[(index, tensor)]`` of the floating-point positional arguments that take a gradient."""
+    return [(i, a) for i, a in enumerate(args) if _is_float(a) and a._grad_node is not None]
+
+
+def watermark(tensor) -> int | None:
+    """Sequence number of a new node (a view of ``tensor``, discarded): every node the Cell creates
+    from now on has a larger one. ``None`` when no such node can be made."""
+    if _view_op is None:
+        return None
+    node = _view_op(tensor, tuple(tensor.shape))._grad_node
+    return None if node is None else node._sequence_nr()
+
+
+def consumer_edges(outputs, targets: dict, mark: int):
+    """Edges from the nodes made after ``mark`` (walked back from ``outputs``) into ``targets``
+    (node unique id -> anything): ``{(target id, producer output index): [(node, edge index)]}``.
+    ``None`` when the walk exceeds :data:`MAX_WALK` nodes."""
+    stack = [t._grad_node for t in _flatten_tensors(outputs, []) if _is_float(t) and t._grad_node is not None]
+    seen = set()
+    found: dict = {}
+    while stack:
+        node = stack.pop()
+        uid = node._unique_id()
+        if uid in seen or uid in targets:
+            continue
+        seen.add(uid)
+        if len(seen) > MAX_WALK:
+            return None
+        for j, (edge, out_index) in enumerate(node.next_functions):
+            if edge is None:
+                continue
+            e_uid = edge._unique_id()
+            if e_uid in targets:
+                found.setdefault((e_uid, out_index), []).append((node, j))
+            elif not edge.is_leaf() and edge._sequence_nr() > mark:
+                stack.append(edge)
+    return found

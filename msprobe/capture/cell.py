@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from msprobe.capture.backward import BackwardProbe, grad_enabled
+from msprobe.capture.backward import BackwardProbe, consumer_edges, grad_enabled, grad_inputs, watermark
 from msprobe.capture.calls import as_output_list
 from msprobe.core import naming
 from msprobe.core.handles import Handle, HandleSet
@@ -86,6 +86,10 @@ class CellCapture:
         # parameter gradients: not collected when only forward data is asked for (spec §2.5)
         self.param_grads = self.bwd_in or self.bwd_out
         self._plan = None  # (models key, [(prefix, cell, pre-hook, post-hook, [(param, hook)])])
+        #: Cell prefix -> True when each input of its calls has one consumer inside it (input
+        #: gradients from that consumer's node hook), False when not (identity node); learned on the
+        #: Cell's first call under a gradient, which goes through the identity node
+        self.one_consumer: dict = {}
 
     def install(self, models) -> HandleSet:
         """Register the hooks on every descendant Cell of ``models`` (``list[(index or None, Cell)]``).
@@ -145,7 +149,7 @@ class CellCapture:
                     if self.fwd_in:
                         rt.record(fwd, "input_args", args, "input")
                         rt.record(fwd, "input_kwargs", kwargs, "kwargs")
-                probe = None
+                probe = walk = None
                 if (self.bwd_in or self.bwd_out) and grad_enabled():
                     bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
                     rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
@@ -153,12 +157,12 @@ class CellCapture:
                         rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
                         if bprop_probes is None:
-                            new_args = probe.wrap_inputs(args)
+                            new_args, walk = self._prepare_input_grads(prefix, probe, args)
                         else:  # custom bprop: the bprop wrapper records both sides
                             bprop_probes.append(probe)
                             probe, new_args = None, args
                 stack.append(fwd)
-                frames().append((fwd, probe, selected))
+                frames().append((fwd, probe, selected, walk))
                 if probe is not None and any(a is not b for a, b in zip(new_args, args)):
                     return new_args, kwargs
                 return None
@@ -176,7 +180,7 @@ class CellCapture:
             frame = frame_list.pop() if frame_list else None
             if frame is None:
                 return None
-            fwd, probe, selected = frame
+            fwd, probe, selected, walk = frame
             stack = rt.cell_stack
             if stack and stack[-1] == fwd:
                 stack.pop()
@@ -188,11 +192,60 @@ class CellCapture:
                     rt.record(fwd, "parameters", _own_parameters(cell), "parameters")
                 if probe is not None:
                     probe.watch_outputs(output)
+                    if walk is not None:
+                        self._finish_input_grads(prefix, probe, walk, len(args), output)
             finally:
                 rt.leave()
             return None
 
         return post_hook
+
+    # ------------------------------------------------------------------ backward output (input grads)
+    def _prepare_input_grads(self, prefix: str, probe, args: tuple):
+        """Before the Cell runs: ``(args to run with, walk)``. The identity node wraps the inputs
+        unless the Cell is known to have one consumer per input (then a watermark node is made and
+        ``walk`` says so); on the Cell's first call ``walk`` asks to learn which case it is."""
+        if not probe.want_output:
+            return args, None
+        inputs = grad_inputs(args)
+        if not inputs:
+            return args, None
+        mode = self.one_consumer.get(prefix)
+        if mode is True and len({t._grad_node._unique_id() for _, t in inputs}) == len(inputs):
+            mark = watermark(inputs[0][1])
+            if mark is not None:
+                return args, ("node", inputs, mark)
+        wrapped = probe.wrap_inputs(args)
+        return wrapped, (("learn", wrapped, args) if mode is None else None)
+
+    def _finish_input_grads(self, prefix: str, probe, walk: tuple, size: int, output) -> None:
+        """After the Cell ran: hook the one consumer of each input, or learn whether there is one."""
+        if walk[0] == "learn":
+            _, wrapped, args = walk
+            positions = [i for i, (a, b) in enumerate(zip(wrapped, args)) if a is not b]
+            node = wrapped[positions[0]]._grad_node
+            found = consumer_edges(output, {node._unique_id(): None}, node._sequence_nr())
+            self.one_consumer[prefix] = found is not None and len(found) == len(positions) and all(
+                len(found.get((node._unique_id(), k), ())) == 1 for k in range(len(positions)))
+            return
+        _, inputs, mark = walk
+        targets = {t._grad_node._unique_id(): i for i, t in inputs}
+        found = consumer_edges(output, targets, mark)
+        consumers = []
+        if found is not None and len(found) == len(inputs):
+            for (uid, _), edges in found.items():
+                if len(edges) != 1:
+                    break
+                consumers.append((targets[uid], edges[0][0], edges[0][1]))
+        if len(consumers) == len(inputs):
+            probe.hook_consumers(consumers, size)
+            return
+        # unlike its first call, this call's inputs do not have one consumer each: its input
+        # gradients cannot be told apart any more; later calls go through the identity node
+        self.one_consumer[prefix] = False
+        self.rt.writer.error(f"{probe.entry}: gradients w.r.t. the inputs not captured (inside the Cell "
+                             f"an input now has more or fewer than one consumer, unlike its first "
+                             f"call); later calls go through an identity node")
 
     # ------------------------------------------------------------------ Cells with a custom bprop
     def _install_bprop_cell(self, prefix: str, cell) -> Handle:
