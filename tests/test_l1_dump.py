@@ -303,6 +303,35 @@ def test_backward_data_independent_of_learning_call_and_level(make_debugger, tmp
     assert first[0] is None and first[1]["shape"] == [16, 8]   # data batch: none; weight: its gradient
 
 
+@pytest.mark.parametrize("prep", [False, True])
+def test_backward_data_batch_gradient_null_in_every_step_and_level(make_debugger, tmp_path, prep):
+    """Review finding: the data batch (or a value computed from it only, ``x / 2``) takes no gradient;
+    its backward ``output`` is null in the first dumped step too (where calls go through the
+    identity node), at L1 and at mix (where the enclosing Cell's identity node sits in between)."""
+    def dump(level, name):
+        path = str(tmp_path / f"{name}_{prep}")
+        net = build_mlp()
+        params = net.trainable_params()
+        opt = nn.SGD(params, 0.1)
+        x, y = mlp_batch()
+        grad_fn = ms.value_and_grad(lambda a, b: ops.mse_loss(net(a / 2 if prep else a), b), None, params)
+        debugger = make_debugger(task="statistics", level=level, dump_path=path)
+        for _ in range(2):
+            debugger.start(net)
+            _, g = grad_fn(x, y)
+            opt(g)
+            debugger.stop()
+            debugger.step()
+        return [msprobe.dump.load(only_step_dir(path, s)).data for s in (0, 1)]
+
+    l1, mix = dump("L1", "l1"), dump("mix", "mix")
+    for step in (0, 1):
+        assert l1[step]["Primitive.matmul.MatMul.0.backward"]["output"][0] is None, step
+        assert l1[step]["Primitive.matmul.MatMul.0.backward"]["output"][1]["shape"] == [16, 8]
+        assert {k: v for k, v in mix[step].items() if not k.startswith("Cell.")} == l1[step], step
+    assert "output" not in mix[0]["Cell.fc1.Dense.backward.0"]     # the Cell's input: the batch
+
+
 def test_nested_api_calls_record_only_outer(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics")
     a = Tensor(np.ones((2, 3), np.float32))

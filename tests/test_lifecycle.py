@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -314,3 +315,19 @@ def test_default_async_pipeline_dumps_the_same_values(tmp_path):
     for sync_data, async_data in zip(dumps[True], dumps[False]):
         assert len(sync_data) > 20 and any(".backward." in n for n in sync_data)
         assert sync_data == async_data
+
+
+def test_rank_left_out_by_config_says_so_once(make_debugger, dump_dir, caplog, tmp_path):
+    """A single process is rank 0: a rank list without 0 dumps nothing, and one WARNING says why;
+    summarize on a missing path says the path is missing."""
+    debugger = make_debugger(task="statistics", level="L1", rank=[1])
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        for _ in range(2):
+            debugger.start()
+            ops.relu(Tensor(np.ones(2, np.float32)))
+            debugger.stop()
+            debugger.step()
+    said = [r.getMessage() for r in caplog.records if "rank list" in r.getMessage()]
+    assert len(said) == 1 and "rank 0" in said[0] and "[1]" in said[0]
+    assert not list(msprobe.dump.iter_step_dirs(dump_dir))
+    assert "no such directory" in msprobe.dump.summarize(str(tmp_path / "nowhere"))

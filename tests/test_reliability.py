@@ -147,7 +147,7 @@ def _one_step(dump_path, value, rank_id=None):
     debugger.step()
 
 
-def test_rankless_run_moves_dead_process_dirs_aside(tmp_path):
+def test_rankless_run_moves_dead_process_dirs_aside(tmp_path, caplog):
     """Without a rank each run writes step{N}/proc{pid}: an earlier run's proc directory (its process
     gone) is moved aside, a running process's is left alone, and readers see one run."""
     dump_path = str(tmp_path / "dump")
@@ -159,7 +159,10 @@ def test_rankless_run_moves_dead_process_dirs_aside(tmp_path):
     for d in (dead_dir, alive_dir):
         os.makedirs(d)
         open(os.path.join(d, "dump.json"), "w").write("{}")
-    _one_step(dump_path, 3.0)
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _one_step(dump_path, 3.0)
+    moved = [r.getMessage() for r in caplog.records if "earlier run" in r.getMessage()]
+    assert len(moved) == 1 and moved[0].endswith(f"this run writes {os.path.join(step0, f'proc{os.getpid()}')}")
     names = sorted(os.listdir(step0))
     assert f"proc{os.getpid()}" in names and os.path.basename(alive_dir) in names
     assert os.path.basename(dead_dir) not in names

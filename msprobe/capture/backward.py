@@ -109,14 +109,19 @@ class BackwardProbe:
             return args
         # one identity node for all of the call's float inputs (a HookBackward node costs ~120 µs
         # forward+backward; most calls have two float inputs)
-        # A leaf other than a Parameter (an argument of the differentiated function, e.g. the data
-        # batch) has its gradient computed by MindSpore only when asked for (grad_position); the node
-        # hook reports exactly that. Through the identity its gradient is always computed, so it is
-        # held back until the leaf's own hook shows MindSpore computes it (hooks removed at step end).
-        leaves = [i for i in indexes if args[i]._grad_node.is_leaf() and not isinstance(args[i], Parameter)]
-        for i in leaves:
-            self.runtime.leaf_hooks.append(args[i].register_hook(self._release_hook(i, len(args))))
-        hooked = ops.HookBackward(self._input_grads_hook(indexes, len(args), set(leaves)))(
+        # MindSpore computes the gradient w.r.t. an input only if the input's producer needs it (the
+        # node hook reports exactly those); through the identity every input gets one. So each
+        # gradient but a Parameter's is held back until the producer shows it needs it: its node
+        # hook runs, or for a leaf (an argument of the differentiated function, e.g. the data batch,
+        # needing a gradient only under grad_position) the leaf's own hook (removed at step end).
+        held = [i for i in indexes if not isinstance(args[i], Parameter)]
+        for i in held:
+            node = args[i]._grad_node
+            if node.is_leaf():
+                self.runtime.leaf_hooks.append(args[i].register_hook(self._release_hook(i, len(args))))
+            else:
+                node.register_hook(self._release_hook(i, len(args)))
+        hooked = ops.HookBackward(self._input_grads_hook(indexes, len(args), set(held)))(
             *(args[i] for i in indexes))
         if len(indexes) == 1:
             hooked = (hooked,)
@@ -170,13 +175,13 @@ class BackwardProbe:
 
             node.register_hook(hook)
 
-    def _input_grads_hook(self, indexes: list, size: int, leaves: set):
+    def _input_grads_hook(self, indexes: list, size: int, held: set):
         def hook(grads):
             grads = grads if isinstance(grads, tuple) else (grads,)
             for index, grad in zip(indexes, grads):
                 if grad is None:
                     continue
-                if index in leaves:
+                if index in held:
                     if self.held is None:
                         self.held = {}
                     self.held[index] = grad
@@ -185,7 +190,9 @@ class BackwardProbe:
         return hook
 
     def _release_hook(self, index: int, size: int):
-        def hook(_total_grad):
+        """Tensor hook (one argument) or node hook (two): the producer of input ``index`` needs its
+        gradient, so the one held back for it is recorded."""
+        def hook(*_grads):
             grad = self.held.pop(index, None) if self.held else None
             if grad is not None:
                 self.runtime.record_item(self.entry, "output", index, size, grad, "output", self.writer)

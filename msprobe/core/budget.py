@@ -34,6 +34,7 @@ class TensorBudget:
     def __init__(self, config):
         mb = getattr(config, "tensor_budget_mb", None)
         self.limit = int(mb * _MB) if mb else None
+        self.limit_mb = mb  # as configured, for messages
         self.spent = 0
         self.exhausted = False
         self._estimated = False
@@ -51,7 +52,7 @@ class TensorBudget:
             self.exhausted = True
             logger.warning("msprobe: tensor_budget_mb=%g reached (%.1f MB of .npy data saved); the dump "
                            "switches to statistics for the rest of the run (no more .npy files)",
-                           self.limit / _MB, self.spent / _MB)
+                           self.limit_mb, self.spent / _MB)
 
     def estimate_after_step(self, directory: str | None, step: int, configured_steps: int) -> None:
         """Log once, after the first dumped step, what it wrote and what the run may write."""

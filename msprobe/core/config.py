@@ -624,7 +624,7 @@ def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
     data = _read_json(path)
     given = {"task": task, "dump_path": dump_path, "level": level, "step": step}
     overrides = {name: value for name, value in given.items() if value is not None}
-    raw, section_name = _collect(data, overrides, os.path.basename(str(path)))
+    raw, section_name = _collect(data, overrides, str(path))
     token = _LOAD_CONTEXT.set({"section": section_name, "arguments": frozenset(overrides)})
     try:
         return DumpConfig(**raw)

@@ -283,6 +283,9 @@ def summarize(dump_path: str) -> str:
                      f"{first_producer or 'none'}")
     if any(True for _ in iter_kernel_steps(dump_path)):
         _summarize_kernel_dump(dump_path, lines)
+    elif not os.path.isdir(dump_path):
+        lines.append("  no such directory")
     elif not cell_or_api:
-        lines.append("  no dump found here (expected step{N}/rank{R}/ or, for L2, rank_{id}/{timestamp}/step_{n}/)")
+        lines.append("  no dump found here (expected step{N}/rank{R}/ or step{N}/proc{pid}/, their "
+                     "pynative/ and graph/ subtrees, or, for L2, rank_{id}/{timestamp}/step_{n}/)")
     return "\n".join(lines)

@@ -43,7 +43,7 @@ def _no_file(path):
     return None
 
 
-def _move_aside_dead_procs(step_dir: str) -> None:
+def _move_aside_dead_procs(step_dir: str, writes: str) -> None:
     """``proc{pid}`` directories of processes that no longer run are earlier runs of a process with no
     rank (each run has a new pid, so :func:`move_aside` never sees them): moved aside the same way, so
     readers do not mix runs. A pid that runs (another process, or a reused pid) is left alone."""
@@ -54,7 +54,7 @@ def _move_aside_dead_procs(step_dir: str) -> None:
     for name in names:
         m = _PROC_DIR.match(name)
         if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
-            move_aside(os.path.join(step_dir, name))
+            move_aside(os.path.join(step_dir, name), writes)
 
 
 _PROC_DIR = re.compile(r"^proc(\d+)$")
@@ -70,10 +70,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def move_aside(directory: str):
+def move_aside(directory: str, writes: str | None = None):
     """Never overwrite silently: a non-empty ``directory`` left by an earlier run is renamed to
-    ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (WARNING naming both paths), so the new run writes the
-    normal path and readers (``iter_step_dirs``, compare tools) find the newest. Returns the new name."""
+    ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (WARNING naming both paths and ``writes``, the directory
+    this run writes, by default ``directory`` itself), so readers (``iter_step_dirs``, compare tools)
+    find the newest run. Returns the new name."""
     try:
         if not os.listdir(directory):
             return None
@@ -85,7 +86,7 @@ def move_aside(directory: str):
         target, n = f"{directory}.previous-{stamp}-{n}", n + 1
     os.rename(directory, target)
     logger.warning("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
-                   "run writes %s", directory, target, directory)
+                   "run writes %s", directory, target, writes or directory)
     return target
 
 
@@ -223,7 +224,7 @@ class Runtime:
             try:
                 move_aside(directory)
                 if self.rank is None:
-                    _move_aside_dead_procs(os.path.dirname(directory))
+                    _move_aside_dead_procs(os.path.dirname(directory), directory)
                 self.writer = StepWriter(directory, header,
                                          tensor_data=self.save_tensors or bool(self.config.tensor_list),
                                          extra_info=self.config.extra_info and not debug,

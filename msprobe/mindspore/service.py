@@ -60,6 +60,7 @@ class DumpService:
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
         self._token = 0
+        self._rank_noted = False  # the "rank left out" warning is given once
         atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE_SERVICES.add(self)
         _install_excepthook()
@@ -102,6 +103,10 @@ class DumpService:
         rt.refresh_rank()  # init() may have run since this step was opened as proc{pid}
         rank = rt.resolve_rank()
         if not cfg.dumps_rank(rank):
+            if not self._rank_noted:
+                self._rank_noted = True
+                logger.warning("msprobe: this process is rank %s, which the config's rank list %s leaves "
+                               "out: nothing is dumped here", 0 if rank is None else rank, list(cfg.rank))
             return False
         if rt.open_step() is None:
             return False
