@@ -331,3 +331,22 @@ def test_rank_left_out_by_config_says_so_once(make_debugger, dump_dir, caplog, t
     assert len(said) == 1 and "rank 0" in said[0] and "[1]" in said[0]
     assert not list(msprobe.dump.iter_step_dirs(dump_dir))
     assert "no such directory" in msprobe.dump.summarize(str(tmp_path / "nowhere"))
+
+
+def test_stack_ids_per_rendered_stack(tmp_path):
+    """Two calls on one line (different instructions) share one stack.json group; line numbers are
+    what frame.f_lineno says; frames inside msprobe are left out."""
+    import sys as _sys
+
+    from msprobe.core.stacks import StackTable
+
+    table = StackTable()
+
+    def here():
+        return table.current(), _sys._getframe(1).f_lineno
+
+    (a, line_a), (b, line_b) = here(), here()   # one line, two call instructions
+    assert a == b and line_a == line_b
+    frame = table.rendered[a]
+    assert frame[0].startswith(f"File {os.path.abspath(__file__)}, line ") and "in here," in frame[0]
+    assert f"line {line_a}, in test_stack_ids_per_rendered_stack" in frame[1] and "here()" in frame[1]

@@ -1,8 +1,9 @@
 """Call-stack capture, interned per code location (seed: ``stack.json``).
 
-Walking frames costs a few microseconds; rendering them (reading source lines) happens once per
-distinct stack. Frames inside the msprobe package are left out, so the innermost frame shown is the
-user's call site.
+A stack is identified by the ``(code object, last instruction)`` of every frame, read in one tight loop
+(about 5 µs for 45 frames; building ``(code, f_lineno)`` pairs and filtering on the way took 20 µs).
+Rendering (line numbers, source lines, leaving out frames inside the msprobe package so the innermost
+frame shown is the user's call site) happens once per distinct stack.
 """
 from __future__ import annotations
 
@@ -12,34 +13,62 @@ import sys
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
+#: frames walked at most (tool and library frames included); ``max_depth`` limits the rendered ones
+MAX_WALK = 256
+
 
 class StackTable:
-    """Maps each distinct call stack to a small integer id and keeps its rendered frames."""
+    """Maps each distinct call stack to a small integer id and keeps its rendered frames.
+
+    Args:
+        max_depth: most frames rendered per stack (outside the msprobe package), innermost first.
+    """
 
     def __init__(self, max_depth: int = 64):
         self.max_depth = max_depth
         self._ids: dict[tuple, int] = {}
+        self._by_render: dict[tuple, int] = {}
         self.rendered: list[list[str]] = []
 
     def current(self) -> int:
-        """Id of the calling thread's stack (user frames only), rendering it if new."""
+        """Id of the calling thread's stack, rendering it if new."""
         frame = sys._getframe(1)
         key = []
+        append = key.append
         depth = 0
-        while frame is not None and depth < self.max_depth:
-            code = frame.f_code
-            if not code.co_filename.startswith(_PACKAGE_DIR):
-                key.append((code, frame.f_lineno))
-                depth += 1
+        while frame is not None and depth < MAX_WALK:
+            append(frame.f_code)
+            append(frame.f_lasti)
             frame = frame.f_back
+            depth += 1
         key = tuple(key)
         sid = self._ids.get(key)
-        if sid is None:
-            sid = self._ids[key] = len(self.rendered)
-            self.rendered.append([self._render(code, line) for code, line in key])
+        if sid is None:  # several instructions of one line (``f(a) + f(b)``) render alike: one id
+            rendered = self._render(key)
+            sid = self._by_render.get(tuple(rendered))
+            if sid is None:
+                sid = self._by_render[tuple(rendered)] = len(self.rendered)
+                self.rendered.append(rendered)
+            self._ids[key] = sid
         return sid
 
-    @staticmethod
-    def _render(code, line: int) -> str:
-        source = linecache.getline(code.co_filename, line).strip()
-        return f"File {code.co_filename}, line {line}, in {code.co_name}, \n {source}"
+    def _render(self, key: tuple) -> list[str]:
+        lines = []
+        for i in range(0, len(key), 2):
+            code, lasti = key[i], key[i + 1]
+            if code.co_filename.startswith(_PACKAGE_DIR):
+                continue
+            if len(lines) == self.max_depth:
+                break
+            line = _line_of(code, lasti)
+            source = linecache.getline(code.co_filename, line).strip()
+            lines.append(f"File {code.co_filename}, line {line}, in {code.co_name}, \n {source}")
+        return lines
+
+
+def _line_of(code, lasti: int) -> int:
+    """Source line of the instruction at byte offset ``lasti`` (what ``frame.f_lineno`` gives)."""
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return line
+    return code.co_firstlineno
