@@ -705,3 +705,41 @@ def test_cell_input_gradients_from_consumer_node_hooks(tmp_path):
     np.testing.assert_allclose(grads[3][1], a, rtol=1e-6)
     np.testing.assert_array_equal(grads[4][0], np.full((2, 2), 3.0, np.float32))     # same tensor twice:
     np.testing.assert_array_equal(grads[4][1], np.ones((2, 2), np.float32))          # one value per position
+
+
+@pytest.mark.parametrize("host_copy", [True, False])
+def test_forward_parameters_are_the_values_before_the_optimizer_update(tmp_path, monkeypatch, host_copy):
+    """Forward ``parameters`` are snapshots taken when the Cell ran, not the values the optimizer
+    wrote before stop(): a host copy on CPU with synchronous launch, a device copy otherwise."""
+    import msprobe.core.stats as stats
+
+    if not host_copy:
+        monkeypatch.setattr(stats, "synchronous_cpu", lambda: False)
+    debugger, dump_path = make_debugger(tmp_path, task="tensor", level="L0")
+    net = _Outer2()
+    params = net.trainable_params()
+    opt = nn.SGD(params, learning_rate=0.5)
+    grad_fn = ms.value_and_grad(lambda a: net(a).sum(), None, params)
+    x = Tensor(np.ones((2, 4), np.float32))
+    before = net.fc.weight.asnumpy().copy()
+    debugger.start(net)
+    _, g = grad_fn(x)
+    opt(g)                                    # updates the weights in place before stop()
+    debugger.stop()
+    debugger.step()
+    after = net.fc.weight.asnumpy()
+    assert not np.array_equal(before, after)
+    dump = load_step(dump_path, 0)
+    saved = dump.load_tensor(dump.data["Cell.fc.Dense.forward.0"]["parameters"]["weight"])
+    np.testing.assert_array_equal(saved, before)
+    assert dump.data["Cell.fc.Dense.forward.0"]["parameters"]["weight"]["Max"] == float(before.max())
+
+
+class _Outer2(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        ms.set_seed(3)
+        self.fc = nn.Dense(4, 3)
+
+    def construct(self, x):
+        return ops.relu(self.fc(x))

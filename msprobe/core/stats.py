@@ -210,6 +210,28 @@ def _zero_copy_view(tensor: Any) -> Optional[np.ndarray]:
     return view if strides is None else np.ascontiguousarray(view)
 
 
+def synchronous_cpu() -> bool:
+    """True when operations finish before they return (``mindspore.runtime.launch_blocking()``) on
+    the CPU device target: a tensor's memory then holds its final value, readable at once."""
+    import mindspore as ms
+
+    try:
+        from mindspore._c_expression import RuntimeConf
+
+        blocking = RuntimeConf.get_instance().is_launch_blocking()
+    except (ImportError, AttributeError):  # another MindSpore: assume asynchronous launch
+        return False
+    return bool(blocking) and ms.get_context("device_target") == "CPU"
+
+
+def host_copy(tensor: Any) -> Optional[np.ndarray]:
+    """A host copy of a CPU tensor's data, or ``None`` when it cannot be made directly (dtypes
+    numpy lacks, lazy-initialised or empty tensors). The caller guarantees the data are final
+    (:func:`synchronous_cpu`)."""
+    view = _zero_copy_view(tensor)
+    return None if view is None else np.array(view)
+
+
 def to_host(tensor: Any, zero_copy: bool = False) -> Tuple[np.ndarray, str]:
     """Convert a materialised tensor to a host numpy array.
 
