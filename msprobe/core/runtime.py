@@ -332,6 +332,11 @@ class Runtime:
                             as_list: bool = False, fixed_name: bool = False) -> None:
         if not self.records_data or self.failed or self.forked():
             return
+        if type(value) in (dict, tuple, list) and not value:  # e.g. no keyword arguments: no tensors
+            empty = {} if type(value) is dict else []
+            line["v"] = [empty] if as_list else empty
+            self._queue(line, (), writer)
+            return
         if self._saves(entry):
             if fixed_name:
                 name = naming.data_file_name(entry, category, index)
@@ -371,8 +376,9 @@ class Runtime:
     def _queue(self, line: dict, slots: list, writer) -> None:
         with self._lock:
             self._pending.append((writer, line))
-            self._pending_slots.extend(slots)
-            self._pending_bytes += sum(s.nbytes() for s in slots)
+            if slots:
+                self._pending_slots.extend(slots)
+                self._pending_bytes += sum(s.nbytes() for s in slots)
             full = not self.config.async_dump and (
                     len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
                     or time.monotonic() - writer.last_flush >= FLUSH_SECONDS)
