@@ -15,8 +15,10 @@ Two ways to see the gradients of one call, both leaving values untouched (hooks 
   call (not the sums over all users of the tensors), about 120-280 µs per call; gradients w.r.t.
   outputs come from ``Tensor.register_hook`` on each floating-point output tensor (about 15 µs each).
 
-Either way an input that takes no gradient (a data batch, a constant) has none recorded (``null``), so
-the two ways give the same dump.
+Either way an input whose gradient MindSpore would not compute (a data batch, a constant, a value
+computed from those alone) has none recorded (``null``): the identity's gradients are held until the
+input's producer shows it needs one. So the two ways give the same dump. Cells whose inputs each have
+one consumer inside use that consumer's node hook (:func:`consumer_edges`, at the end).
 """
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ class BackwardProbe:
         self.writer = runtime.writer
         self.want_input = want_input
         self.want_output = want_output
-        self.held = None  # input index -> gradient, for inputs that are leaves (see wrap_inputs)
+        self.held = None  # input index -> gradient awaiting its producer's confirmation (wrap_inputs)
 
     def wrap_inputs(self, args: tuple) -> tuple:
         """Route floating-point positional tensors through a HookBackward identity."""
@@ -107,13 +109,13 @@ class BackwardProbe:
         indexes = [i for i, a in enumerate(args) if _is_float(a) and a._grad_node is not None]
         if not indexes:
             return args
-        # one identity node for all of the call's float inputs (a HookBackward node costs ~120 µs
-        # forward+backward; most calls have two float inputs)
-        # MindSpore computes the gradient w.r.t. an input only if the input's producer needs it (the
-        # node hook reports exactly those); through the identity every input gets one. So each
-        # gradient but a Parameter's is held back until the producer shows it needs it: its node
-        # hook runs, or for a leaf (an argument of the differentiated function, e.g. the data batch,
-        # needing a gradient only under grad_position) the leaf's own hook (removed at step end).
+        # One identity node for all of the call's float inputs (a HookBackward node costs ~120 µs
+        # forward+backward; most calls have two float inputs). MindSpore computes the gradient w.r.t.
+        # an input only if the input's producer needs it (the node hook reports exactly those);
+        # through the identity every input gets one. So each gradient but a Parameter's is held
+        # back until the producer shows it needs it: its node hook runs, or for a leaf (an argument
+        # of the differentiated function, e.g. the data batch, needing a gradient only under
+        # grad_position) the leaf's own hook (removed at step end).
         held = [i for i in indexes if not isinstance(args[i], Parameter)]
         for i in held:
             node = args[i]._grad_node
