@@ -63,15 +63,10 @@ def main(argv=None) -> int:
     debuggers = {"off": None}
     debuggers.update({name: _debugger(args.level, dm, names) for name, (dm, names) in VARIANTS.items()})
 
+    from models import dumped_step  # examples/, on sys.path after overhead._setup()
+
     def step(debugger, i: int) -> None:
-        x, y = batches[i % len(batches)]
-        if debugger is not None:
-            debugger.start(net)
-        loss = train_step(x, y)
-        if debugger is not None:
-            debugger.stop()
-            debugger.step()
-        loss.asnumpy()
+        dumped_step(net, train_step, batches[i % len(batches)], debugger).asnumpy()
 
     wall = {k: [] for k in debuggers}
     cpu = {k: [] for k in debuggers}

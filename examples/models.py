@@ -367,6 +367,18 @@ def generate(net: nn.Cell, prompt_ids: Sequence[int], num_tokens: int) -> List[i
     return ids
 
 
+def dumped_step(net, train_step, batch, debugger=None):
+    """One training step, between ``debugger.start(net)`` and ``stop()``/``step()`` when a debugger
+    is given (the seed's three lines). Returns the loss Tensor (not synchronised)."""
+    if debugger is not None:
+        debugger.start(net)
+    loss = train_step(*batch)
+    if debugger is not None:
+        debugger.stop()
+        debugger.step()
+    return loss
+
+
 def run_training(net, train_step, batches, steps: int, debugger=None, log_every: int = 0) -> list:
     """The training loop of the examples, with the seed's three debugger lines around each step.
 
@@ -385,13 +397,7 @@ def run_training(net, train_step, batches, steps: int, debugger=None, log_every:
     net.set_train(True)
     losses = []
     for step in range(steps):
-        x, y = batches[step % len(batches)]
-        if debugger is not None:
-            debugger.start(net)
-        loss = train_step(x, y)
-        if debugger is not None:
-            debugger.stop()
-            debugger.step()
+        loss = dumped_step(net, train_step, batches[step % len(batches)], debugger)
         losses.append(float(loss.asnumpy()))
         if log_every and (step % log_every == 0 or step == steps - 1):
             print(f"step {step:4d}  loss {losses[-1]:.4f}", flush=True)

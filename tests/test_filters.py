@@ -158,10 +158,9 @@ class _Outer(nn.Cell):
         return self.fc(ops.sigmoid(self.block(x))).sum()
 
 
-def test_list_mix_expands_nested_cells(tmp_path):
-    """The expansion covers sub-Cells (with their parameter gradients) and their Primitives."""
-    cfg = _write_config(tmp_path, level="mix", section={"list": ["block"]})
-    debugger = PrecisionDebugger(cfg)
+def _outer_dump(tmp_path, level: str, names: list):
+    """One training step of ``_Outer`` with ``list: names``; returns the step's StepDump."""
+    debugger = PrecisionDebugger(_write_config(tmp_path, level=level, section={"list": names}))
     ms.set_seed(1)
     net = _Outer()
     debugger.start(net)
@@ -169,8 +168,14 @@ def test_list_mix_expands_nested_cells(tmp_path):
     debugger.stop()
     debugger.step()
     (_, _, path), = iter_step_dirs(os.path.join(str(tmp_path), "dump"))
+    return load(path)
+
+
+def test_list_mix_expands_nested_cells(tmp_path):
+    """The expansion covers sub-Cells (with their parameter gradients) and their Primitives."""
+    dump = _outer_dump(tmp_path, "mix", ["block"])
     fb = lambda p: {f"{p}.forward.0", f"{p}.backward.0"}  # noqa: E731
-    assert set(load(path).data) == (
+    assert set(dump.data) == (
         fb("Cell.block.SequentialCell") | fb("Cell.block.0.Dense") | fb("Cell.block.1.ReLU")
         | {"Cell.block.0.Dense.parameters_grad.0"}
         | _api(["Primitive.shape_op.Shape.0", "Primitive.matmul.MatMul.0", "Primitive.bias_add.BiasAdd.0",
@@ -180,16 +185,7 @@ def test_list_mix_expands_nested_cells(tmp_path):
 def test_filtered_cell_keeps_its_ancestors_in_construct_json(tmp_path):
     """README "Configuration": construct.json has every Cell call, so the parent chain of a selected
     Cell is complete although its ancestors are not in dump.json; stack.json only has dumped entries."""
-    cfg = _write_config(tmp_path, level="L0", section={"list": ["Cell.block.0.Dense"]})
-    debugger = PrecisionDebugger(cfg)
-    ms.set_seed(1)
-    net = _Outer()
-    debugger.start(net)
-    ms.value_and_grad(net, None, net.trainable_params())(X)
-    debugger.stop()
-    debugger.step()
-    (_, _, path), = iter_step_dirs(os.path.join(str(tmp_path), "dump"))
-    dump = load(path)
+    dump = _outer_dump(tmp_path, "L0", ["Cell.block.0.Dense"])
     assert set(dump.data) == {"Cell.block.0.Dense.forward.0", "Cell.block.0.Dense.backward.0",
                               "Cell.block.0.Dense.parameters_grad.0"}
     assert dump.construct["Cell.block.0.Dense.forward.0"] == "Cell.block.SequentialCell.forward.0"

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from mindspore import Parameter, Tensor, ops
 from mindspore.common import dtype as _mstype
-try:
-    from mindspore.graph.api import _pynative_executor
-except ImportError:  # older MindSpore layouts
-    from mindspore.common.api import _pynative_executor
+
+from msprobe.core.stats import pynative_executor
+
+_pynative_executor = pynative_executor()
 
 _FLOAT_DTYPES = None
 
@@ -106,7 +106,7 @@ class BackwardProbe:
         # only inputs that take part in a gradient: routing a data batch through the identity would
         # make MindSpore compute a gradient nobody asked for, and give the calls inside (mix) inputs
         # that need one, so dumps would differ by level and by which call learned the signature
-        indexes = [i for i, a in enumerate(args) if _is_float(a) and a._grad_node is not None]
+        indexes = [i for i, _ in grad_inputs(args)]
         if not indexes:
             return args
         # One identity node for all of the call's float inputs (a HookBackward node costs ~120 µs
@@ -132,6 +132,12 @@ class BackwardProbe:
             wrapped[i] = t
         return tuple(wrapped)
 
+    def report_lost_inputs(self, why: str) -> None:
+        """Say in ``dump_error_info.log`` that this call's input gradients could not be captured
+        (``why``: what differed from the first call that taught the capture mode)."""
+        self.writer.error(f"{self.entry}: gradients w.r.t. the inputs not captured ({why}); later such "
+                          f"calls go through an identity node")
+
     def watch_outputs(self, out) -> None:
         """Register gradient hooks on the floating-point output tensors."""
         if not self.want_input:
@@ -145,21 +151,7 @@ class BackwardProbe:
     def hook_node(self, edges) -> None:
         """Record both sides from the autograd node found by :func:`call_edges`."""
         node, mapping, size, n_out = edges
-        want_input, want_output = self.want_input, self.want_output
-        record, entry, writer = self.runtime.record_item, self.entry, self.writer
-
-        def hook(grad_inputs, grad_outputs):
-            if want_input:
-                for i, grad in enumerate(grad_outputs):
-                    if grad is not None:
-                        record(entry, "input", i, n_out, grad, "input", writer)
-            if want_output:
-                for j, index in mapping:
-                    grad = grad_inputs[j]
-                    if grad is not None:
-                        record(entry, "output", index, size, grad, "output", writer)
-
-        node.register_hook(hook)
+        self._hook_edges(node, mapping if self.want_output else (), size, n_out if self.want_input else None)
 
     def hook_consumers(self, consumers: list, size: int) -> None:
         """Record backward ``output`` item ``index`` from the node hook of its one consumer inside a
@@ -167,15 +159,30 @@ class BackwardProbe:
         by_node: dict = {}
         for index, node, j in consumers:
             by_node.setdefault(node._unique_id(), (node, []))[1].append((j, index))
-        record, entry, writer = self.runtime.record_item, self.entry, self.writer
-        for node, edges in by_node.values():
-            def hook(grad_inputs, grad_outputs, edges=edges):
-                for j, index in edges:
-                    grad = grad_inputs[j]
-                    if grad is not None:
-                        record(entry, "output", index, size, grad, "output", writer)
+        for node, mapping in by_node.values():
+            self._hook_edges(node, mapping, size, None)
 
-            node.register_hook(hook)
+    def _hook_edges(self, node, mapping, size: int, n_out) -> None:
+        """One node hook: the gradient on edge ``j`` is backward ``output`` item ``index`` of ``size``
+        for each ``(j, index)`` of ``mapping``; with ``n_out``, the node's output gradients are the
+        backward ``input`` items too."""
+        record = self._record
+
+        def hook(grad_inputs, grad_outputs):
+            if n_out is not None:
+                for i, grad in enumerate(grad_outputs):
+                    if grad is not None:
+                        record("input", i, n_out, grad)
+            for j, index in mapping:
+                grad = grad_inputs[j]
+                if grad is not None:
+                    record("output", index, size, grad)
+
+        node.register_hook(hook)
+
+    def _record(self, side: str, index: int, size: int, grad) -> None:
+        """Item ``index`` of backward ``side`` (``input``: w.r.t. outputs, ``output``: w.r.t. inputs)."""
+        self.runtime.record_item(self.entry, side, index, size, grad, side, self.writer)
 
     def _input_grads_hook(self, indexes: list, size: int, held: set):
         def hook(grads):
@@ -188,7 +195,7 @@ class BackwardProbe:
                         self.held = {}
                     self.held[index] = grad
                 else:
-                    self.runtime.record_item(self.entry, "output", index, size, grad, "output", self.writer)
+                    self._record("output", index, size, grad)
         return hook
 
     def _release_hook(self, index: int, size: int):
@@ -197,12 +204,12 @@ class BackwardProbe:
         def hook(*_grads):
             grad = self.held.pop(index, None) if self.held else None
             if grad is not None:
-                self.runtime.record_item(self.entry, "output", index, size, grad, "output", self.writer)
+                self._record("output", index, size, grad)
         return hook
 
     def _output_grad_hook(self, index: int, size: int):
         def hook(grad):
-            self.runtime.record_item(self.entry, "input", index, size, grad, "input", self.writer)
+            self._record("input", index, size, grad)
         return hook
 
 
@@ -227,8 +234,8 @@ def call_edges(args: tuple, out):
     ``None``.
 
     Accepted: every floating-point output tensor has the same node, which is not the node of any
-    argument, and which has exactly as many outputs (all floating-point); every edge of that node that carries a gradient
-    leads to a positional tensor argument (directly or through an automatic ``Contiguous``). Edges to
+    argument, and which has exactly as many outputs (all floating-point); every edge of that node
+    that carries a gradient leads to a positional tensor argument (directly or through an automatic ``Contiguous``). Edges to
     the same producer are matched to the arguments with that producer in order (``x * x``).
     """
     outs = _flatten_tensors(out, [])

@@ -127,10 +127,8 @@ class CallRecorder:
             # from those of other users of the same tensors
             self.single_node[key] = False
             if probe.want_output:
-                self.rt.writer.error(f"{probe.entry}: gradients w.r.t. the inputs not captured (the call "
-                                     f"did not run as one autograd node, unlike the first call of {key[0]} "
-                                     f"with the same argument types); later such calls go through an "
-                                     f"identity node")
+                probe.report_lost_inputs(f"the call did not run as one autograd node, unlike the first "
+                                         f"call of {key[0]} with the same argument types")
         probe.watch_outputs(out)
         if mode is None:
             edges = call_edges(args, out)

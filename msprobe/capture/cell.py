@@ -243,9 +243,8 @@ class CellCapture:
         # unlike its first call, this call's inputs do not have one consumer each: its input
         # gradients cannot be told apart any more; later calls go through the identity node
         self.one_consumer[prefix] = False
-        self.rt.writer.error(f"{probe.entry}: gradients w.r.t. the inputs not captured (inside the Cell "
-                             f"an input now has more or fewer than one consumer, unlike its first "
-                             f"call); later calls go through an identity node")
+        probe.report_lost_inputs("inside the Cell an input now has more or fewer than one consumer, "
+                                 "unlike its first call")
 
     # ------------------------------------------------------------------ Cells with a custom bprop
     def _install_bprop_cell(self, prefix: str, cell) -> Handle:

@@ -254,12 +254,9 @@ def _synchronize() -> None:
     try:
         # the PyNative executor's sync waits for queued work on every device; runtime.synchronize()
         # would log "CPU device is not supported" on CPU and do nothing
-        try:
-            from mindspore.graph.api import _pynative_executor
-        except ImportError:  # older MindSpore layouts
-            from mindspore.common.api import _pynative_executor
+        from msprobe.core.stats import pynative_executor
 
-        _pynative_executor.sync()
+        pynative_executor().sync()
     except Exception as exc:  # noqa: BLE001 - best effort; partial files are retried anyway
         logger.debug("L2 kernel dump: synchronize failed: %s", exc)
 

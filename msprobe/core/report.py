@@ -82,14 +82,20 @@ def find_anomalies(data: dict, construct: dict | None = None) -> dict | None:
             "first_non_finite": first_bad}
 
 
+def ancestors(names, construct: dict) -> set:
+    """Every Cell entry enclosing one of ``names``, following ``construct.json`` parents."""
+    found = set()
+    for name in names:
+        parent = construct.get(name)
+        while parent is not None and parent not in found:  # a parent seen before: its chain is in
+            found.add(parent)
+            parent = construct.get(parent)
+    return found
+
+
 def _innermost_first(producers: list, construct: dict):
     """The first of ``producers`` (execution order) that encloses no other producer."""
-    enclosing = set()
-    for name in producers:
-        parent, seen = construct.get(name), 0
-        while parent is not None and seen < 1000:  # the bound guards against a malformed cycle
-            enclosing.add(parent)
-            parent, seen = construct.get(parent), seen + 1
+    enclosing = ancestors(producers, construct)
     for name in producers:
         if name not in enclosing:
             return name

@@ -240,7 +240,8 @@ class Runtime:
                 self.writer = StepWriter(directory, header,
                                          tensor_data=self.save_tensors or bool(self.config.tensor_list),
                                          extra_info=self.config.extra_info and not debug,
-                                         data_file="debug.json" if debug else "dump.json")
+                                         data_file="debug.json" if debug else "dump.json",
+                                         empty_reason=self._empty_reason)
             except OSError as exc:
                 self.disk_failure(exc, directory)
                 return None
@@ -440,7 +441,6 @@ class Runtime:
         self.refresh_rank()
         self.flush()
         if self.writer is not None and not self.writer.closed:
-            self.writer.empty_reason = self._empty_reason()
             try:
                 self.writer.write_files()
             except OSError as exc:
@@ -480,7 +480,6 @@ class Runtime:
             return
         self.flush()
         if self.writer is not None:
-            self.writer.empty_reason = self._empty_reason()
             try:
                 self.writer.close()
             except OSError as exc:

@@ -173,18 +173,24 @@ class _HostMemory:
     __slots__ = ("tensor", "__array_interface__")
 
 
-def host_memory_readable() -> bool:
-    """True when tensor memory is host memory (CPU device target); then waits once for every queued
-    operation, so :func:`to_host` with ``zero_copy=True`` may read tensors directly."""
-    import mindspore as ms
+def pynative_executor():
+    """MindSpore's PyNative executor (``sync()``, ``requires_grad()``), from where this MindSpore
+    keeps it (``mindspore.graph.api`` since 2.9; ``mindspore.common.api`` warns as deprecated)."""
     try:
         from mindspore.graph.api import _pynative_executor
     except ImportError:  # older MindSpore layouts
         from mindspore.common.api import _pynative_executor
+    return _pynative_executor
+
+
+def host_memory_readable() -> bool:
+    """True when tensor memory is host memory (CPU device target); then waits once for every queued
+    operation, so :func:`to_host` with ``zero_copy=True`` may read tensors directly."""
+    import mindspore as ms
 
     if ms.get_context("device_target") != "CPU":
         return False
-    _pynative_executor.sync()
+    pynative_executor().sync()
     return True
 
 

@@ -189,10 +189,12 @@ class StepWriter:
         tensor_data: whether ``.npy`` files are saved (creates ``dump_tensor_data/``).
         extra_info: write ``stack.json`` and ``construct.json``.
         data_file: ``dump.json``, or ``debug.json`` for the debug level.
+        empty_reason: ``callable() -> str`` asked, when a step recorded nothing, why (written as
+            ``empty_reason``); default :data:`msprobe.core.report.EMPTY_REASON`.
     """
 
     def __init__(self, directory: str, header: dict, tensor_data: bool, extra_info: bool,
-                 data_file: str = "dump.json"):
+                 data_file: str = "dump.json", empty_reason=None):
         self.directory = directory
         self.tensor_dir = os.path.join(directory, TENSOR_DIR) if tensor_data else None
         self.extra_info = extra_info
@@ -207,7 +209,7 @@ class StepWriter:
         self._journal = open(self._journal_path, "ab")
         self._dirty = True
         self.abnormal = None  # why the step ended abnormally (exception, skipped stop()), if it did
-        self.empty_reason = None  # why nothing was recorded, when nothing was (set by the runtime)
+        self._empty_reason = empty_reason or (lambda: report.EMPTY_REASON)
         self._state = Replay()  # what the journal says so far, kept live (no read-back at stop())
         self._journal_bytes = 0
         self._non_finite = [False]
@@ -294,7 +296,7 @@ class StepWriter:
             if self.abnormal:
                 dump["abnormal"] = self.abnormal
             if not data:  # B42: an empty step is written with its reason, never left missing
-                dump["empty_reason"] = self.empty_reason or report.EMPTY_REASON
+                dump["empty_reason"] = self._empty_reason()
             _atomic_write_json(os.path.join(self.directory, self.data_file), dump, self._non_finite[0])
             if self.extra_info:
                 _atomic_write_json(os.path.join(self.directory, "stack.json"), stacks, False)
@@ -360,11 +362,6 @@ class StepWriter:
 def _without_empty_backward(construct: dict, data: dict) -> dict:
     """``construct`` without the backward entries that never received a gradient (a call whose
     outputs carry none, e.g. ``shape``) and enclose nothing that did: they are not in ``dump.json``."""
-    needed = set()
-    for name in data:
-        parent = construct.get(name)
-        while parent is not None and parent not in needed:
-            needed.add(parent)
-            parent = construct.get(parent)
+    needed = report.ancestors(data, construct)
     return {name: parent for name, parent in construct.items()
             if name in data or name in needed or ".backward" not in name}
