@@ -1,33 +1,35 @@
-"""Backward capture for one call (API, Primitive or Cell), without Cell backward-hook machinery.
+"""Backward capture for one call (API, Primitive or Cell) by observation only: nothing is added to the
+autograd graph, so MindSpore sums every gradient in the same order as without the tool.
 
-Two ways to see the gradients of one call, both leaving values untouched (hooks return ``None``):
+After a call has run under a gradient (``ms.grad``/``value_and_grad``), :meth:`BackwardProbe.observe`
+looks at the autograd graph the call built and hooks what is already there:
 
-* **Node hook** (APIs and Primitives that run as one autograd node): the call's output tensors share
-  one ``BackwardNode`` (``Tensor._grad_node``) whose edges lead straight to the call's arguments.
-  ``BackwardNode.register_hook(hook(grad_inputs, grad_outputs))`` then sees, per edge, exactly the
-  gradient this call sends to each argument (backward ``output``) and the gradient of its outputs
-  (backward ``input``). No node is added to the graph; about 35 µs per call, forward plus backward.
-  :func:`call_edges` checks that shape of graph after each call; edges through an automatic
-  ``Contiguous`` (a view passed to a kernel) count as leading to the view.
-* **Identity node** (Cells, composite APIs, and each API's first call, which learns whether the node
-  hook applies): the floating-point positional inputs that take part in a gradient pass together
-  through one ``ops.HookBackward`` identity whose hook sees the gradients flowing back through this
-  call (not the sums over all users of the tensors), about 120-280 µs per call; gradients w.r.t.
-  outputs come from ``Tensor.register_hook`` on each floating-point output tensor (about 15 µs each).
+* **One node** (most APIs and Primitives): the call's output tensors share one ``BackwardNode``
+  (``Tensor._grad_node``) whose edges lead to the call's arguments. ``BackwardNode.register_hook(
+  hook(grad_inputs, grad_outputs))`` sees, per edge, exactly the gradient this call sends to each
+  argument (backward ``output``) and the gradient of its outputs (backward ``input``).
+* **Several nodes** (Cells, composite APIs such as ``ops.cross_entropy``): the nodes the call made are
+  found by walking back from its outputs, bounded by a watermark (nodes are numbered in creation
+  order, ``_sequence_nr``; everything the call made is newer). Each edge from those nodes into an
+  argument is hooked on its node; an argument's backward ``output`` is the sum of what the call's
+  nodes send it (added by the tool, in arrival order, once every part has arrived or the argument's
+  producer runs). Gradients w.r.t. the outputs come from ``Tensor.register_hook`` on each output
+  tensor that takes part in the gradient.
+* **Alias** (a call that returns an argument itself, such as a same-dtype ``Cast``): MindSpore keeps
+  one tensor, so there is one gradient; it is recorded on both sides.
 
-Either way an input whose gradient MindSpore would not compute (a data batch, a constant, a value
-computed from those alone) has none recorded (``null``): the identity's gradients are held until the
-input's producer shows it needs one. So the two ways give the same dump. Cells whose inputs each have
-one consumer inside use that consumer's node hook (:func:`consumer_edges`, at the end).
+A gradient MindSpore does not compute (a data batch, a constant, a value computed from those alone)
+is never computed for the dump either: its item is ``null``. Nothing is recorded for outputs that take
+no gradient (a slice of a constant table, ``ops.ones``), and no hook is registered on them.
 """
 from __future__ import annotations
 
-from mindspore import Parameter, Tensor, ops
-from mindspore.common import dtype as _mstype
+from mindspore import Tensor, ops
 
 from msprobe.core.stats import pynative_executor
 
 _pynative_executor = pynative_executor()
+_add = ops.add  # bound at import, before any wrapper exists: the tool's own sum of gradient parts
 
 _FLOAT_DTYPES = None
 
@@ -41,30 +43,14 @@ def _is_float(t) -> bool:
     return isinstance(t, Tensor) and t.dtype in _FLOAT_DTYPES
 
 
+def _takes_gradient(t) -> bool:
+    """A floating-point tensor that is part of the graph being differentiated (a hook may be put on it)."""
+    return _is_float(t) and t._grad_node is not None and t._requires_grad
+
+
 def grad_enabled() -> bool:
     """True while MindSpore records operations for a gradient (inside ``ms.grad``/``value_and_grad``)."""
     return _pynative_executor.requires_grad()
-
-
-def signature(api: str, args: tuple, kwargs: dict) -> tuple:
-    """What decides which autograd nodes a call of ``api`` creates, short of running it: the API, the
-    dtype of each tensor argument, the types of the others (dtype arguments by value, one level into
-    tuples and lists, e.g. the indexes of ``__getitem__``) and the keyword names."""
-    sig = [api]
-    for a in args:
-        if isinstance(a, Tensor):
-            sig.append(a.dtype)
-        elif isinstance(a, (tuple, list)):
-            sig.append(tuple(x.dtype if isinstance(x, Tensor) else type(x) for x in a))
-        elif isinstance(a, _mstype.Type):
-            sig.append(a)
-        else:
-            sig.append(type(a))
-    if kwargs:
-        for k, v in kwargs.items():
-            sig.append(k)
-            sig.append(v.dtype if isinstance(v, Tensor) else v if isinstance(v, _mstype.Type) else type(v))
-    return tuple(sig)
 
 
 def _flatten_tensors(value, out: list) -> list:
@@ -79,6 +65,41 @@ def _flatten_tensors(value, out: list) -> list:
     return out
 
 
+def grad_targets(args: tuple) -> list:
+    """``[(position, element or None, tensor)]``: the positional arguments, and the tensors directly
+    inside list/tuple arguments (``ops.concat([a, b])``), that take part in the gradient."""
+    found = []
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor):
+            if _takes_gradient(a):
+                found.append((i, None, a))
+        elif isinstance(a, (list, tuple)):
+            for k, t in enumerate(a):
+                if _takes_gradient(t):
+                    found.append((i, k, t))
+    return found
+
+
+def takes_gradient(args: tuple) -> bool:
+    """Whether a positional tensor argument (or a tensor in a list argument) takes part in a gradient."""
+    return bool(grad_targets(args))
+
+
+def grad_inputs(args: tuple) -> list:
+    """``[(index, tensor)]`` of the floating-point positional arguments that take a gradient."""
+    return [(i, a) for i, a in enumerate(args) if _takes_gradient(a)]
+
+
+class _Part:
+    """Backward ``output`` item of one argument slot (position, list element): the sum of ``expected``
+    gradient parts, recorded once all arrived (or when the argument's producer runs)."""
+
+    __slots__ = ("expected", "arrived", "total", "done")
+
+    def __init__(self, expected: int):
+        self.expected, self.arrived, self.total, self.done = expected, 0, None, False
+
+
 class BackwardProbe:
     """Collects the backward entry of one call.
 
@@ -89,7 +110,7 @@ class BackwardProbe:
         want_output: record gradients w.r.t. inputs (``data_mode`` allows backward output).
     """
 
-    __slots__ = ("runtime", "entry", "writer", "want_input", "want_output", "held")
+    __slots__ = ("runtime", "entry", "writer", "want_input", "want_output", "size", "parts", "lists")
 
     def __init__(self, runtime, entry: str, want_input: bool, want_output: bool):
         self.runtime = runtime
@@ -97,114 +118,191 @@ class BackwardProbe:
         self.writer = runtime.writer
         self.want_input = want_input
         self.want_output = want_output
-        self.held = None  # input index -> gradient awaiting its producer's confirmation (wrap_inputs)
+        self.size = 0          # number of positional arguments (length of backward ``output``)
+        self.parts = None      # (position, element) -> _Part, for arguments with several parts
+        self.lists = None      # position -> [expected, arrived, gradients], list arguments
 
-    def wrap_inputs(self, args: tuple) -> tuple:
-        """Route floating-point positional tensors through a HookBackward identity."""
-        if not self.want_output:
-            return args
-        # only inputs that take part in a gradient: routing a data batch through the identity would
-        # make MindSpore compute a gradient nobody asked for, and give the calls inside (mix) inputs
-        # that need one, so dumps would differ by level and by which call learned the signature
-        indexes = [i for i, _ in grad_inputs(args)]
-        if not indexes:
-            return args
-        # One identity node for all of the call's float inputs (a HookBackward node costs ~120 µs
-        # forward+backward; most calls have two float inputs). MindSpore computes the gradient w.r.t.
-        # an input only if the input's producer needs it (the node hook reports exactly those);
-        # through the identity every input gets one. So each gradient but a Parameter's is held
-        # back until the producer shows it needs it: its node hook runs, or for a leaf (an argument
-        # of the differentiated function, e.g. the data batch, needing a gradient only under
-        # grad_position) the leaf's own hook (removed at step end).
-        held = [i for i in indexes if not isinstance(args[i], Parameter)]
-        for i in held:
-            node = args[i]._grad_node
-            if node.is_leaf():
-                self.runtime.leaf_hooks.append(args[i].register_hook(self._release_hook(i, len(args))))
-            else:
-                node.register_hook(self._release_hook(i, len(args)))
-        hooked = ops.HookBackward(self._input_grads_hook(indexes, len(args), set(held)))(
-            *(args[i] for i in indexes))
-        if len(indexes) == 1:
-            hooked = (hooked,)
-        wrapped = list(args)
-        for i, t in zip(indexes, hooked):
-            wrapped[i] = t
-        return tuple(wrapped)
+    # ------------------------------------------------------------------ after the call
+    def observe(self, args: tuple, out, mark: int | None = None) -> None:
+        """Hook the gradients of this call, which has just run: ``args`` its positional arguments,
+        ``out`` its return value; ``mark`` a watermark (see :func:`watermark`) taken before a Cell
+        ran, ``None`` for API calls (the newest argument node bounds the walk).
 
-    def report_lost_inputs(self, why: str) -> None:
-        """Say in ``dump_error_info.log`` that this call's input gradients could not be captured
-        (``why``: what differed from the first call that taught the capture mode)."""
-        self.writer.error(f"{self.entry}: gradients w.r.t. the inputs not captured ({why}); later such "
-                          f"calls go through an identity node")
-
-    def watch_outputs(self, out) -> None:
-        """Register gradient hooks on the floating-point output tensors."""
-        if not self.want_input:
+        Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
+        tool failure."""
+        outs = _flatten_tensors(out, [])
+        grads_out = [t for t in outs if _takes_gradient(t)]
+        if not grads_out:  # nothing this call made takes a gradient: no backward entry exists
             return
-        tensors = _flatten_tensors(out, [])
-        size = len(tensors)
-        for i, t in enumerate(tensors):
-            if _is_float(t):
-                t.register_hook(self._output_grad_hook(i, size))
+        targets = grad_targets(args)
+        self.size = len(args)
+        node = _single_node(outs, grads_out, targets)
+        if node is not None:
+            self._hook_single(node, targets if self.want_output else [], len(outs))
+            return
+        if self.want_input:
+            for i, t in enumerate(outs):
+                if _takes_gradient(t):
+                    self._hook_tensor(t, self._output_grad_hook(i, len(outs)))
+        if targets and self.want_output:
+            self._hook_walk(targets, outs, grads_out, mark)
 
-    def hook_node(self, edges) -> None:
-        """Record both sides from the autograd node found by :func:`call_edges`."""
-        node, mapping, size, n_out = edges
-        self._hook_edges(node, mapping if self.want_output else (), size, n_out if self.want_input else None)
-
-    def hook_consumers(self, consumers: list, size: int) -> None:
-        """Record backward ``output`` item ``index`` from the node hook of its one consumer inside a
-        Cell; ``consumers`` = ``[(index, node, edge index)]`` (see :func:`consumer_edges`)."""
-        by_node: dict = {}
-        for index, node, j in consumers:
-            by_node.setdefault(node._unique_id(), (node, []))[1].append((j, index))
-        for node, mapping in by_node.values():
-            self._hook_edges(node, mapping, size, None)
-
-    def _hook_edges(self, node, mapping, size: int, n_out) -> None:
-        """One node hook: the gradient on edge ``j`` is backward ``output`` item ``index`` of ``size``
-        for each ``(j, index)`` of ``mapping``; with ``n_out``, the node's output gradients are the
-        backward ``input`` items too."""
+    def _hook_single(self, node, targets: list, n_out: int) -> None:
+        by_uid: dict = {}
+        for i, k, t in targets:
+            by_uid.setdefault((t._grad_node._unique_id(), t._output_index), []).append((i, k))
+        mapping = []
+        used: dict = {}
+        for j, (edge_node, out_index) in enumerate(node.next_functions):
+            if edge_node is None:
+                continue
+            key = _edge_key(edge_node, out_index, by_uid)
+            candidates = by_uid.get(key)
+            if candidates is None:
+                continue
+            n = used.get(key, 0)
+            if n < len(candidates):  # ``x * x``: one edge per argument, in argument order
+                used[key] = n + 1
+                mapping.append((j, candidates[n]))
+        self._prepare_lists(targets)
+        mapped = {slot_key for _, slot_key in mapping}
+        for i, k, _ in targets:
+            if (i, k) not in mapped:  # no edge of the node leads to it: MindSpore sends it nothing
+                self._slot_value(i, k, None)
         record = self._record
+        want_input = self.want_input
+        slot = self._slot_value
 
         def hook(grad_inputs, grad_outputs):
-            if n_out is not None:
+            if want_input:
                 for i, grad in enumerate(grad_outputs):
                     if grad is not None:
                         record("input", i, n_out, grad)
-            for j, index in mapping:
-                grad = grad_inputs[j]
-                if grad is not None:
-                    record("output", index, size, grad)
+            for j, (i, k) in mapping:
+                slot(i, k, grad_inputs[j])
 
         node.register_hook(hook)
 
-    def _record(self, side: str, index: int, size: int, grad) -> None:
-        """Item ``index`` of backward ``side`` (``input``: w.r.t. outputs, ``output``: w.r.t. inputs)."""
-        self.runtime.record_item(self.entry, side, index, size, grad, side, self.writer)
-
-    def _input_grads_hook(self, indexes: list, size: int, held: set):
-        def hook(grads):
-            grads = grads if isinstance(grads, tuple) else (grads,)
-            for index, grad in zip(indexes, grads):
-                if grad is None:
+    def _hook_walk(self, targets: list, outs: list, grads_out: list, mark) -> None:
+        """Several nodes: hook each edge from the call's own nodes into an argument."""
+        by_key: dict = {}
+        aliased = {}
+        out_keys = {(t._grad_node._unique_id(), t._output_index): n for n, t in enumerate(outs)
+                    if _takes_gradient(t)}
+        for i, k, t in targets:
+            key = (t._grad_node._unique_id(), t._output_index)
+            by_key.setdefault(key, []).append((i, k))
+            if key in out_keys:
+                aliased[(i, k)] = out_keys[key]
+        if mark is None:
+            mark = max((t._grad_node._sequence_nr() for _, _, t in targets if not t._grad_node.is_leaf()),
+                       default=-1)
+        uids = {key[0] for key in by_key}
+        found = consumer_edges(grads_out, uids, mark)
+        if found is None:  # more nodes than MAX_WALK: say so rather than guess
+            self.report_lost_inputs(f"the call made more than {MAX_WALK} autograd nodes")
+            return
+        self._prepare_lists(targets)
+        per_node: dict = {}
+        for key, slots in by_key.items():
+            edges = found.get(key, [])
+            for slot_key in slots:
+                if slot_key in aliased and not edges:
+                    # the call returned this argument itself: one tensor, one gradient
+                    self._hook_tensor(outs[aliased[slot_key]], self._alias_hook(*slot_key))
                     continue
-                if index in held:
-                    if self.held is None:
-                        self.held = {}
-                    self.held[index] = grad
-                else:
-                    self._record("output", index, size, grad)
+                if not edges:
+                    self._slot_value(*slot_key, None)  # nothing inside the call uses it
+                    continue
+                # (the same tensor at several positions: each position gets the call's total for it)
+                if len(edges) > 1:
+                    if self.parts is None:
+                        self.parts = {}
+                    self.parts[slot_key] = _Part(len(edges))
+                    self._release_on_producer(targets, slot_key)
+                for node, j in edges:
+                    per_node.setdefault(node._unique_id(), (node, []))[1].append((j, slot_key))
+        for node, mapping in per_node.values():
+            node.register_hook(self._edges_hook(mapping))
+
+    def _edges_hook(self, mapping: list):
+        slot = self._slot_value
+
+        def hook(grad_inputs, _grad_outputs):
+            for j, (i, k) in mapping:
+                slot(i, k, grad_inputs[j])
         return hook
 
-    def _release_hook(self, index: int, size: int):
-        """Tensor hook (one argument) or node hook (two): the producer of input ``index`` needs its
-        gradient, so the one held back for it is recorded."""
-        def hook(*_grads):
-            grad = self.held.pop(index, None) if self.held else None
+    def _release_on_producer(self, targets: list, slot_key: tuple) -> None:
+        """When the argument's producer runs, every part the call will send it has arrived."""
+        tensor = next(t for i, k, t in targets if (i, k) == slot_key)
+        node = tensor._grad_node
+        release = self._release_hook(slot_key)
+        if node.is_leaf():
+            self._hook_tensor(tensor, release)
+        else:
+            node.register_hook(release)
+
+    def _hook_tensor(self, tensor, hook) -> None:
+        handle = tensor.register_hook(hook)
+        if tensor._grad_node.is_leaf():  # leaf hooks live as long as the tensor: removed at step end
+            self.runtime.leaf_hooks.append(handle)
+
+    # ------------------------------------------------------------------ gradient arrival
+    def _prepare_lists(self, targets: list) -> None:
+        """List arguments: ``lists[position] = [expected elements, arrived, [gradient per element]]``."""
+        for i, k, _ in targets:
+            if k is not None:
+                if self.lists is None:
+                    self.lists = {}
+                entry = self.lists.setdefault(i, [0, 0, []])
+                entry[0] += 1
+                if len(entry[2]) <= k:
+                    entry[2].extend([None] * (k + 1 - len(entry[2])))
+
+    def _slot_value(self, i: int, k, grad) -> None:
+        """One part of the gradient the call sends to argument ``i`` (element ``k`` of a list)."""
+        part = self.parts.get((i, k)) if self.parts else None
+        if part is not None:
+            if part.done:
+                return
+            part.arrived += 1
             if grad is not None:
-                self._record("output", index, size, grad)
+                part.total = grad if part.total is None else _sum(part.total, grad)
+            if part.arrived < part.expected:
+                return
+            part.done = True
+            grad = part.total
+        if k is not None:
+            self._list_item(i, k, grad)
+        elif grad is not None:
+            self._record("output", i, self.size, grad)
+
+    def _list_item(self, i: int, k: int, grad) -> None:
+        """Backward ``output`` item ``i`` is a list (one gradient per element of a list argument),
+        recorded once every element that takes part in the gradient has its value."""
+        entry = self.lists[i]
+        entry[1] += 1
+        entry[2][k] = grad
+        if entry[1] == entry[0] and any(g is not None for g in entry[2]):
+            self._record("output", i, self.size, entry[2])
+
+    def _release_hook(self, slot_key: tuple):
+        def hook(*_grads):
+            part = self.parts.get(slot_key) if self.parts else None
+            if part is None or part.done:
+                return
+            part.done = True
+            i, k = slot_key
+            if k is not None:
+                self._list_item(i, k, part.total)
+            elif part.total is not None:
+                self._record("output", i, self.size, part.total)
+        return hook
+
+    def _alias_hook(self, i: int, k):
+        def hook(grad):
+            self._slot_value(i, k, grad)
         return hook
 
     def _output_grad_hook(self, index: int, size: int):
@@ -212,85 +310,77 @@ class BackwardProbe:
             self._record("input", index, size, grad)
         return hook
 
+    def _record(self, side: str, index: int, size: int, grad) -> None:
+        """Item ``index`` of backward ``side`` (``input``: w.r.t. outputs, ``output``: w.r.t. inputs)."""
+        self.runtime.record_item(self.entry, side, index, size, grad, side, self.writer)
 
-#: :func:`call_edges` results when there is nothing to watch: no floating-point output tensor (a
-#: property of the API, e.g. ``shape`` or a comparison), or float outputs outside any gradient
-NO_FLOAT_OUTPUT = "no floating-point output"
-NO_GRADIENT = "no gradient"
+    def report_lost_inputs(self, why: str) -> None:
+        """Say in ``dump_error_info.log`` that this call's input gradients could not be captured."""
+        self.writer.error(f"{self.entry}: gradients w.r.t. the inputs not captured ({why})")
+
+    # ------------------------------------------------------------------ custom bprop Cells
+    def record_bprop(self, douts, result) -> None:
+        """A Cell with a custom ``bprop``: ``douts`` (gradients w.r.t. its outputs) and the bprop's
+        return value (gradients w.r.t. its inputs)."""
+        douts = douts if isinstance(douts, (tuple, list)) else (douts,)
+        if self.want_input:
+            for i, g in enumerate(douts):
+                self._record("input", i, len(douts), g)
+        if self.want_output:
+            grads = result if isinstance(result, (tuple, list)) else (result,)
+            for i, g in enumerate(grads):
+                self._record("output", i, len(grads), g)
 
 
-def takes_gradient(args: tuple) -> bool:
-    """Whether a positional tensor argument takes part in a gradient (has an autograd node)."""
-    for a in args:
-        if isinstance(a, Tensor) and a._grad_node is not None:
-            return True
-    return False
+def _sum(a, b):
+    """``a + b`` computed by the tool (not recorded: tool code runs with hooks ignoring it)."""
+    return _add(a, b)
 
 
-def call_edges(args: tuple, out):
-    """``(node, [(edge index, argument index)], len(args), number of outputs)`` when ``out`` came from
-    ``args`` through a single autograd node (see the module docstring); :data:`NO_FLOAT_OUTPUT` or
-    :data:`NO_GRADIENT` when no output is a floating-point tensor taking part in a gradient; else
-    ``None``.
+def _edge_key(edge_node, out_index: int, keys: dict):
+    """The ``(node id, output index)`` an edge leads to; an automatic ``Contiguous`` (a view passed to
+    a kernel) counts as leading to the view's producer."""
+    key = (edge_node._unique_id(), out_index)
+    if key not in keys and edge_node.name() == "Contiguous":
+        inner = edge_node.next_functions
+        if len(inner) == 1 and inner[0][0] is not None:
+            key = (inner[0][0]._unique_id(), inner[0][1])
+    return key
 
-    Accepted: every floating-point output tensor has the same node, which is not the node of any
-    argument, and which has exactly as many outputs (all floating-point); every edge of that node
-    that carries a gradient leads to a positional tensor argument (directly or through an automatic ``Contiguous``). Edges to
-    the same producer are matched to the arguments with that producer in order (``x * x``).
-    """
-    outs = _flatten_tensors(out, [])
-    floats = [t for t in outs if _is_float(t)]
-    if not floats:
-        return NO_FLOAT_OUTPUT
-    if all(t._grad_node is None for t in floats):
-        return NO_GRADIENT
-    node = outs[0]._grad_node
-    if node is None or len(floats) != len(outs):
+
+def _single_node(outs: list, grads_out: list, targets: list):
+    """The one autograd node that made every output of the call from its arguments, or ``None``.
+
+    Accepted: every output is a floating-point tensor of the same node, which has exactly as many
+    outputs and is not the node of any argument (an alias), and every edge of it that carries a
+    gradient leads to an argument (directly or through an automatic ``Contiguous``)."""
+    if len(grads_out) != len(outs):
         return None
+    node = outs[0]._grad_node
     uid = node._unique_id()
     for t in outs[1:]:
-        other = t._grad_node
-        if other is None or other._unique_id() != uid:
+        if t._grad_node._unique_id() != uid:
             return None
     if len(node._input_metadata) != len(outs):
         return None
-    producers: dict = {}
-    for i, a in enumerate(args):
-        if isinstance(a, Tensor):
-            g = a._grad_node
-            if g is not None:
-                a_uid = g._unique_id()
-                if a_uid == uid:  # the call returned an argument (or a view sharing its node)
-                    return None
-                producers.setdefault(a_uid, []).append(i)
-    mapping = []
-    used: dict = {}
-    for j, (edge_node, _) in enumerate(node.next_functions):
+    keys = {}
+    for _, _, t in targets:
+        if t._grad_node._unique_id() == uid:
+            return None
+        keys[(t._grad_node._unique_id(), t._output_index)] = True
+    for edge_node, out_index in node.next_functions:
         if edge_node is None:
             continue
-        e_uid = edge_node._unique_id()
-        if e_uid not in producers and edge_node.name() == "Contiguous":
-            inner = edge_node.next_functions
-            if len(inner) == 1 and inner[0][0] is not None:
-                e_uid = inner[0][0]._unique_id()
-        candidates = producers.get(e_uid)
-        k = used.get(e_uid, 0)
-        if candidates is None or k >= len(candidates):
+        if _edge_key(edge_node, out_index, keys) not in keys:
+            if edge_node.is_leaf():
+                continue  # a Parameter the call uses itself (not an argument): not ours to report
             return None
-        used[e_uid] = k + 1
-        mapping.append((j, candidates[k]))
-    return node, mapping, len(args), len(outs)
+    return node
 
 
-# ---------------------------------------------------------------------------------------------- Cells
-# A Cell is many nodes. Its input gradients are the gradients its internal consumers send to each
-# input; when each input has exactly one consumer edge inside the Cell, that consumer's node hook gives
-# them exactly, as for a one-node API call. The inside is found by walking back from the outputs,
-# bounded by a watermark: nodes are numbered in creation order (``_sequence_nr``), and a node made
-# just before the Cell ran (a view of an input, never used) marks where the Cell's own nodes begin.
-
-#: most nodes walked for one Cell call before giving up (the identity node is used instead)
-MAX_WALK = 4096
+# ---------------------------------------------------------------------------------------------- walk
+#: most nodes walked for one call before giving up (reported in dump_error_info.log)
+MAX_WALK = 200_000
 
 try:  # the raw view primitive: the tool's own node, never a wrapped API
     from mindspore.ops.auto_generate.gen_ops_prim import view_op as _view_op
@@ -298,25 +388,21 @@ except ImportError:  # pragma: no cover - other MindSpore layouts
     _view_op = None
 
 
-def grad_inputs(args: tuple) -> list:
-    """``[(index, tensor)]`` of the floating-point positional arguments that take a gradient."""
-    return [(i, a) for i, a in enumerate(args) if _is_float(a) and a._grad_node is not None]
-
-
 def watermark(tensor) -> int | None:
-    """Sequence number of a new node (a view of ``tensor``, discarded): every node the Cell creates
-    from now on has a larger one. ``None`` when no such node can be made."""
+    """Sequence number of a new node (a view of ``tensor``, discarded, never part of any gradient):
+    every node made from now on has a larger one. ``None`` when no such node can be made."""
     if _view_op is None:
         return None
     node = _view_op(tensor, tuple(tensor.shape))._grad_node
     return None if node is None else node._sequence_nr()
 
 
-def consumer_edges(outputs, targets: dict, mark: int):
-    """Edges from the nodes made after ``mark`` (walked back from ``outputs``) into ``targets``
-    (node unique id -> anything): ``{(target id, producer output index): [(node, edge index)]}``.
+def consumer_edges(outputs: list, targets: set, mark: int):
+    """Edges from the nodes made after ``mark`` (walked back from ``outputs``) into nodes whose unique
+    id is in ``targets``: ``{(target id, producer output index): [(node, edge index)]}``; an edge
+    through an automatic ``Contiguous`` made after ``mark`` counts as the ``Contiguous``'s own edge.
     ``None`` when the walk exceeds :data:`MAX_WALK` nodes."""
-    stack = [t._grad_node for t in _flatten_tensors(outputs, []) if _is_float(t) and t._grad_node is not None]
+    stack = [t._grad_node for t in outputs]
     seen = set()
     found: dict = {}
     while stack:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 
 from msprobe.capture.async_handles import defer_until_wait
-from msprobe.capture.backward import (NO_FLOAT_OUTPUT, NO_GRADIENT, BackwardProbe, call_edges, grad_enabled,
-                                      signature, takes_gradient)
+from msprobe.capture.backward import BackwardProbe, grad_enabled
 from msprobe.core import naming
 
 logger = logging.getLogger("msprobe")
@@ -51,21 +50,12 @@ def is_inplace(api_name: str) -> bool:
             or short.startswith("inplace_"))
 
 
-#: capture mode of a call none of whose inputs takes part in a gradient: output hooks only
-_OUTPUTS_ONLY = "outputs only"
-
-
 class CallRecorder:
     """Records calls of API-like functions into the runtime."""
 
     def __init__(self, runtime):
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
-        #: call signature (:func:`~msprobe.capture.backward.signature`) -> True when such calls run as
-        #: one autograd node or have no floating-point output (gradients come from a node hook, if
-        #: any), False when not (identity node); learned on the first call with that signature
-        #: whose inputs take part in a gradient, which goes through the identity node
-        self.single_node: dict = {}
 
     def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
         """Run ``original(*args, **kwargs)`` as API ``api`` (``"{prefix}.{name}"``) and record it."""
@@ -86,13 +76,6 @@ class CallRecorder:
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
                         if rt.track_parents:
                             rt.record_parent(bwd, _backward_name(self._parent()))
-                        key = signature(api, args, kwargs)
-                        mode = self.single_node.get(key)
-                        if mode is not True:
-                            if takes_gradient(args):
-                                args = probe.wrap_inputs(args)
-                            else:  # no input gradient to capture; nothing to learn from this call
-                                mode = _OUTPUTS_ONLY
                 if inplace and rt.has_pending:
                     rt.flush()
             except Exception as exc:  # tool failure: keep training
@@ -105,35 +88,12 @@ class CallRecorder:
                         rt.record(fwd, "output", as_output_list(written_output(api, args, kwargs, out)),
                                   "output")
                     if probe is not None:
-                        self._watch_backward(key, probe, mode, args, out)
+                        probe.observe(args, out)
                 except Exception as exc:
                     self._tool_error(api, exc)
             return out
         finally:
             rt.leave()
-
-    def _watch_backward(self, key: tuple, probe, mode, args: tuple, out) -> None:
-        """After the call: node hook (``mode`` True), or output hooks beside the identity node
-        (False), learning the mode on the first call of a signature (None)."""
-        if mode is True:
-            edges = call_edges(args, out)
-            if edges is NO_GRADIENT or edges is NO_FLOAT_OUTPUT:
-                return
-            if edges is not None:
-                probe.hook_node(edges)
-                return
-            # this call did not run as one node, unlike the first call with its signature: later
-            # calls use the identity node; this call's input gradients can no longer be told apart
-            # from those of other users of the same tensors
-            self.single_node[key] = False
-            if probe.want_output:
-                probe.report_lost_inputs(f"the call did not run as one autograd node, unlike the first "
-                                         f"call of {key[0]} with the same argument types")
-        probe.watch_outputs(out)
-        if mode is None:
-            edges = call_edges(args, out)
-            if edges is not NO_GRADIENT:  # no float output at all (shape, comparisons): nothing to wrap
-                self.single_node[key] = edges is NO_FLOAT_OUTPUT or edges is not None
 
     def _record_inputs(self, fwd: str, args: tuple, kwargs: dict) -> None:
         rt = self.rt
@@ -149,11 +109,7 @@ class CallRecorder:
         return stack[-1] if stack else None
 
     def _tool_error(self, api: str, exc: Exception) -> None:
-        msg = f"failed to record {api}: {exc!r}"
-        if self.rt.writer is not None:
-            self.rt.writer.error(msg)
-        else:
-            logger.warning("msprobe: %s", msg)
+        self.rt.tool_error(f"failed to record {api}: {exc!r}")
 
 
 def as_output_list(out):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from msprobe.capture.backward import BackwardProbe, consumer_edges, grad_enabled, grad_inputs, watermark
+from msprobe.capture.backward import BackwardProbe, grad_enabled, grad_inputs, watermark
 from msprobe.capture.calls import as_output_list
 from msprobe.core import naming
 from msprobe.core.handles import Handle, HandleSet
@@ -86,10 +86,7 @@ class CellCapture:
         # parameter gradients: not collected when only forward data is asked for (spec §2.5)
         self.param_grads = self.bwd_in or self.bwd_out
         self._plan = None  # (models key, [(prefix, cell, pre-hook, post-hook, [(param, hook)])])
-        #: Cell prefix -> True when each input of its calls has one consumer inside it (input
-        #: gradients from that consumer's node hook), False when not (identity node); learned on the
-        #: Cell's first call under a gradient, which goes through the identity node
-        self.one_consumer: dict = {}
+        self._param_loop = None  # Runtime.loop whose parameter hooks are registered (until step())
 
     def install(self, models) -> HandleSet:
         """Register the hooks on every descendant Cell of ``models`` (``list[(index or None, Cell)]``).
@@ -110,9 +107,19 @@ class CellCapture:
                 continue
             handles.add(_hook_handle(cell.register_forward_pre_hook(pre, with_kwargs=True)))
             handles.add(_hook_handle(cell.register_forward_hook(post, with_kwargs=True, always_call=True)))
-            for param, hook in param_hooks:
-                handles.add(_hook_handle(param.register_hook(hook)))
         return handles
+
+    def _hook_parameters(self) -> None:
+        """Register every planned parameter-gradient hook, at the first Cell call under a gradient in
+        the step (a forward-only step registers none). They stay until ``step()``, so a backward run
+        after ``stop()`` (seed: start -> forward -> stop -> backward -> step) is still recorded."""
+        rt = self.rt
+        if self._param_loop == rt.loop or self._plan is None:
+            return
+        self._param_loop = rt.loop
+        for _, _, _, _, param_hooks in self._plan[1]:
+            for param, hook in param_hooks:
+                rt.leaf_hooks.append(param.register_hook(hook))
 
     def _build_plan(self, models) -> list:
         plan = []
@@ -134,6 +141,7 @@ class CellCapture:
                 frames().append(None)
                 return None
             rt.enter()
+            fwd = entered = None
             try:
                 k = rt.next_count(f"{prefix}.forward")
                 fwd = naming.cell_entry(prefix, naming.FORWARD, k)
@@ -144,27 +152,37 @@ class CellCapture:
                 rt.record_parent(fwd, parent)
                 selected = rt.selector.selects(fwd)
                 rt.selector.enter_cell(fwd)
+                entered = fwd
                 if selected:
                     rt.record_stack(fwd)
                     if self.fwd_in:
                         rt.record(fwd, "input_args", args, "input")
                         rt.record(fwd, "input_kwargs", kwargs, "kwargs")
-                probe = walk = None
+                probe = mark = None
                 if (self.bwd_in or self.bwd_out) and grad_enabled():
+                    if self.param_grads and self._param_loop != rt.loop:
+                        self._hook_parameters()
                     bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
                     rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
                     if rt.selector.selects(bwd):
                         rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
-                        if bprop_probes is None:
-                            new_args, walk = self._prepare_input_grads(prefix, probe, args)
-                        else:  # custom bprop: the bprop wrapper records both sides
+                        if bprop_probes is not None:  # custom bprop: the bprop wrapper records both sides
                             bprop_probes.append(probe)
-                            probe, new_args = None, args
+                            probe = None
+                        elif self.bwd_out:
+                            inputs = grad_inputs(args)
+                            if inputs:  # every node the Cell makes from here on is newer than this
+                                mark = watermark(inputs[0][1])
                 stack.append(fwd)
-                frames().append((fwd, probe, selected, walk))
-                if probe is not None and any(a is not b for a, b in zip(new_args, args)):
-                    return new_args, kwargs
+                frames().append((fwd, probe, selected, mark))
+                entered = None
+                return None
+            except Exception as exc:  # tool failure: reported, the Cell runs as without the tool
+                rt.tool_error(f"failed to record {fwd or prefix}: {exc!r}")
+                if entered is not None:
+                    rt.selector.exit_cell(entered)
+                frames().append(None)
                 return None
             finally:
                 rt.leave()
@@ -180,7 +198,7 @@ class CellCapture:
             frame = frame_list.pop() if frame_list else None
             if frame is None:
                 return None
-            fwd, probe, selected, walk = frame
+            fwd, probe, selected, mark = frame
             stack = rt.cell_stack
             if stack and stack[-1] == fwd:
                 stack.pop()
@@ -191,60 +209,14 @@ class CellCapture:
                     rt.record(fwd, "output", as_output_list(output), "output")
                     rt.record(fwd, "parameters", _own_parameters(cell), "parameters")
                 if probe is not None:
-                    probe.watch_outputs(output)
-                    if walk is not None:
-                        self._finish_input_grads(prefix, probe, walk, len(args), output)
+                    probe.observe(args, output, mark)
+            except Exception as exc:  # tool failure: reported once per entry, the Cell's output goes on
+                rt.tool_error(f"failed to record {fwd}: {exc!r}")
             finally:
                 rt.leave()
             return None
 
         return post_hook
-
-    # ------------------------------------------------------------------ backward output (input grads)
-    def _prepare_input_grads(self, prefix: str, probe, args: tuple):
-        """Before the Cell runs: ``(args to run with, walk)``. The identity node wraps the inputs
-        unless the Cell is known to have one consumer per input (then a watermark node is made and
-        ``walk`` says so); on the Cell's first call ``walk`` asks to learn which case it is."""
-        if not probe.want_output:
-            return args, None
-        inputs = grad_inputs(args)
-        if not inputs:
-            return args, None
-        mode = self.one_consumer.get(prefix)
-        if mode is True and len({t._grad_node._unique_id() for _, t in inputs}) == len(inputs):
-            mark = watermark(inputs[0][1])
-            if mark is not None:
-                return args, ("node", inputs, mark)
-        wrapped = probe.wrap_inputs(args)
-        return wrapped, (("learn", wrapped, args) if mode is None else None)
-
-    def _finish_input_grads(self, prefix: str, probe, walk: tuple, size: int, output) -> None:
-        """After the Cell ran: hook the one consumer of each input, or learn whether there is one."""
-        if walk[0] == "learn":
-            _, wrapped, args = walk
-            positions = [i for i, (a, b) in enumerate(zip(wrapped, args)) if a is not b]
-            node = wrapped[positions[0]]._grad_node
-            found = consumer_edges(output, {node._unique_id(): None}, node._sequence_nr())
-            self.one_consumer[prefix] = found is not None and len(found) == len(positions) and all(
-                len(found.get((node._unique_id(), k), ())) == 1 for k in range(len(positions)))
-            return
-        _, inputs, mark = walk
-        targets = {t._grad_node._unique_id(): i for i, t in inputs}
-        found = consumer_edges(output, targets, mark)
-        consumers = []
-        if found is not None and len(found) == len(inputs):
-            for (uid, _), edges in found.items():
-                if len(edges) != 1:
-                    break
-                consumers.append((targets[uid], edges[0][0], edges[0][1]))
-        if len(consumers) == len(inputs):
-            probe.hook_consumers(consumers, size)
-            return
-        # unlike its first call, this call's inputs do not have one consumer each: its input
-        # gradients cannot be told apart any more; later calls go through the identity node
-        self.one_consumer[prefix] = False
-        probe.report_lost_inputs("inside the Cell an input now has more or fewer than one consumer, "
-                                 "unlike its first call")
 
     # ------------------------------------------------------------------ Cells with a custom bprop
     def _install_bprop_cell(self, prefix: str, cell) -> Handle:
@@ -292,14 +264,9 @@ class CellCapture:
             if probe is not None and rt.records_data:
                 rt.enter()
                 try:
-                    if self.bwd_in:
-                        douts = args[-1] if isinstance(args[-1], (tuple, list)) else (args[-1],)
-                        for i, g in enumerate(douts):
-                            rt.record_item(probe.entry, "input", i, len(douts), g, "input", probe.writer)
-                    if self.bwd_out:
-                        grads = result if isinstance(result, (tuple, list)) else (result,)
-                        for i, g in enumerate(grads):
-                            rt.record_item(probe.entry, "output", i, len(grads), g, "output", probe.writer)
+                    probe.record_bprop(args[-1], result)
+                except Exception as exc:  # tool failure: the bprop's result goes on unchanged
+                    rt.tool_error(f"failed to record {probe.entry}: {exc!r}")
                 finally:
                     rt.leave()
             return result
@@ -338,7 +305,7 @@ class CellCapture:
         hooks = []
         for pname, param in params:
             def hook(grad, pname=pname):
-                if not rt.running:
+                if not rt.step_open:
                     return None
                 if pname == first:
                     g = rt.next_count(key)

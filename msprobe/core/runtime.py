@@ -140,11 +140,35 @@ class Runtime:
         self._pid = os.getpid()
         #: hook handles on the user's leaf tensors (capture/backward.py), removed at the end of the step
         self.leaf_hooks: list = []
+        #: tool-failure key -> repeats not written again (tool_error)
+        self.reported_errors: dict = {}
         self.late_pieces = 0
         #: set by the first failed write (disk full, file too large, ...): dumping is off for good
         self.failed = False
 
     # ------------------------------------------------------------------ state queries
+    @property
+    def step_open(self) -> bool:
+        """True from ``start()`` until ``step()`` closes the step (also after ``stop()``: backward data
+        of the step may still arrive)."""
+        writer = self.writer
+        return writer is not None and not writer.closed
+
+    def tool_error(self, message: str, key=None) -> None:
+        """Report a failure of the tool itself (the training goes on): written to the step's
+        ``dump_error_info.log`` the first time ``key`` (default: the message) is seen in the process;
+        repeats are counted and their number is written when the step closes."""
+        key = message if key is None else key
+        seen = self.reported_errors.get(key)
+        if seen is not None:
+            self.reported_errors[key] = seen + 1
+            return
+        self.reported_errors[key] = 0
+        if self.writer is not None and not self.writer.closed:
+            self.writer.error(message)
+        else:
+            logger.warning("msprobe: %s", message)
+
     @property
     def step(self) -> int:
         """Current step number (``set_init_step`` offset plus completed ``step()`` calls)."""
@@ -461,6 +485,12 @@ class Runtime:
         if self.forked():
             return
         self.refresh_rank()
+        repeats = sum(self.reported_errors.values())
+        if repeats and self.writer is not None and not self.writer.closed:
+            self.writer.error(f"tool failures already reported in this run (this log or an earlier "
+                              f"step's) happened {repeats} more times in this step")
+        for key in self.reported_errors:
+            self.reported_errors[key] = 0
         self.close_writer()
         if self.late_pieces:
             logger.warning("msprobe: %d gradient records arrived after their step was closed and were "
