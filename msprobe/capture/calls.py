@@ -66,7 +66,8 @@ class CallRecorder:
             try:
                 n = rt.next_count(api)
                 fwd = naming.api_entry(api, n, naming.FORWARD)
-                selected = rt.selector.selects(fwd)
+                # a recomputed forward (Cell.recompute) was recorded the first time it ran
+                selected = not rt.recomputing and rt.selector.selects(fwd)
                 if selected:
                     self._record_inputs(fwd, args, kwargs)
                 # the backward entry is selected on its own name (a list may name only it)

@@ -99,6 +99,9 @@ class CellCapture:
             self._plan = (key, self._build_plan(models))
         handles = HandleSet()
         for prefix, cell, pre, post, param_hooks in self._plan[1]:
+            if pre == "recompute":
+                handles.add(self._install_recompute_cell(prefix, cell))
+                continue
             if pre is None:
                 # MindSpore ignores register_forward_hook on a Cell with a custom bprop (it returns a
                 # dummy handle), so the forward hook would never pop the pre-hook's frame: wrap the
@@ -124,6 +127,12 @@ class CellCapture:
     def _build_plan(self, models) -> list:
         plan = []
         for prefix, cell in iter_cells(models):
+            kind = _recompute_kind(cell)
+            if kind == "wrapper":  # MindSpore's own wrapper of the recomputed construct: not a layer
+                continue
+            if kind == "recompute":
+                plan.append((prefix, cell, "recompute", None, ()))
+                continue
             if getattr(cell, "has_bprop", False):
                 plan.append((prefix, cell, None, None, ()))
                 continue
@@ -148,9 +157,11 @@ class CellCapture:
                 stack = rt.cell_stack
                 parent = stack[-1] if stack else None
                 # construct.json has every Cell call (a selected Cell keeps its ancestors);
-                # stack.json only the dumped entries
-                rt.record_parent(fwd, parent)
-                selected = rt.selector.selects(fwd)
+                # stack.json only the dumped entries; a recomputed forward was recorded the first time
+                replay = rt.recomputing
+                if not replay:
+                    rt.record_parent(fwd, parent)
+                selected = not replay and rt.selector.selects(fwd)
                 rt.selector.enter_cell(fwd)
                 entered = fwd
                 if selected:
@@ -217,6 +228,42 @@ class CellCapture:
             return None
 
         return post_hook
+
+    # ------------------------------------------------------------------ Cell.recompute()
+    def _install_recompute_cell(self, prefix: str, cell) -> Handle:
+        """MindSpore's ``_RecomputeCell`` of a Cell under ``Cell.recompute()`` runs the Cell's forward
+        without a gradient, then again inside its ``bprop`` to compute the gradients. The first run is
+        recorded as usual; the re-run gets the same call numbers and parents and records only backward
+        data (:meth:`Runtime.replaying`), so backward ``k`` pairs with forward ``k``."""
+        rt = self.rt
+        saved: list = []  # per forward call under a gradient: (counters, Cell stack) when it started
+        orig_construct, orig_bprop = cell.construct, cell.bprop
+        had = {name: name in vars(cell) for name in ("construct", "bprop")}
+
+        def construct(*args, **kwargs):
+            if rt.running and not rt.recomputing:
+                saved.append((dict(rt.counters), list(rt.cell_stack)))
+            return orig_construct(*args, **kwargs)
+
+        def bprop(*args):
+            if not saved:
+                return orig_bprop(*args)
+            counters, stack = saved.pop()
+            with rt.replaying(counters, stack):
+                return orig_bprop(*args)
+
+        construct.__wrapped__, bprop.__wrapped__ = orig_construct, orig_bprop
+        object.__setattr__(cell, "construct", construct)
+        object.__setattr__(cell, "bprop", bprop)
+
+        def undo():
+            for name, orig in (("construct", orig_construct), ("bprop", orig_bprop)):
+                if had[name]:
+                    object.__setattr__(cell, name, orig)
+                else:
+                    vars(cell).pop(name, None)
+
+        return Handle(undo, f"{prefix} (recompute)")
 
     # ------------------------------------------------------------------ Cells with a custom bprop
     def _install_bprop_cell(self, prefix: str, cell) -> Handle:
@@ -318,6 +365,15 @@ class CellCapture:
 
             hooks.append((param, hook))
         return hooks
+
+
+def _recompute_kind(cell):
+    """``"recompute"`` for MindSpore's ``_RecomputeCell`` (made by ``Cell.recompute()``), ``"wrapper"``
+    for the ``_WrapCell`` inside it, else ``None``."""
+    name = type(cell).__name__
+    if name in ("_RecomputeCell", "_WrapCell") and type(cell).__module__ == "mindspore.common.recompute":
+        return "recompute" if name == "_RecomputeCell" else "wrapper"
+    return None
 
 
 def _own_parameter_items(cell):

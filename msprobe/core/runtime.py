@@ -140,6 +140,8 @@ class Runtime:
         self._pid = os.getpid()
         #: hook handles on the user's leaf tensors (capture/backward.py), removed at the end of the step
         self.leaf_hooks: list = []
+        #: > 0 while MindSpore re-runs a recomputed forward (:meth:`replaying`)
+        self.recomputing = 0
         #: tool-failure key -> repeats not written again (tool_error)
         self.reported_errors: dict = {}
         self.late_pieces = 0
@@ -168,6 +170,28 @@ class Runtime:
             self.writer.error(message)
         else:
             logger.warning("msprobe: %s", message)
+
+    @contextlib.contextmanager
+    def replaying(self, counters: dict, cell_stack: list):
+        """``with runtime.replaying(counters, stack):`` — MindSpore re-runs a forward it ran before
+        (``Cell.recompute()``): calls get the numbers and Cell parents they had the first time
+        (``counters``, ``cell_stack``: copies taken then), forward data is not recorded again
+        (:attr:`recomputing`), only the backward data the re-run forward makes possible. Afterwards
+        the step's own counters and stack are back; parameter-gradient counts made during the
+        re-run are kept."""
+        real, real_stack = self.counters, self.cell_stack
+        self.counters = defaultdict(int, counters)
+        self._tls.cell_stack = list(cell_stack)
+        self.recomputing += 1
+        try:
+            yield
+        finally:
+            self.recomputing -= 1
+            replayed, self.counters = self.counters, real
+            self._tls.cell_stack = real_stack
+            for key, n in replayed.items():
+                if key.endswith(".parameters_grad") and n > real[key]:
+                    real[key] = n
 
     @property
     def step(self) -> int:
