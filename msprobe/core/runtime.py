@@ -155,6 +155,7 @@ class Runtime:
         self._user_error: BaseException | None = None
         self._timer: FlushTimer | None = None
         self._step_failure: str | None = None  # the first user failure of this step, for messages
+        self._asked = 0  # values handed to record*() in this step (for empty_reason)
         self._emitted_stacks: set = set()
         self._pid = os.getpid()
         #: hook handles on the user's leaf tensors (capture/backward.py), removed at the end of the step
@@ -383,6 +384,7 @@ class Runtime:
                             as_list: bool = False, fixed_name: bool = False) -> None:
         if not self.records_data or self.failed or self.forked():
             return
+        self._asked += 1
         if type(value) in (dict, tuple, list) and not value:  # e.g. no keyword arguments: no tensors
             empty = {} if type(value) is dict else []
             line["v"] = [empty] if as_list else empty
@@ -591,7 +593,7 @@ class Runtime:
         filters = [f"{name} {list(value)}" for name, value in (
             ("list", cfg.api_list), ("scope", cfg.scope), ("data_mode", cfg.data_mode))
             if value and tuple(value) != ("all",)]
-        if filters:
+        if filters and not self._asked:
             causes.append(f"the config's {', '.join(filters)} selected none of them")
         if not causes:
             causes.append("none of them produced a record")
@@ -613,6 +615,7 @@ class Runtime:
         self.counters.clear()
         self.selector.reset()
         self._step_failure = None
+        self._asked = 0
         self._tls = threading.local()
         self.loop += 1
 

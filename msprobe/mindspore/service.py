@@ -352,7 +352,8 @@ class DumpService:
             return
         self.finished = True
         self.runtime.close_timer()
-        self._process_state.restore()
+        # graph probes stay compiled in (and need MS_JIT_MODULES) until close()
+        self._process_state.restore(env=not self._graph)
         logger.info("msprobe: all configured steps are dumped (last step %s); the dump is switched off",
                     self.config.last_step)
 
@@ -380,28 +381,31 @@ _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
 
 
 class _ProcessState:
-    """Process-wide settings a debugger changes, given back when it is done (closed, finished with
-    its last configured step, or collected): ``sys.excepthook`` (through :func:`_install_excepthook`)
-    and environment variables noted with :meth:`keep_env`."""
+    """Process-wide settings a debugger changes, given back when it is done: ``sys.excepthook``
+    (through :func:`_install_excepthook`) once it is closed, finished with its last configured
+    step, or collected; environment variables noted with :meth:`keep_env` (``MS_JIT_MODULES`` for
+    graph probes) once no probe that needs them remains (close or collection)."""
 
     def __init__(self):
         self._env: dict = {}
-        self._restored = False
+        self.hook_released = False
 
     def keep_env(self, name: str) -> None:
         """Remember ``os.environ[name]`` (or its absence) as it is now, once."""
         self._env.setdefault(name, os.environ.get(name))
 
-    def restore(self) -> None:
-        if self._restored:
-            return
-        self._restored = True
-        for name, value in self._env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        _release_excepthook()
+    def restore(self, env: bool = True) -> None:
+        """Release the excepthook; with ``env``, put noted environment variables back."""
+        if env:
+            for name, value in self._env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            self._env.clear()
+        if not self.hook_released:
+            self.hook_released = True
+            _release_excepthook()
 
 
 def _install_excepthook() -> None:
@@ -428,7 +432,7 @@ def _install_excepthook() -> None:
 def _release_excepthook() -> None:
     """Put the previous ``sys.excepthook`` back once no debugger needs ours (if someone replaced
     ours meanwhile, theirs is left in place; ours then only passes exceptions on)."""
-    live = [s for s in list(_LIVE_SERVICES) if not s._process_state._restored]
+    live = [s for s in list(_LIVE_SERVICES) if not s._process_state.hook_released]
     hook = sys.excepthook
     if not live and getattr(hook, "_msprobe", False):
         sys.excepthook = hook._previous
