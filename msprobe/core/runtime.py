@@ -18,7 +18,7 @@ import threading
 import time
 from collections import defaultdict
 
-from mindspore import Parameter, ops
+from mindspore import Parameter, Tensor, ops
 
 from msprobe.core import naming, report, stats
 from msprobe.core.budget import TensorBudget
@@ -45,6 +45,28 @@ FLUSH_DEADLINE = 0.75
 
 def _no_file(path):
     return None
+
+
+def _holds_failed_tensor(value, depth: int = 0) -> bool:
+    """True when a Tensor in ``value`` (nested lists, tuples, dicts) cannot even tell its shape:
+    MindSpore's sign that the operation producing it failed (asynchronous launch)."""
+    if isinstance(value, Tensor):
+        try:
+            value.shape  # noqa: B018 - the read is the test
+        except Exception:
+            return True
+        return False
+    if depth > 8:
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(_holds_failed_tensor(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_failed_tensor(v, depth + 1) for v in value.values())
+    return False
+
+
+def _first_line_of(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -188,23 +210,35 @@ class Runtime:
         if depth == 0 and self._user_error is not None:
             self.raise_user_error()
 
-    def raise_user_error(self) -> None:
+    def raise_user_error(self, final: bool = False) -> None:
         """Raise, unchanged, the exception of a failed user operation that a flush or a tensor read
         in tool code caught (MindSpore reports an asynchronous failure at the next synchronisation
         or read, which may be the tool's). Does nothing on the flush thread, inside tool code, or
         while another exception propagates (it is raised at the next chance instead: the next
-        recorded call, ``stop()`` or ``step()``)."""
+        recorded call, ``stop()`` or ``step()``); ``final`` (``step()``): then it is dropped with a
+        WARNING instead, so no failure is carried into a later step."""
         exc = self._user_error
-        if exc is None or getattr(self._tls, "depth", 0) > 0 or sys.exc_info()[1] is not None:
+        if exc is None or getattr(self._tls, "depth", 0) > 0:
             return
         if self._timer is not None and threading.current_thread() is self._timer.thread:
+            return
+        if sys.exc_info()[1] is not None:
+            if final:  # never carried into a later step
+                self._user_error = None
+                logger.warning("msprobe: the program's computation failed (%s) while another "
+                               "exception was being handled; that one goes on", _first_line_of(exc))
             return
         self._user_error = None
         raise exc
 
+    def take_user_error(self):
+        """The failure of the user's computation not raised yet (and forget it), or ``None``."""
+        exc, self._user_error = self._user_error, None
+        return exc
+
     def _user_failed(self, exc: BaseException) -> None:
         if self._step_failure is None:
-            self._step_failure = f"{type(exc).__name__}: {_first_line(exc)}"
+            self._step_failure = _first_line_of(exc)
         if self._user_error is None:
             self._user_error = exc
 
@@ -305,7 +339,7 @@ class Runtime:
         rank = self.resolve_rank()
         if rank is None:
             return
-        self._flush_quietly()
+        self.flush_quietly()
         old = self.writer.directory
         self.rank = rank
         target = self.step_directory()
@@ -402,10 +436,10 @@ class Runtime:
         try:
             described = describer.describe(value)
         except Exception as exc:
-            if not raised_by_mindspore(exc):
+            if not (raised_by_mindspore(exc) and _holds_failed_tensor(value)):
                 raise  # the tool's own failure: the capture code reports it
-            # reading the tensor's dtype/shape raised: the operation that produced it failed (this
-            # is how MindSpore reports it under asynchronous launch); the user gets the exception
+            # reading a tensor's dtype/shape raised: the operation that produced it failed (this is
+            # how MindSpore reports it under asynchronous launch); the user gets the exception
             self._user_failed(exc)
             return
         if name_for is not _no_file and self.budget.limit is not None:
@@ -512,13 +546,13 @@ class Runtime:
         raised to the user when the outermost tool section ends (:meth:`leave`), or at once when
         called from user code (the mutation guard): never swallowed.
         """
-        if not self._flush_quietly(wait):
+        if not self.flush_quietly(wait):
             return False
         if wait:
             self.raise_user_error()  # only outside tool code (see raise_user_error)
         return True
 
-    def _flush_quietly(self, wait: bool = True) -> bool:
+    def flush_quietly(self, wait: bool = True) -> bool:
         """:meth:`flush` that keeps a user failure for later (``stop()``/``step()`` raise it once
         their files are written)."""
         if not self._flush_lock.acquire(blocking=wait):
@@ -565,7 +599,7 @@ class Runtime:
         if self.forked():
             return
         self.refresh_rank()
-        self._flush_quietly()
+        self.flush_quietly()
         if self.writer is not None and not self.writer.closed:
             try:
                 self.writer.write_files()
@@ -623,7 +657,7 @@ class Runtime:
         """Flush and close the current step's writer (``step()``, process exit)."""
         if self.forked():
             return
-        self._flush_quietly()
+        self.flush_quietly()
         if self.writer is not None:
             try:
                 self.writer.close()

@@ -307,7 +307,7 @@ class DumpService:
         rt = self.runtime
         was_running = self.active and self._kernel_dump is None
         if was_running:
-            rt.flush()
+            rt.flush_quietly()  # a user failure met here is raised by the next stop()/step()
             if rt.writer is not None and rt.writer.discard_if_empty():
                 self.active = False
                 rt.running = False
@@ -345,7 +345,7 @@ class DumpService:
             rt.budget.estimate_after_step(directory, step, len(self.config.step))
         if self.config.last_step is not None and rt.step > self.config.last_step:
             self._finish()
-        rt.raise_user_error()
+        rt.raise_user_error(final=True)
 
     def _finish(self) -> None:
         if self.finished:
@@ -354,7 +354,7 @@ class DumpService:
         self.runtime.close_timer()
         # graph probes stay compiled in (and need MS_JIT_MODULES) until close()
         self._process_state.restore(env=not self._graph)
-        logger.info("msprobe: all configured steps are dumped (last step %s); the dump is switched off",
+        logger.info("msprobe: the last configured step (%s) is over; the dump is switched off",
                     self.config.last_step)
 
     def close(self) -> None:
@@ -443,6 +443,9 @@ def _close_at_exit(ref) -> None:
     if service is not None:
         try:
             service.close()
-            service.runtime.raise_user_error()
         except Exception as exc:  # never fail interpreter exit
             logger.warning("msprobe: could not finish the dump at exit: %r", exc)
+        failure = service.runtime.take_user_error()
+        if failure is not None:
+            logger.error("msprobe: the program's computation failed (%r); the tool met the failure "
+                         "while finishing the dump at exit, too late to raise it", failure)
