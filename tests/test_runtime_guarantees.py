@@ -236,7 +236,8 @@ def test_model_sweep_memory_stays_flat(tmp_path):
 
 def test_process_state_given_back_when_done(make_debugger):
     """sys.excepthook is chained while a debugger runs and restored once it has dumped its last
-    configured step; the gen-0 GC threshold is the user's again after stop()."""
+    configured step (its flush thread ends then too); the gen-0 GC threshold is the user's again
+    after stop()."""
     gc.collect()  # debuggers of earlier tests are gone, and with them their hook
     before_hook, before_gc = sys.excepthook, gc.get_threshold()
     assert not getattr(before_hook, "_msprobe", False)
@@ -246,8 +247,11 @@ def test_process_state_given_back_when_done(make_debugger):
     ops.relu(Tensor(np.ones(3, np.float32)))
     debugger.stop()
     assert gc.get_threshold() == before_gc
+    flusher = debugger.service.runtime._timer.thread   # started by the step's first record
     debugger.step()
     assert sys.excepthook is before_hook
+    flusher.join(timeout=5)                             # the flush thread ends with the dump
+    assert not flusher.is_alive()
     # a debugger dropped before it is done gives the hook back too
     other = PrecisionDebugger(dump_path=debugger.config.dump_path + "_2", level="L1")
     assert sys.excepthook is not before_hook

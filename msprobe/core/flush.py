@@ -159,6 +159,7 @@ class FlushTimer:
         self._thread = threading.Thread(target=_timer_loop, args=(weakref.ref(runtime), self),
                                         name="msprobe-flush", daemon=True)
         self._thread.start()
+        weakref.finalize(runtime, self.close)  # the runtime is gone: the thread ends
 
     @property
     def alive(self) -> bool:

@@ -236,6 +236,17 @@ class Runtime:
         exc, self._user_error = self._user_error, None
         return exc
 
+    def claim_user_failure(self, exc: BaseException, value) -> bool:
+        """Tool code that caught ``exc`` while handling the user's ``value`` (arguments, outputs)
+        asks whether it is the user's: True when MindSpore raised it and a Tensor in ``value``
+        cannot tell its shape (the operation producing it failed, asynchronous launch). Then it is
+        kept and raised to the user when the outermost tool section ends (:meth:`leave`); the
+        caller must not report it as its own failure."""
+        if not (raised_by_mindspore(exc) and _holds_failed_tensor(value)):
+            return False
+        self._user_failed(exc)
+        return True
+
     def _user_failed(self, exc: BaseException) -> None:
         if self._step_failure is None:
             self._step_failure = _first_line_of(exc)
@@ -436,11 +447,8 @@ class Runtime:
         try:
             described = describer.describe(value)
         except Exception as exc:
-            if not (raised_by_mindspore(exc) and _holds_failed_tensor(value)):
+            if not self.claim_user_failure(exc, value):
                 raise  # the tool's own failure: the capture code reports it
-            # reading a tensor's dtype/shape raised: the operation that produced it failed (this is
-            # how MindSpore reports it under asynchronous launch); the user gets the exception
-            self._user_failed(exc)
             return
         if name_for is not _no_file and self.budget.limit is not None:
             self.budget.spend(describer.slots)
