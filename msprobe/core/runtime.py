@@ -171,7 +171,7 @@ class Runtime:
         self._pending: list = []
         self._pending_slots: list = []
         self._pending_bytes = 0
-        self._oldest = 0.0  # time.monotonic() of the oldest pending record
+        self._oldest: float | None = None  # time.monotonic() of the oldest pending record
         #: the exception of a failed user operation that a flush inside tool code caught, raised to
         #: the user when the outermost tool section of a user thread ends (:meth:`leave`)
         self._user_error: BaseException | None = None
@@ -373,6 +373,7 @@ class Runtime:
         self.running = False
         with self._lock:
             self._pending, self._pending_slots, self._pending_bytes = [], [], 0
+            self._oldest = None
         writer = self.writer
         where = writer.directory if writer is not None else directory
         message = (f"writing the dump failed in {where}: {exc!r}. Dumping is switched off for the rest "
@@ -468,6 +469,7 @@ class Runtime:
                 lines.append({"s": sid, "f": self.stacks.rendered[sid]})
             lines.append({"e": entry, "stack": sid})
             self._pending.extend((writer, line) for line in lines)
+            self._started_pending()
 
     def record_parent(self, name: str, parent, writer=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
@@ -475,14 +477,12 @@ class Runtime:
             return
         with self._lock:
             self._pending.append((writer or self.writer, {"c": name, "p": parent}))
+            self._started_pending()
 
     def _queue(self, line: dict, slots: list, writer) -> None:
-        now = time.monotonic()
         with self._lock:
-            first = not self._pending
-            if first:
-                self._oldest = now
             self._pending.append((writer, line))
+            now = self._started_pending()
             if slots:
                 self._pending_slots.extend(slots)
                 self._pending_bytes += sum(s.nbytes() for s in slots)
@@ -492,8 +492,16 @@ class Runtime:
                     or now - self._oldest >= FLUSH_SECONDS)
         if full:
             self.flush(wait=False)
-        elif first and not self.config.async_dump:
-            self._deadline_timer().wake()
+
+    def _started_pending(self) -> float:
+        """Call with :attr:`lock` held after adding to the batch: the first addition to an empty
+        batch starts its deadline (and wakes the flush thread). Returns ``time.monotonic()``."""
+        now = time.monotonic()
+        if self._oldest is None:
+            self._oldest = now
+            if not self.config.async_dump and not self.forked():
+                self._deadline_timer().wake()
+        return now
 
     def _deadline_timer(self) -> FlushTimer:
         timer = self._timer
@@ -511,7 +519,7 @@ class Runtime:
         if self.failed or self.forked():
             return None
         with self._lock:
-            if not self._pending:
+            if self._oldest is None:
                 return None
             age = time.monotonic() - self._oldest
         if age < delay:
@@ -533,6 +541,7 @@ class Runtime:
     def queue_line(self, line: dict, writer) -> None:
         """Queue a journal line that holds no tensors (call with :attr:`lock` held)."""
         self._pending.append((writer, line))
+        self._started_pending()
 
     @property
     def has_pending(self) -> bool:
@@ -577,6 +586,7 @@ class Runtime:
         with self._lock:
             pending, slots = self._pending, self._pending_slots
             self._pending, self._pending_slots, self._pending_bytes = [], [], 0
+            self._oldest = None
         if not pending or self.failed or self.forked():
             return
         self.enter()
@@ -627,8 +637,7 @@ class Runtime:
             return report.EMPTY_REASON
         causes = []
         if self._step_failure is not None:
-            causes.append(f"the program's computation failed ({self._step_failure}); the exception "
-                          "was raised to the program")
+            causes.append(f"the program's computation failed ({self._step_failure})")
         errors = self.writer.error_count if self.writer is not None else 0
         if errors:
             causes.append(f"the tool failed to record {errors} time(s), see dump_error_info.log")
