@@ -144,6 +144,32 @@ def test_failure_found_by_the_flush_is_raised_at_stop(tmp_path, blocking):
     assert list(step1.data) == ["Functional.relu.0.forward"]
 
 
+def test_failure_met_by_the_flush_thread_is_raised_at_the_next_call(tmp_path):
+    """Asynchronous launch: an unhooked operation fails, the program pauses, and the background
+    flush's synchronisation meets the failure: the program's next recorded call raises it."""
+    script = _prelude(False) + textwrap.dedent(f"""
+        debugger = PrecisionDebugger(dump_path={str(tmp_path / "dump")!r}, level="L1")
+        a = Tensor(np.ones((4, 3), np.float32))
+        debugger.start()
+        ops.relu(a)
+        ops.Add()(a, Tensor(np.ones((5, 2), np.float32)))   # not hooked; fails asynchronously
+        time.sleep(1.5)                                       # the flush thread synchronises
+        try:
+            ops.relu(a)
+            print("NO ERROR")
+        except ValueError as exc:
+            print("CAUGHT", type(exc).__name__, str(exc).splitlines()[0])
+        debugger.stop()
+        debugger.step()
+        print("DONE")
+    """)
+    proc = _run(script)
+    assert proc.returncode == 0 and "DONE" in proc.stdout, proc.stderr[-3000:]
+    assert "CAUGHT ValueError For 'Add'" in proc.stdout
+    data = msprobe.dump.load(only_step_dir(str(tmp_path / "dump"), 0)).data
+    assert data["Functional.relu.0.forward"]["output"][0]["Max"] == 1.0
+
+
 # ============================================================================ hang and kill
 @pytest.mark.parametrize("blocking", [False, True], ids=["async", "launch_blocking"])
 def test_records_reach_disk_during_a_hang(tmp_path, blocking):
