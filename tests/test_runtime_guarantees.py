@@ -342,6 +342,33 @@ def test_empty_reason_names_the_users_failure_not_filters(make_debugger, dump_di
     assert "empty_reason" not in msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header
 
 
+def test_empty_reason_names_an_asynchronous_failure(tmp_path):
+    """Asynchronous launch, forward outputs only: the step's only hooked call gets the output of a
+    failed (unhooked) operation, so its output cannot exist; empty_reason names MindSpore's error
+    and does not blame data_mode, which selected that output."""
+    dump = str(tmp_path / "dump")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": dump,
+                               "statistics": {"data_mode": ["forward", "output"]}}))
+    script = _prelude(False) + textwrap.dedent(f"""
+        debugger = PrecisionDebugger({str(cfg)!r})
+        a = Tensor(np.ones((4, 3), np.float32))
+        debugger.start()
+        try:
+            ops.relu(ops.Add()(a, Tensor(np.ones((5, 2), np.float32))))
+        except ValueError:
+            print("CAUGHT")
+        debugger.stop()
+        debugger.step()
+    """)
+    proc = _run(script)
+    assert proc.returncode == 0 and "CAUGHT" in proc.stdout, proc.stderr[-3000:]
+    reason = msprobe.dump.load(only_step_dir(dump, 0)).header["empty_reason"]
+    assert reason.startswith("1 hooked call ran in this step, but the program's computation failed "
+                             "(ValueError: For 'Add', input1.shape and input2.shape need to broadcast")
+    assert "selected none" not in reason and "tool failed" not in reason
+
+
 # ============================================================================ context manager
 def test_with_blocks_are_start_and_stop(make_debugger, dump_dir):
     """``with debugger.dump(net):`` and ``with debugger:`` record what start()/stop() record; an
