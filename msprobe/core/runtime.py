@@ -572,6 +572,8 @@ class Runtime:
     def flush_quietly(self, wait: bool = True) -> bool:
         """:meth:`flush` that keeps a user failure for later (``stop()``/``step()`` raise it once
         their files are written)."""
+        if self.forked():  # the child never writes (and a lock held by the parent's flush thread
+            return True    # at fork time stays held here)
         if not self._flush_lock.acquire(blocking=wait):
             return False
         try:
