@@ -130,11 +130,22 @@ class PrecisionDebugger:
         self.service.start()
 
     def stop(self) -> None:
-        """Stop recording and write dump.json, stack.json and construct.json so far (seed: "stop")."""
+        """Stop recording and write dump.json, stack.json and construct.json so far (seed: "stop").
+
+        Raises:
+            The exception of an operation of yours that failed asynchronously (MindSpore's default
+            launch) and that only the tool's final read of this step synchronised: unchanged, after
+            the files are written.
+        """
         self.service.stop()
 
     def step(self) -> None:
-        """End the step: stop if needed, close its directory, advance the step number (seed: "step")."""
+        """End the step: stop if needed, close its directory, advance the step number (seed: "step").
+        Shows where the step's files are (``dump.json is at <path>``, as the seed prints).
+
+        Raises:
+            Like :meth:`stop`, a failure of your computation the tool met and has not raised yet.
+        """
         self.service.step()
 
     def set_init_step(self, step: int) -> None:
