@@ -518,7 +518,7 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     from msprobe.core.runtime import Runtime
 
     state = {"in_flush": 0, "inside": 0, "outside": 0}
-    orig_asnumpy, orig_item, orig_flush = Tensor.asnumpy, Tensor.item, Runtime.flush
+    orig_asnumpy, orig_item, orig_flush = Tensor.asnumpy, Tensor.item, Runtime._flush_batch
     orig_data_ptr = Tensor.data_ptr  # the zero-copy host view of a CPU tensor starts from it
 
     def counted(orig):
@@ -546,7 +546,7 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     monkeypatch.setattr(Tensor, "asnumpy", counted(orig_asnumpy))
     monkeypatch.setattr(Tensor, "item", counted(orig_item))
     monkeypatch.setattr(Tensor, "data_ptr", counted(orig_data_ptr))
-    monkeypatch.setattr(Runtime, "flush", flush)
+    monkeypatch.setattr(Runtime, "_flush_batch", flush)  # every flush reads its batch here
     debugger.start(net)
     _, g = grad_fn(x, y)
     opt(g)

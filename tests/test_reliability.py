@@ -319,8 +319,8 @@ def test_full_disk_switches_dump_off_and_training_goes_on(tmp_path):
     step2 = only_step_dir(dump_path, 2)
     dump = msprobe.dump.load(step2)
     assert dump.complete is False
-    # what was flushed before the failure is there and loads (the 1st relu's input: its record
-    # triggered the 2-s flush); the batch that failed (its output, the big relu) is not
+    # what was flushed before the failure is there and loads (the 1st relu, journaled by the flush
+    # deadline during the pause); the batch that failed (the big relu) is not
     leaf = dump.data["Functional.relu.0.forward"]["input_args"][0]
     assert dump.load_tensor(leaf).tolist() == [-3, -2, -1, 0, 1, 2]
     assert "Primitive.matmul.MatMul.0.backward" in dump.data

@@ -79,9 +79,9 @@ class CallRecorder:
                             rt.record_parent(bwd, _backward_name(self._parent()))
                 if inplace and rt.has_pending:
                     rt.flush()
-            except Exception as exc:  # tool failure: keep training
-                self._tool_error(api, exc)
-                selected = False
+            except Exception as exc:  # tool failure (or the user's, asynchronous launch): keep training
+                self._tool_error(api, exc, (args, kwargs))
+                selected, probe = False, None
             out = original(*args, **kwargs)
             if selected or probe is not None:
                 try:
@@ -91,7 +91,7 @@ class CallRecorder:
                     if probe is not None:
                         probe.observe(args, out)
                 except Exception as exc:
-                    self._tool_error(api, exc)
+                    self._tool_error(api, exc, out)
             return out
         finally:
             rt.leave()
@@ -109,8 +109,11 @@ class CallRecorder:
         stack = self.rt.cell_stack
         return stack[-1] if stack else None
 
-    def _tool_error(self, api: str, exc: Exception) -> None:
-        self.rt.tool_error(f"failed to record {api}: {exc!r}")
+    def _tool_error(self, api: str, exc: Exception, value) -> None:
+        """Report ``exc`` met while recording ``value`` (the call's arguments or output), unless it is
+        the user's own failed operation surfacing in tool code (then it reaches the user instead)."""
+        if not self.rt.claim_user_failure(exc, value):
+            self.rt.tool_error(f"failed to record {api}: {exc!r}", key=(api, type(exc)))
 
 
 def as_output_list(out):

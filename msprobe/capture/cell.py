@@ -190,7 +190,8 @@ class CellCapture:
                 entered = None
                 return None
             except Exception as exc:  # tool failure: reported, the Cell runs as without the tool
-                rt.tool_error(f"failed to record {fwd or prefix}: {exc!r}")
+                if not rt.claim_user_failure(exc, (args, kwargs)):
+                    rt.tool_error(f"failed to record {fwd or prefix}: {exc!r}", key=(prefix, type(exc)))
                 if entered is not None:
                     rt.selector.exit_cell(entered)
                 frames().append(None)
@@ -221,8 +222,9 @@ class CellCapture:
                     rt.record(fwd, "parameters", _own_parameters(cell), "parameters")
                 if probe is not None:
                     probe.observe(args, output, mark)
-            except Exception as exc:  # tool failure: reported once per entry, the Cell's output goes on
-                rt.tool_error(f"failed to record {fwd}: {exc!r}")
+            except Exception as exc:  # tool failure: reported once, the Cell's output goes on
+                if not rt.claim_user_failure(exc, output):
+                    rt.tool_error(f"failed to record {fwd}: {exc!r}", key=(prefix, type(exc)))
             finally:
                 rt.leave()
             return None
@@ -313,7 +315,7 @@ class CellCapture:
                 try:
                     probe.record_bprop(args[-1], result)
                 except Exception as exc:  # tool failure: the bprop's result goes on unchanged
-                    rt.tool_error(f"failed to record {probe.entry}: {exc!r}")
+                    rt.tool_error(f"failed to record {probe.entry}: {exc!r}", key=(prefix, type(exc)))
                 finally:
                     rt.leave()
             return result

@@ -13,16 +13,17 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections import defaultdict
 
-from mindspore import Parameter, ops
+from mindspore import Parameter, Tensor, ops
 
 from msprobe.core import naming, report, stats
 from msprobe.core.budget import TensorBudget
 from msprobe.core.filters import Selector
-from msprobe.core.flush import materialize
+from msprobe.core.flush import FlushTimer, materialize, raised_by_mindspore
 from msprobe.core.records import Describer
 from msprobe.core.stacks import StackTable
 from msprobe.core.writer import StepWriter
@@ -35,12 +36,43 @@ _deepcopy = ops.deepcopy  # bound before any wrapper is installed: the tool's ow
 FLUSH_SLOTS = 512
 #: ... or they hold this many bytes (deferred tensors keep device memory alive) ...
 FLUSH_BYTES = 64 << 20
-#: ... or this many seconds passed since the last flush (bounds what a crash can lose)
-FLUSH_SECONDS = 2.0
+#: ... or the oldest pending record is this many seconds old (checked at each record) ...
+FLUSH_SECONDS = 0.5
+#: ... or, when no record arrives to check it, this old (background :class:`FlushTimer`): a program
+#: that hangs or is killed loses at most the records of the last ~FLUSH_DEADLINE seconds
+FLUSH_DEADLINE = 0.75
 
 
 def _no_file(path):
     return None
+
+
+def _holds_failed_tensor(value, depth: int = 0) -> bool:
+    """True when a Tensor in ``value`` (nested lists, tuples, dicts) cannot even tell its shape:
+    MindSpore's sign that the operation producing it failed (asynchronous launch)."""
+    if isinstance(value, Tensor):
+        try:
+            value.shape  # noqa: B018 - the read is the test
+        except Exception:
+            return True
+        return False
+    if depth > 8:
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(_holds_failed_tensor(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_failed_tensor(v, depth + 1) for v in value.values())
+    return False
+
+
+def _first_line_of(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message up to its first line (MindSpore appends its C++ call stack)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _move_aside_dead_procs(step_dir: str, writes: str) -> None:
@@ -133,9 +165,19 @@ class Runtime:
         self.writer: StepWriter | None = None
         self._tls = threading.local()
         self._lock = threading.RLock()
+        #: held for a whole flush (take batch, read, append), so batches reach the journal in order
+        self._flush_lock = threading.Lock()
+        self._flushing = False
         self._pending: list = []
         self._pending_slots: list = []
         self._pending_bytes = 0
+        self._oldest: float | None = None  # time.monotonic() of the oldest pending record
+        #: the exception of a failed user operation that a flush inside tool code caught, raised to
+        #: the user when the outermost tool section of a user thread ends (:meth:`leave`)
+        self._user_error: BaseException | None = None
+        self._timer: FlushTimer | None = None
+        self._step_failure: str | None = None  # the first user failure of this step, for messages
+        self._asked = 0  # values handed to record*() in this step (for empty_reason)
         self._emitted_stacks: set = set()
         self._pid = os.getpid()
         #: hook handles on the user's leaf tensors (capture/backward.py), removed at the end of the step
@@ -210,7 +252,54 @@ class Runtime:
         self._tls.depth = getattr(self._tls, "depth", 0) + 1
 
     def leave(self) -> None:
-        self._tls.depth -= 1
+        """End a tool section; the outermost one on a user thread raises a failure of the user's
+        computation that tool code met meanwhile (:meth:`raise_user_error`)."""
+        depth = self._tls.depth = self._tls.depth - 1
+        if depth == 0 and self._user_error is not None:
+            self.raise_user_error()
+
+    def raise_user_error(self, final: bool = False) -> None:
+        """Raise, unchanged, the exception of a failed user operation that a flush or a tensor read
+        in tool code caught (MindSpore reports an asynchronous failure at the next synchronisation
+        or read, which may be the tool's). Does nothing on the flush thread, inside tool code, or
+        while another exception propagates (it is raised at the next chance instead: the next
+        recorded call, ``stop()`` or ``step()``); ``final`` (``step()``): then it is dropped with a
+        WARNING instead, so no failure is carried into a later step."""
+        exc = self._user_error
+        if exc is None or getattr(self._tls, "depth", 0) > 0:
+            return
+        if self._timer is not None and threading.current_thread() is self._timer.thread:
+            return
+        if sys.exc_info()[1] is not None:
+            if final:  # never carried into a later step
+                self._user_error = None
+                logger.warning("msprobe: the program's computation failed (%s) while another "
+                               "exception was being handled; that one goes on", _first_line_of(exc))
+            return
+        self._user_error = None
+        raise exc
+
+    def take_user_error(self):
+        """The failure of the user's computation not raised yet (and forget it), or ``None``."""
+        exc, self._user_error = self._user_error, None
+        return exc
+
+    def claim_user_failure(self, exc: BaseException, value) -> bool:
+        """Tool code that caught ``exc`` while handling the user's ``value`` (arguments, outputs)
+        asks whether it is the user's: True when MindSpore raised it and a Tensor in ``value``
+        cannot tell its shape (the operation producing it failed, asynchronous launch). Then it is
+        kept and raised to the user when the outermost tool section ends (:meth:`leave`); the
+        caller must not report it as its own failure."""
+        if not (raised_by_mindspore(exc) and _holds_failed_tensor(value)):
+            return False
+        self._user_failed(exc)
+        return True
+
+    def _user_failed(self, exc: BaseException) -> None:
+        if self._step_failure is None:
+            self._step_failure = _first_line_of(exc)
+        if self._user_error is None:
+            self._user_error = exc
 
     @contextlib.contextmanager
     def tool_code(self):
@@ -309,7 +398,7 @@ class Runtime:
         rank = self.resolve_rank()
         if rank is None:
             return
-        self.flush()
+        self.flush_quietly()
         old = self.writer.directory
         self.rank = rank
         target = self.step_directory()
@@ -332,6 +421,7 @@ class Runtime:
         self.running = False
         with self._lock:
             self._pending, self._pending_slots, self._pending_bytes = [], [], 0
+            self._oldest = None
         writer = self.writer
         where = writer.directory if writer is not None else directory
         message = (f"writing the dump failed in {where}: {exc!r}. Dumping is switched off for the rest "
@@ -388,6 +478,7 @@ class Runtime:
                             as_list: bool = False, fixed_name: bool = False) -> None:
         if not self.records_data or self.failed or self.forked():
             return
+        self._asked += 1
         if type(value) in (dict, tuple, list) and not value:  # e.g. no keyword arguments: no tensors
             empty = {} if type(value) is dict else []
             line["v"] = [empty] if as_list else empty
@@ -402,7 +493,12 @@ class Runtime:
         else:
             name_for = _no_file
         describer = Describer(name_for, self.snapshot)
-        described = describer.describe(value)
+        try:
+            described = describer.describe(value)
+        except Exception as exc:
+            if not self.claim_user_failure(exc, value):
+                raise  # the tool's own failure: the capture code reports it
+            return
         if name_for is not _no_file and self.budget.limit is not None:
             self.budget.spend(describer.slots)
         line["v"] = [described] if as_list else described
@@ -421,6 +517,7 @@ class Runtime:
                 lines.append({"s": sid, "f": self.stacks.rendered[sid]})
             lines.append({"e": entry, "stack": sid})
             self._pending.extend((writer, line) for line in lines)
+            self._started_pending()
 
     def record_parent(self, name: str, parent, writer=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
@@ -428,19 +525,62 @@ class Runtime:
             return
         with self._lock:
             self._pending.append((writer or self.writer, {"c": name, "p": parent}))
+            self._started_pending()
 
     def _queue(self, line: dict, slots: list, writer) -> None:
         with self._lock:
             self._pending.append((writer, line))
+            now = self._started_pending()
             if slots:
                 self._pending_slots.extend(slots)
                 self._pending_bytes += sum(s.nbytes() for s in slots)
+            # async_dump: nothing is read during the step except before an in-place op (guard)
             full = not self.config.async_dump and (
                     len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
-                    or time.monotonic() - writer.last_flush >= FLUSH_SECONDS)
-            # async_dump: nothing is read during the step except before an in-place op (guard)
+                    or now - self._oldest >= FLUSH_SECONDS)
         if full:
-            self.flush()
+            self.flush(wait=False)
+
+    def _started_pending(self) -> float:
+        """Call with :attr:`lock` held after adding to the batch: the first addition to an empty
+        batch starts its deadline (and wakes the flush thread). Returns ``time.monotonic()``."""
+        now = time.monotonic()
+        if self._oldest is None:
+            self._oldest = now
+            if not self.config.async_dump and not self.forked():
+                self._deadline_timer().wake()
+        return now
+
+    def _deadline_timer(self) -> FlushTimer:
+        timer = self._timer
+        if timer is None or not timer.alive:
+            with self._lock:
+                if self._timer is None or not self._timer.alive:
+                    self._timer = FlushTimer(self, FLUSH_DEADLINE)
+                timer = self._timer
+        return timer
+
+    def flush_due(self, delay: float):
+        """Background deadline (:class:`FlushTimer`): flush when the oldest pending record is
+        ``delay`` seconds old. Returns the seconds to wait before asking again, ``None`` when
+        nothing is pending."""
+        if self.failed or self.forked():
+            return None
+        with self._lock:
+            if self._oldest is None:
+                return None
+            age = time.monotonic() - self._oldest
+        if age < delay:
+            return delay - age
+        if not self.flush(wait=False):
+            return 0.05  # another flush is running: ask again shortly
+        return 0.0
+
+    def close_timer(self) -> None:
+        """End the background flush thread (process exit, debugger finished)."""
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
 
     @property
     def lock(self):
@@ -449,16 +589,54 @@ class Runtime:
     def queue_line(self, line: dict, writer) -> None:
         """Queue a journal line that holds no tensors (call with :attr:`lock` held)."""
         self._pending.append((writer, line))
+        self._started_pending()
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending_slots)
+        """Tensors wait to be read (or a flush is reading them): flush before mutating any."""
+        return bool(self._pending_slots) or self._flushing
 
-    def flush(self) -> None:
-        """Compute statistics of everything pending and append it to the journals."""
+    def flush(self, wait: bool = True) -> bool:
+        """Compute statistics of everything pending and append it to the journals.
+
+        Args:
+            wait: wait for a flush running on another thread (then flush what is left), so that
+                on return every record queued before the call is read; ``False``: return at once
+                if one runs (opportunistic flushes: batch full, background deadline).
+
+        Returns:
+            False when ``wait`` is False and another flush was running, else True.
+
+        A failure of the user's computation met while synchronising (asynchronous launch) is
+        raised to the user when the outermost tool section ends (:meth:`leave`), or at once when
+        called from user code (the mutation guard): never swallowed.
+        """
+        if not self.flush_quietly(wait):
+            return False
+        if wait:
+            self.raise_user_error()  # only outside tool code (see raise_user_error)
+        return True
+
+    def flush_quietly(self, wait: bool = True) -> bool:
+        """:meth:`flush` that keeps a user failure for later (``stop()``/``step()`` raise it once
+        their files are written)."""
+        if self.forked():  # the child never writes (and a lock held by the parent's flush thread
+            return True    # at fork time stays held here)
+        if not self._flush_lock.acquire(blocking=wait):
+            return False
+        try:
+            self._flushing = True
+            self._flush_batch()
+        finally:
+            self._flushing = False
+            self._flush_lock.release()
+        return True
+
+    def _flush_batch(self) -> None:
         with self._lock:
             pending, slots = self._pending, self._pending_slots
             self._pending, self._pending_slots, self._pending_bytes = [], [], 0
+            self._oldest = None
         if not pending or self.failed or self.forked():
             return
         self.enter()
@@ -468,9 +646,11 @@ class Runtime:
                 by_writer.setdefault(id(writer), (writer, []))[1].append(line)
             if slots:
                 target = pending[0][0]
-                materialize(slots, md5=self.config.md5,
-                            tensor_dir=target.tensor_dir if target else None,
-                            on_error=target.error if target else logger.warning)
+                failure = materialize(slots, md5=self.config.md5,
+                                      tensor_dir=target.tensor_dir if target else None,
+                                      on_error=target.error if target else logger.warning)
+                if failure is not None:
+                    self._user_failed(failure)
             for writer, lines in by_writer.values():
                 if writer is None or writer.closed:
                     self.late_pieces += len(lines)
@@ -479,7 +659,7 @@ class Runtime:
         except OSError as exc:  # disk full, file too large, ...: the dump stops, training goes on
             self.disk_failure(exc)
         finally:
-            self.leave()
+            self._tls.depth -= 1  # not leave(): the caller decides where a user error is raised
 
     # ------------------------------------------------------------------ lifecycle
     def write_files(self) -> None:
@@ -487,7 +667,7 @@ class Runtime:
         if self.forked():
             return
         self.refresh_rank()
-        self.flush()
+        self.flush_quietly()
         if self.writer is not None and not self.writer.closed:
             try:
                 self.writer.write_files()
@@ -495,14 +675,30 @@ class Runtime:
                 self.disk_failure(exc)
 
     def _empty_reason(self) -> str:
-        """Why a step's ``dump.json`` would have no data (written only when it has none)."""
-        if self.config.task == "structure":
+        """Why a step's ``dump.json`` has no data (asked by the writer only when it has none).
+        Names only causes that are known to have happened in this step."""
+        cfg = self.config
+        if cfg.task == "structure":
             return "task 'structure' records the call structure (construct.json, stack.json), no data"
+        if cfg.level == "debug":
+            return "no debugger.save() call in this step"
         calls = sum(self.counters.values())
-        if calls:
-            return (f"{calls} hooked calls ran in this step, but the config's list/scope/data_mode "
-                    "selected none of them")
-        return report.EMPTY_REASON
+        if not calls:
+            return report.EMPTY_REASON
+        causes = []
+        if self._step_failure is not None:
+            causes.append(f"the program's computation failed ({self._step_failure})")
+        errors = self.writer.error_count if self.writer is not None else 0
+        if errors:
+            causes.append(f"the tool failed to record {errors} time(s), see dump_error_info.log")
+        filters = [f"{name} {list(value)}" for name, value in (
+            ("list", cfg.api_list), ("scope", cfg.scope), ("data_mode", cfg.data_mode))
+            if value and tuple(value) != ("all",)]
+        if filters and not self._asked:
+            causes.append(f"the config's {', '.join(filters)} selected none of them")
+        if not causes:
+            causes.append("none of them produced a record")
+        return f"{calls} hooked call{'s' if calls != 1 else ''} ran in this step, but " + "; ".join(causes)
 
     def end_step(self) -> None:
         """Close the current step and reset every per-step state (``step()``). The only reset path."""
@@ -525,6 +721,8 @@ class Runtime:
             self.leaf_hooks.pop().remove()
         self.counters.clear()
         self.selector.reset()
+        self._step_failure = None
+        self._asked = 0
         self._tls = threading.local()
         self.loop += 1
 
@@ -532,7 +730,7 @@ class Runtime:
         """Flush and close the current step's writer (``step()``, process exit)."""
         if self.forked():
             return
-        self.flush()
+        self.flush_quietly()
         if self.writer is not None:
             try:
                 self.writer.close()

@@ -28,6 +28,7 @@ import time
 import orjson
 
 from msprobe.core import report
+from msprobe.core.messages import announce
 
 logger = logging.getLogger("msprobe")
 
@@ -202,6 +203,8 @@ class StepWriter:
         os.makedirs(self.tensor_dir or directory, exist_ok=True)
         self.header = dict(header, dump_data_dir=self.tensor_dir, schema=SCHEMA)
         self.closed = False
+        #: tool errors reported through :meth:`error` in this step
+        self.error_count = 0
         #: coverage notes of this step (``coverage.json``): key -> list of JSON items
         self.notes: dict = {}
         self._lock = threading.Lock()
@@ -242,6 +245,7 @@ class StepWriter:
 
     def error(self, message: str) -> None:
         """Record a tool error in ``dump_error_info.log`` (the training goes on)."""
+        self.error_count += 1
         logger.warning("msprobe: %s", message)
         self._log_error(message)
 
@@ -305,7 +309,6 @@ class StepWriter:
                 report.write_step_reports(self.directory, data, stacks, self.notes, _atomic_write_json,
                                           scan=self._non_finite[0], construct=construct)
             self._dirty = False
-        logger.info("%s is at %s", self.data_file, self.directory)
 
     def mark_abnormal(self, reason: str) -> None:
         """Record in ``dump.json["abnormal"]`` why this step ended abnormally (first reason kept)."""
@@ -357,6 +360,7 @@ class StepWriter:
             self.closed = True
             self._journal.close()
             os.remove(self._journal_path)
+        announce(f"{self.data_file} is at {self.directory}")  # the seed's message, once per step
 
 
 def _without_empty_backward(construct: dict, data: dict) -> dict:

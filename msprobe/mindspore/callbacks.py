@@ -34,7 +34,7 @@ class MsprobeInitStep(Callback):
     def on_train_begin(self, run_context):
         from msprobe.mindspore.debugger import PrecisionDebugger
 
-        debugger = PrecisionDebugger._instance
+        debugger = PrecisionDebugger.latest()
         if debugger is None:
             return
         cb_params = run_context.original_args()

@@ -8,11 +8,16 @@ Typical use (PyNative)::
         loss = train_step(data, label)
         debugger.stop()
         debugger.step()
+
+or, with the same meaning, ``with debugger.dump(model): ...`` / ``with debugger: ...`` (start/stop)
+followed by ``debugger.step()``.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import weakref
 
 from msprobe.core.config import ConfigError, load_config
 from msprobe.mindspore.service import DumpService
@@ -56,13 +61,51 @@ class PrecisionDebugger:
         ConfigError: any invalid value; the message names the field, the value and what is allowed.
     """
 
-    _instance = None
+    #: the most recently created debugger, held weakly (``MsprobeInitStep`` finds it here)
+    _latest = None
 
     def __init__(self, config_path=None, task=None, dump_path=None, level=None, step=None):
         self.config = load_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
         _prepare_dump_path(self.config.dump_path)
         self.service = DumpService(self.config)
-        PrecisionDebugger._instance = self
+        PrecisionDebugger._latest = weakref.ref(self)
+
+    @classmethod
+    def latest(cls):
+        """The most recently created debugger that still exists, or ``None``."""
+        ref = cls._latest
+        return ref() if ref is not None else None
+
+    def __enter__(self):
+        """``with debugger:`` — :meth:`start` (without a model: give it once with ``start(model)``
+        or use :meth:`dump`); the block's end is :meth:`stop`. Call :meth:`step` after the step."""
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._stop_after(exc)
+        return False
+
+    @contextlib.contextmanager
+    def dump(self, model=None, token_range=None, rank_id=None):
+        """``with debugger.dump(model):`` — :meth:`start` with these arguments, :meth:`stop` at the
+        end of the block (also when it raises; the exception reaches the caller unchanged)."""
+        self.start(model, token_range=token_range, rank_id=rank_id)
+        try:
+            yield self
+        except BaseException as exc:
+            self._stop_after(exc)
+            raise
+        self.stop()
+
+    def _stop_after(self, exc) -> None:
+        if exc is None:
+            self.stop()
+            return
+        try:  # the block raised: its exception goes on unchanged, whatever stop() meets
+            self.stop()
+        except Exception as stop_exc:
+            logger.warning("msprobe: stop() after the exception %r failed: %r", exc, stop_exc)
 
     def start(self, model=None, token_range=None, rank_id=None) -> None:
         """Start recording for the current step (seed: "start").
@@ -87,11 +130,22 @@ class PrecisionDebugger:
         self.service.start()
 
     def stop(self) -> None:
-        """Stop recording and write dump.json, stack.json and construct.json so far (seed: "stop")."""
+        """Stop recording and write dump.json, stack.json and construct.json so far (seed: "stop").
+
+        Raises:
+            The exception of an operation of yours that failed asynchronously (MindSpore's default
+            launch) and that only the tool's final read of this step synchronised: unchanged, after
+            the files are written.
+        """
         self.service.stop()
 
     def step(self) -> None:
-        """End the step: stop if needed, close its directory, advance the step number (seed: "step")."""
+        """End the step: stop if needed, close its directory, advance the step number (seed: "step").
+        Shows where the step's files are (``dump.json is at <path>``, as the seed prints).
+
+        Raises:
+            Like :meth:`stop`, a failure of your computation the tool met and has not raised yet.
+        """
         self.service.step()
 
     def set_init_step(self, step: int) -> None:

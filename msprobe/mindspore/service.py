@@ -46,7 +46,8 @@ class DumpService:
         self.config = config
         self.runtime = Runtime(config)
         self.recorder = CallRecorder(self.runtime)
-        self.models: list | None = None
+        #: the model(s) of ``start(model)``, held weakly: ``[(index or None, weakref to Cell)]``
+        self._model_refs: list | None = None
         self.finished = False
         self.active = False
         self._installed = HandleSet()
@@ -61,20 +62,50 @@ class DumpService:
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
         self._token = 0
         self._rank_noted = False  # the "rank left out" warning is given once
+        self._process_state = _ProcessState()
         atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE_SERVICES.add(self)
         _install_excepthook()
+        # collected without close() (the debugger was dropped): give back what was changed
+        weakref.finalize(self, self._process_state.restore)
 
     # ------------------------------------------------------------------ models
     def set_model(self, model) -> None:
-        """Remember the model(s) to hook: a Cell, or a list/tuple of Cells (names get the index)."""
+        """Remember the model(s) to hook: a Cell, or a list/tuple of Cells (names get the index).
+
+        Held weakly: when the user drops the model, the hook plans built for it (Cells, Parameters,
+        Primitives) are dropped too, so the tool keeps nothing of the user's alive.
+        """
         if isinstance(model, nn.Cell):
-            self.models = [(None, model)]
+            models = [(None, model)]
         elif isinstance(model, (list, tuple)) and model and all(isinstance(m, nn.Cell) for m in model):
-            self.models = [(i, m) for i, m in enumerate(model)]
+            models = list(enumerate(model))
         else:
             raise TypeError("start(model=...): model must be a mindspore.nn.Cell or a list/tuple of "
                             f"mindspore.nn.Cell, got {type(model).__name__}")
+        if self._model_refs is not None and len(models) == len(self._model_refs) and all(
+                m is ref() for (_, m), (_, ref) in zip(models, self._model_refs)):
+            return
+        self._model_refs = [(i, weakref.ref(m)) for i, m in models]
+        self._drop_plans()
+        me = weakref.ref(self)
+        for _, m in models:
+            weakref.finalize(m, _model_gone, me, self._model_refs)
+
+    @property
+    def models(self) -> list | None:
+        """``[(index or None, Cell)]`` of the last ``start(model)``, ``None`` if none was given or
+        one of them no longer exists."""
+        refs = self._model_refs
+        if refs is None:
+            return None
+        models = [(i, ref()) for i, ref in refs]
+        return None if any(m is None for _, m in models) else models
+
+    def _drop_plans(self) -> None:
+        """Forget everything read from a model (Cell hook plan, Primitive targets)."""
+        self._cells = CellCapture(self.runtime)
+        self._primitives = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> bool:
@@ -92,13 +123,15 @@ class DumpService:
         if not cfg.dumps_step(rt.step):
             return False
         if cfg.level in _CELL_LEVELS and self.models is None:
-            raise ValueError(f"level {cfg.level!r} needs the model: call debugger.start(model) with the "
-                             "network (a mindspore.nn.Cell or a list of Cells)")
+            gone = " (the model given earlier no longer exists)" if self._model_refs else ""
+            raise ValueError(f"level {cfg.level!r} needs the model{gone}: call debugger.start(model) "
+                             "with the network (a mindspore.nn.Cell or a list of Cells)")
         if rt.failed or rt.forked():  # a write failed earlier (disk full), or a forked child
             return False
         if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler runs the script too; no rank
             return False
         if self._graph is None and cfg.level in _CELL_LEVELS:
+            self._process_state.keep_env("MS_JIT_MODULES")  # graph_cell may extend it
             self._graph = graph_cell.attach(self)  # before open_step: may set the pynative/ subtree
         rt.refresh_rank()  # init() may have run since this step was opened as proc{pid}
         rank = rt.resolve_rank()
@@ -245,6 +278,12 @@ class DumpService:
         return True
 
     def stop(self) -> None:
+        """Switch recording off and write the step's files so far. A failure of the user's
+        computation that the tool met (asynchronous launch) is raised here, after the files."""
+        self._stop()
+        self.runtime.raise_user_error()
+
+    def _stop(self) -> None:
         if self._kernel_dump is not None:
             self._kernel_dump.collect()
             return
@@ -268,7 +307,7 @@ class DumpService:
         rt = self.runtime
         was_running = self.active and self._kernel_dump is None
         if was_running:
-            rt.flush()
+            rt.flush_quietly()  # a user failure met here is raised by the next stop()/step()
             if rt.writer is not None and rt.writer.discard_if_empty():
                 self.active = False
                 rt.running = False
@@ -276,7 +315,7 @@ class DumpService:
                 rt.writer = None
                 rt.counters.clear()
             else:
-                self.stop()
+                self._stop()
                 rt.end_step()
         rt.init_step = step
         rt.loop = 0
@@ -298,34 +337,81 @@ class DumpService:
             exc = sys.exc_info()[1]
             self.note_abnormal(f"step() called without stop(){': ' + repr(exc) if exc else ''} "
                                "(an exception in the step?); records up to that point are kept")
-        self.stop()
+        self._stop()
         rt.end_step()
         if self._graph:
             self._graph.end_step()
-        if directory is not None:  # B36: size estimate after the first dumped step
+        if directory is not None:  # size estimate after the first dumped step
             rt.budget.estimate_after_step(directory, step, len(self.config.step))
+        if self.config.last_step is not None and rt.step > self.config.last_step:
+            self._finish()
+        rt.raise_user_error(final=True)
 
     def _finish(self) -> None:
+        if self.finished:
+            return
         self.finished = True
-        logger.info("msprobe: all configured steps are dumped (last step %s); the dump is switched off",
+        self.runtime.close_timer()
+        # graph probes stay compiled in (and need MS_JIT_MODULES) until close()
+        self._process_state.restore(env=not self._graph)
+        logger.info("msprobe: the last configured step (%s) is over; the dump is switched off",
                     self.config.last_step)
 
     def close(self) -> None:
         """Flush and close everything (process exit)."""
-        self.stop()
+        self._stop()
         if self._kernel_dump is not None:
             self._installed_kernel.remove()
         if self._graph:
             self._graph.close()
         self.runtime.close_writer()
+        self.runtime.close_timer()
+        self._process_state.restore()
+
+
+def _model_gone(service_ref, refs) -> None:
+    """A model of ``start(model)`` was collected: drop the plans built for it (they hold its Cells,
+    Parameters and Primitives)."""
+    service = service_ref()
+    if service is not None and service._model_refs is refs:
+        service._drop_plans()
 
 
 _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
 
 
+class _ProcessState:
+    """Process-wide settings a debugger changes, given back when it is done: ``sys.excepthook``
+    (through :func:`_install_excepthook`) once it is closed, finished with its last configured
+    step, or collected; environment variables noted with :meth:`keep_env` (``MS_JIT_MODULES`` for
+    graph probes) once no probe that needs them remains (close or collection)."""
+
+    def __init__(self):
+        self._env: dict = {}
+        self.hook_released = False
+
+    def keep_env(self, name: str) -> None:
+        """Remember ``os.environ[name]`` (or its absence) as it is now, once."""
+        self._env.setdefault(name, os.environ.get(name))
+
+    def restore(self, env: bool = True) -> None:
+        """Release the excepthook; with ``env``, put noted environment variables back."""
+        if env:
+            for name, value in self._env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            self._env.clear()
+        if not self.hook_released:
+            self.hook_released = True
+            _release_excepthook()
+
+
 def _install_excepthook() -> None:
-    """Once per process: an exception that ends the program marks every open step abnormal before
-    the exit handler closes it; the exception itself is reported by the previous hook, unchanged."""
+    """While a debugger runs: an exception that ends the program marks every open step abnormal
+    before the exit handler closes it; the exception itself is reported by the previous hook,
+    unchanged. Installed once, removed by :func:`_release_excepthook`."""
     previous = sys.excepthook
     if getattr(previous, "_msprobe", False):
         return
@@ -339,7 +425,17 @@ def _install_excepthook() -> None:
         previous(exc_type, exc, tb)
 
     excepthook._msprobe = True
+    excepthook._previous = previous
     sys.excepthook = excepthook
+
+
+def _release_excepthook() -> None:
+    """Put the previous ``sys.excepthook`` back once no debugger needs ours (if someone replaced
+    ours meanwhile, theirs is left in place; ours then only passes exceptions on)."""
+    live = [s for s in list(_LIVE_SERVICES) if not s._process_state.hook_released]
+    hook = sys.excepthook
+    if not live and getattr(hook, "_msprobe", False):
+        sys.excepthook = hook._previous
 
 
 def _close_at_exit(ref) -> None:
@@ -349,3 +445,7 @@ def _close_at_exit(ref) -> None:
             service.close()
         except Exception as exc:  # never fail interpreter exit
             logger.warning("msprobe: could not finish the dump at exit: %r", exc)
+        failure = service.runtime.take_user_error()
+        if failure is not None:
+            logger.error("msprobe: the program's computation failed (%r); the tool met the failure "
+                         "while finishing the dump at exit, too late to raise it", failure)

@@ -39,7 +39,7 @@ def tree(path):
 
 def mp_child(x, queue):
     out = ops.relu(x) + 1                       # ops after start(), in the child
-    debugger = PrecisionDebugger._instance
+    debugger = PrecisionDebugger.latest()
     debugger.stop()                             # the child's stop/step must not write either
     debugger.step()
     queue.put(out.asnumpy().tolist())
