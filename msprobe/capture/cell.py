@@ -12,6 +12,7 @@ descendants (seed: "传入的当前层不会被dump").
 from __future__ import annotations
 
 import logging
+import weakref
 
 from msprobe.capture.backward import BackwardProbe, grad_enabled, grad_inputs, watermark
 from msprobe.capture.calls import as_output_list
@@ -85,7 +86,9 @@ class CellCapture:
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
         # parameter gradients: not collected when only forward data is asked for (spec §2.5)
         self.param_grads = self.bwd_in or self.bwd_out
-        self._plan = None  # (models key, [(prefix, cell, pre-hook, post-hook, [(param, hook)])])
+        #: (models key, [(prefix, weakref to the Cell, pre-hook, post-hook, [(weakref to a Parameter,
+        #: hook)])]): user objects are held weakly, so the plan never keeps a network alive
+        self._plan = None
         self._param_loop = None  # Runtime.loop whose parameter hooks are registered (until step())
 
     def install(self, models) -> HandleSet:
@@ -98,7 +101,10 @@ class CellCapture:
         if self._plan is None or self._plan[0] != key:
             self._plan = (key, self._build_plan(models))
         handles = HandleSet()
-        for prefix, cell, pre, post, param_hooks in self._plan[1]:
+        for prefix, cell_ref, pre, post, param_hooks in self._plan[1]:
+            cell = cell_ref()
+            if cell is None:
+                continue
             if pre == "recompute":
                 handles.add(self._install_recompute_cell(prefix, cell))
                 continue
@@ -121,8 +127,10 @@ class CellCapture:
             return
         self._param_loop = rt.loop
         for _, _, _, _, param_hooks in self._plan[1]:
-            for param, hook in param_hooks:
-                rt.leaf_hooks.append(param.register_hook(hook))
+            for param_ref, hook in param_hooks:
+                param = param_ref()
+                if param is not None:
+                    rt.leaf_hooks.append(param.register_hook(hook))
 
     def _build_plan(self, models) -> list:
         plan = []
@@ -130,14 +138,16 @@ class CellCapture:
             kind = _recompute_kind(cell)
             if kind == "wrapper":  # MindSpore's own wrapper of the recomputed construct: not a layer
                 continue
+            ref = weakref.ref(cell)
             if kind == "recompute":
-                plan.append((prefix, cell, "recompute", None, ()))
+                plan.append((prefix, ref, "recompute", None, ()))
                 continue
             if getattr(cell, "has_bprop", False):
-                plan.append((prefix, cell, None, None, ()))
+                plan.append((prefix, ref, None, None, ()))
                 continue
-            param_hooks = self._param_hooks(prefix, cell) if self.param_grads else []
-            plan.append((prefix, cell, self._pre_hook(prefix), self._post_hook(prefix), param_hooks))
+            param_hooks = [(weakref.ref(param), hook) for param, hook in self._param_hooks(prefix, cell)] \
+                if self.param_grads else []
+            plan.append((prefix, ref, self._pre_hook(prefix), self._post_hook(prefix), param_hooks))
         return plan
 
     # ------------------------------------------------------------------ forward
