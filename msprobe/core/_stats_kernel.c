@@ -1,0 +1,550 @@
+/* Fused tensor statistics: one pass over a contiguous buffer computes the extremes, the float64 sum
+ * and sum of squares (the exact integer sum for integer dtypes) and the NaN/+Inf/-Inf/zero counts.
+ *
+ * Summation (the tolerance it implies is stated in msprobe/core/stats.py, "Mean and Norm"):
+ *   - the data are cut into blocks of BLOCK elements at fixed offsets; inside a block each of LANES
+ *     float64 lanes accumulates every LANES-th element (BLOCK / LANES = 128 terms per lane), and the
+ *     lanes are added pairwise into one partial per block;
+ *   - the block partials are added in block order with Neumaier's compensated summation.
+ *   Blocks, not threads, fix the order of every addition, so the result does not depend on how many
+ *   threads ran.
+ * The loops are plain C written lane by lane so that gcc vectorises them without reassociating
+ * anything (no -ffast-math: NaN and signed-zero semantics are IEEE); each kernel is compiled for
+ * x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA, F16C) and the baseline, chosen at load time.
+ * Large buffers are split across POSIX threads by whole blocks, with the GIL released.
+ *
+ * Python API:  scan(buffer, kind, threads) -> (max, min, sum, sum_sq, nan, posinf, neginf, zero)
+ *   buffer: any C-contiguous object exporting the buffer protocol, read as `kind`:
+ *           'f2' float16, 'bf2' bfloat16 bits (uint16), 'f4', 'f8', 'i1'..'i8', 'u1'..'u8'.
+ *   Floats: max/min/sum/sum_sq are Python floats (max = -inf, min = +inf when every element is NaN).
+ *   Integers: max/min/sum are exact Python ints, sum_sq a float; the NaN/Inf counts are 0.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCK 4096
+#define LANES 32
+/* fewer elements than this per thread are not worth a thread (start + join cost ~30 us) */
+#define MIN_PER_THREAD (1 << 18)
+#define MAX_THREADS 64
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define HAVE_AVX512 1
+#else
+#define MULTIVERSION
+#define HAVE_AVX512 0
+#endif
+
+typedef enum { K_F2, K_BF2, K_F4, K_F8, K_I1, K_I2, K_I4, K_I8, K_U1, K_U2, K_U4, K_U8 } Kind;
+
+typedef struct {
+    double fmax, fmin;          /* float kinds */
+    int64_t imax, imin;         /* signed integer kinds */
+    uint64_t umax, umin;        /* unsigned integer kinds */
+    __int128 isum;              /* integer kinds: exact sum */
+    int64_t nan, posinf, neginf, zero;
+} Part;
+
+typedef struct {
+    const char *data;
+    Py_ssize_t first, count;    /* element range (first is a multiple of BLOCK) */
+    Kind kind;
+    int portable;               /* use the portable kernel even where AVX-512 exists */
+    double *bsum, *bsq;         /* one partial per block of the whole buffer */
+    Part part;
+} Job;
+
+static double pairwise(double *v, int n) {   /* n is a power of two */
+    for (int width = n / 2; width > 0; width /= 2)
+        for (int j = 0; j < width; j++) v[j] += v[j + width];
+    return v[0];
+}
+
+static inline float bf16_to_float(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float out;
+    memcpy(&out, &wide, sizeof out);
+    return out;
+}
+
+/* ---- floating-point kernels, portable C. FT is the type max/min are taken in (exact for the
+ * element type). NaN/Inf are not counted here: see count_nonfinite. */
+#define FLOAT_STEP(x, j)                                                                           \
+    do {                                                                                           \
+        double d = (double)(x);                                                                    \
+        mx[j] = (x) > mx[j] ? (x) : mx[j];                                                         \
+        mn[j] = (x) < mn[j] ? (x) : mn[j];                                                         \
+        s[j] += d;                                                                                 \
+        sq[j] += d * d;                                                                            \
+        cz[j] += (x) == 0;                                                                         \
+    } while (0)
+
+#define FLOAT_KERNEL(NAME, CT, FT, LOAD)                                                           \
+    MULTIVERSION static void NAME(const CT *p, Py_ssize_t n, double *bsum, double *bsq, Part *out) { \
+        FT mx[LANES], mn[LANES];                                                                   \
+        int64_t zero = 0;                                                                          \
+        for (int j = 0; j < LANES; j++) { mx[j] = -INFINITY; mn[j] = INFINITY; }                  \
+        for (Py_ssize_t b = 0; b * BLOCK < n; b++) {                                               \
+            const CT *q = p + b * BLOCK;                                                           \
+            Py_ssize_t m = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK, i = 0;                   \
+            double s[LANES] = {0}, sq[LANES] = {0};                                                \
+            int32_t cz[LANES] = {0};                                                               \
+            for (; i + LANES <= m; i += LANES)                                                     \
+                for (int j = 0; j < LANES; j++) { FT x = LOAD(q[i + j]); FLOAT_STEP(x, j); }       \
+            for (int j = 0; i < m; i++, j++) { FT x = LOAD(q[i]); FLOAT_STEP(x, j); }              \
+            for (int j = 0; j < LANES; j++) zero += cz[j];                                         \
+            bsum[b] = pairwise(s, LANES);                                                          \
+            bsq[b] = pairwise(sq, LANES);                                                          \
+        }                                                                                          \
+        FT hi = mx[0], lo = mn[0];                                                                 \
+        for (int j = 1; j < LANES; j++) { hi = mx[j] > hi ? mx[j] : hi; lo = mn[j] < lo ? mn[j] : lo; } \
+        out->fmax = (double)hi; out->fmin = (double)lo; out->zero = zero;                          \
+    }
+
+/* IEEE binary16 -> binary32, exact for every value (subnormals through the power-of-two scaling,
+ * Inf and NaN payloads kept), branch-free so that it vectorises. */
+static inline float f16_to_float(uint16_t h) {
+    uint32_t magnitude = (uint32_t)(h & 0x7FFFu) << 13;
+    float f;
+    memcpy(&f, &magnitude, sizeof f);
+    f *= 0x1p112f;                       /* rebias the exponent: 2^(127 - 15) */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((h & 0x7C00u) == 0x7C00u) bits = magnitude | 0x7F800000u;  /* Inf / NaN */
+    bits |= (uint32_t)(h & 0x8000u) << 16;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#define LOAD_SAME(v) (v)
+
+FLOAT_KERNEL(generic_f4, float, float, LOAD_SAME)
+FLOAT_KERNEL(generic_f8, double, double, LOAD_SAME)
+FLOAT_KERNEL(generic_bf2, uint16_t, float, bf16_to_float)
+FLOAT_KERNEL(generic_f2, uint16_t, float, f16_to_float)
+
+/* ---- AVX-512 kernels of the same arithmetic: lane j of the portable kernel is element j % 8 of
+ * vector j / 8 (s0..s3), and the final lane reduction is done in the same pairwise order, so
+ * both give identical bits. */
+#if HAVE_AVX512
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c,fma,avx2")))
+
+AVX512 static inline double lanes_pairwise(__m512d s0, __m512d s1, __m512d s2, __m512d s3) {
+    s0 = _mm512_add_pd(s0, s2);                                 /* v[j] += v[j + 16] */
+    s1 = _mm512_add_pd(s1, s3);
+    s0 = _mm512_add_pd(s0, s1);                                 /* v[j] += v[j + 8] */
+    __m256d a = _mm256_add_pd(_mm512_castpd512_pd256(s0), _mm512_extractf64x4_pd(s0, 1));  /* +4 */
+    __m128d c = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));       /* +2 */
+    return _mm_cvtsd_f64(_mm_add_sd(c, _mm_unpackhi_pd(c, c)));                           /* +1 */
+}
+
+AVX512 static inline __m512 load_f4(const void *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+AVX512 static inline __m512 load_bf2(const void *p, __mmask16 m) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+AVX512 static inline __m512 load_f2(const void *p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+/* one vector of 16 values whose float64 halves go to lanes (lo, hi) */
+#define AVX_F32_STEP(x, m, vmax, vmin, lo, hi, qlo, qhi)                                           \
+    do {                                                                                           \
+        vmax = _mm512_mask_max_ps(vmax, m, x, vmax);                                               \
+        vmin = _mm512_mask_min_ps(vmin, m, x, vmin);                                               \
+        __m512d dlo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));                                  \
+        __m512d dhi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));                               \
+        lo = _mm512_add_pd(lo, dlo);                                                               \
+        hi = _mm512_add_pd(hi, dhi);                                                               \
+        qlo = _mm512_fmadd_pd(dlo, dlo, qlo); /* squares of float32 values are exact: = mul + add */ \
+        qhi = _mm512_fmadd_pd(dhi, dhi, qhi);                                                      \
+        cz = _mm512_mask_add_epi32(cz, _mm512_mask_cmp_ps_mask(m, x, zeros, _CMP_EQ_OQ), cz, ones); \
+    } while (0)
+
+#define AVX_F32_KERNEL(NAME, CT, LOADV)                                                            \
+    AVX512 static void NAME(const CT *p, Py_ssize_t n, double *bsum, double *bsq, Part *out) {     \
+        const __m512 zeros = _mm512_setzero_ps();                                                  \
+        const __m512i ones = _mm512_set1_epi32(1);                                                 \
+        __m512 max0 = _mm512_set1_ps(-INFINITY), max1 = max0, min0 = _mm512_set1_ps(INFINITY), min1 = min0; \
+        int64_t zero = 0;                                                                          \
+        for (Py_ssize_t b = 0; b * BLOCK < n; b++) {                                               \
+            const CT *q = p + b * BLOCK;                                                           \
+            Py_ssize_t m = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK, i = 0;                   \
+            __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0; \
+            __m512i cz = _mm512_setzero_si512();                                                   \
+            for (; i + LANES <= m; i += LANES) {                                                   \
+                __m512 x0 = LOADV(q + i, 0xFFFF), x1 = LOADV(q + i + 16, 0xFFFF);                  \
+                AVX_F32_STEP(x0, 0xFFFF, max0, min0, s0, s1, q0, q1);                              \
+                AVX_F32_STEP(x1, 0xFFFF, max1, min1, s2, s3, q2, q3);                              \
+            }                                                                                      \
+            if (i < m) {                                                                           \
+                Py_ssize_t r = m - i;                                                              \
+                __mmask16 m0 = (__mmask16)(r >= 16 ? 0xFFFF : (1u << r) - 1);                      \
+                __mmask16 m1 = (__mmask16)(r <= 16 ? 0 : (1u << (r - 16)) - 1);                   \
+                __m512 x0 = LOADV(q + i, m0), x1 = LOADV(q + i + 16, m1);                          \
+                AVX_F32_STEP(x0, m0, max0, min0, s0, s1, q0, q1);                                  \
+                AVX_F32_STEP(x1, m1, max1, min1, s2, s3, q2, q3);                                  \
+            }                                                                                      \
+            zero += _mm512_reduce_add_epi32(cz);                                                   \
+            bsum[b] = lanes_pairwise(s0, s1, s2, s3);                                              \
+            bsq[b] = lanes_pairwise(q0, q1, q2, q3);                                               \
+        }                                                                                          \
+        out->fmax = _mm512_reduce_max_ps(_mm512_max_ps(max0, max1));                               \
+        out->fmin = _mm512_reduce_min_ps(_mm512_min_ps(min0, min1));                               \
+        out->zero = zero;                                                                          \
+    }
+
+AVX_F32_KERNEL(avx512_f4, float, load_f4)
+AVX_F32_KERNEL(avx512_bf2, uint16_t, load_bf2)
+AVX_F32_KERNEL(avx512_f2, uint16_t, load_f2)
+
+#define AVX_F64_STEP(x, m, vmax, vmin, s, qq)                                                      \
+    do {                                                                                           \
+        vmax = _mm512_mask_max_pd(vmax, m, x, vmax);                                               \
+        vmin = _mm512_mask_min_pd(vmin, m, x, vmin);                                               \
+        s = _mm512_add_pd(s, x);                                                                   \
+        qq = _mm512_add_pd(qq, _mm512_mul_pd(x, x)); /* not fused: as the portable kernel */      \
+        cz = _mm512_mask_add_epi64(cz, _mm512_mask_cmp_pd_mask(m, x, zeros, _CMP_EQ_OQ), cz, ones); \
+    } while (0)
+
+static inline __mmask8 mask8(Py_ssize_t r) { return (__mmask8)(r >= 8 ? 0xFF : r <= 0 ? 0 : (1u << r) - 1); }
+
+AVX512 static void avx512_f8(const double *p, Py_ssize_t n, double *bsum, double *bsq, Part *out) {
+    const __m512d zeros = _mm512_setzero_pd();
+    const __m512i ones = _mm512_set1_epi64(1);
+    __m512d max0 = _mm512_set1_pd(-INFINITY), max1 = max0, min0 = _mm512_set1_pd(INFINITY), min1 = min0;
+    int64_t zero = 0;
+    for (Py_ssize_t b = 0; b * BLOCK < n; b++) {
+        const double *q = p + b * BLOCK;
+        Py_ssize_t m = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK, i = 0;
+        __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
+        __m512i cz = _mm512_setzero_si512();
+        for (; i + LANES <= m; i += LANES) {
+            __m512d x0 = _mm512_loadu_pd(q + i), x1 = _mm512_loadu_pd(q + i + 8);
+            __m512d x2 = _mm512_loadu_pd(q + i + 16), x3 = _mm512_loadu_pd(q + i + 24);
+            AVX_F64_STEP(x0, 0xFF, max0, min0, s0, q0);
+            AVX_F64_STEP(x1, 0xFF, max1, min1, s1, q1);
+            AVX_F64_STEP(x2, 0xFF, max0, min0, s2, q2);
+            AVX_F64_STEP(x3, 0xFF, max1, min1, s3, q3);
+        }
+        if (i < m) {
+            Py_ssize_t r = m - i;
+            __mmask8 m0 = mask8(r), m1 = mask8(r - 8), m2 = mask8(r - 16), m3 = mask8(r - 24);
+            __m512d x0 = _mm512_maskz_loadu_pd(m0, q + i), x1 = _mm512_maskz_loadu_pd(m1, q + i + 8);
+            __m512d x2 = _mm512_maskz_loadu_pd(m2, q + i + 16), x3 = _mm512_maskz_loadu_pd(m3, q + i + 24);
+            AVX_F64_STEP(x0, m0, max0, min0, s0, q0);
+            AVX_F64_STEP(x1, m1, max1, min1, s1, q1);
+            AVX_F64_STEP(x2, m2, max0, min0, s2, q2);
+            AVX_F64_STEP(x3, m3, max1, min1, s3, q3);
+        }
+        zero += _mm512_reduce_add_epi64(cz);
+        bsum[b] = lanes_pairwise(s0, s1, s2, s3);
+        bsq[b] = lanes_pairwise(q0, q1, q2, q3);
+    }
+    out->fmax = _mm512_reduce_max_pd(_mm512_max_pd(max0, max1));
+    out->fmin = _mm512_reduce_min_pd(_mm512_min_pd(min0, min1));
+    out->zero = zero;
+}
+#endif
+
+/* ---- integer kernels. Exact sums: types up to 32 bits in 64-bit lanes (a block cannot wrap
+ * them), 64-bit types as high and low 32-bit halves (HI/LO), each summed in 64-bit lanes. */
+#define INT_KERNEL(NAME, CT, AT, MAXF, MINF, WIDE)                                                  \
+    MULTIVERSION static void NAME(const CT *p, Py_ssize_t n, double *bsum, double *bsq, Part *out) { \
+        CT mx[LANES], mn[LANES];                                                                   \
+        int64_t zero = 0;                                                                          \
+        __int128 total = 0;                                                                        \
+        for (int j = 0; j < LANES; j++) { mx[j] = p[0]; mn[j] = p[0]; }                            \
+        for (Py_ssize_t b = 0; b * BLOCK < n; b++) {                                               \
+            const CT *q = p + b * BLOCK;                                                           \
+            Py_ssize_t m = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;                          \
+            double sq[LANES] = {0};                                                                \
+            AT hs[LANES] = {0};                                                                    \
+            uint64_t ls[LANES] = {0};                                                              \
+            int32_t cz[LANES] = {0};                                                               \
+            Py_ssize_t i = 0;                                                                      \
+            for (; i + LANES <= m; i += LANES) {                                                   \
+                for (int j = 0; j < LANES; j++) {                                                  \
+                    CT x = q[i + j];                                                               \
+                    double d = (double)x;                                                          \
+                    mx[j] = x > mx[j] ? x : mx[j];                                                 \
+                    mn[j] = x < mn[j] ? x : mn[j];                                                 \
+                    if (WIDE) { hs[j] += (AT)(x >> 16 >> 16); ls[j] += (uint64_t)x & 0xFFFFFFFFu; } \
+                    else hs[j] += (AT)x;                                                           \
+                    sq[j] += d * d;                                                                \
+                    cz[j] += x == 0;                                                               \
+                }                                                                                  \
+            }                                                                                      \
+            for (int j = 0; i < m; i++, j++) {                                                     \
+                CT x = q[i];                                                                       \
+                double d = (double)x;                                                              \
+                mx[j] = x > mx[j] ? x : mx[j];                                                     \
+                mn[j] = x < mn[j] ? x : mn[j];                                                     \
+                if (WIDE) { hs[j] += (AT)(x >> 16 >> 16); ls[j] += (uint64_t)x & 0xFFFFFFFFu; }     \
+                else hs[j] += (AT)x;                                                               \
+                sq[j] += d * d;                                                                    \
+                cz[j] += x == 0;                                                                   \
+            }                                                                                      \
+            for (int j = 0; j < LANES; j++) {                                                      \
+                zero += cz[j];                                                                     \
+                total += WIDE ? (((__int128)hs[j]) << 32) + (__int128)ls[j] : (__int128)hs[j];     \
+            }                                                                                      \
+            bsum[b] = 0.0;                                                                         \
+            bsq[b] = pairwise(sq, LANES);                                                          \
+        }                                                                                          \
+        CT hi = mx[0], lo = mn[0];                                                                 \
+        for (int j = 1; j < LANES; j++) { hi = mx[j] > hi ? mx[j] : hi; lo = mn[j] < lo ? mn[j] : lo; } \
+        out->MAXF = hi; out->MINF = lo;                                                            \
+        out->isum = total; out->zero = zero;                                                       \
+        out->nan = out->posinf = out->neginf = 0;                                                  \
+    }
+
+INT_KERNEL(generic_i1, int8_t, int64_t, imax, imin, 0)
+INT_KERNEL(generic_i2, int16_t, int64_t, imax, imin, 0)
+INT_KERNEL(generic_i4, int32_t, int64_t, imax, imin, 0)
+INT_KERNEL(generic_i8, int64_t, int64_t, imax, imin, 1)
+INT_KERNEL(generic_u1, uint8_t, uint64_t, umax, umin, 0)
+INT_KERNEL(generic_u2, uint16_t, uint64_t, umax, umin, 0)
+INT_KERNEL(generic_u4, uint32_t, uint64_t, umax, umin, 0)
+INT_KERNEL(generic_u8, uint64_t, uint64_t, umax, umin, 1)
+
+typedef void (*Kernel)(const void *p, Py_ssize_t n, double *bsum, double *bsq, Part *out);
+
+static const struct { const char *name; int itemsize; Kernel portable; } KINDS[] = {
+    [K_F2] = {"f2", 2, (Kernel)generic_f2},   [K_BF2] = {"bf2", 2, (Kernel)generic_bf2},
+    [K_F4] = {"f4", 4, (Kernel)generic_f4},   [K_F8] = {"f8", 8, (Kernel)generic_f8},
+    [K_I1] = {"i1", 1, (Kernel)generic_i1},   [K_I2] = {"i2", 2, (Kernel)generic_i2},
+    [K_I4] = {"i4", 4, (Kernel)generic_i4},   [K_I8] = {"i8", 8, (Kernel)generic_i8},
+    [K_U1] = {"u1", 1, (Kernel)generic_u1},   [K_U2] = {"u2", 2, (Kernel)generic_u2},
+    [K_U4] = {"u4", 4, (Kernel)generic_u4},   [K_U8] = {"u8", 8, (Kernel)generic_u8},
+};
+#define NKINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
+
+/* the kernel used for each kind: the AVX-512 one where the CPU has it, set at module load */
+static Kernel fast[NKINDS];
+
+static int is_float(Kind k) { return k == K_F2 || k == K_BF2 || k == K_F4 || k == K_F8; }
+static int is_signed(Kind k) { return k == K_I1 || k == K_I2 || k == K_I4 || k == K_I8; }
+
+/* NaN / +Inf / -Inf counts of one block. Only blocks whose partial sums are not finite can hold
+ * any (a NaN or an Inf makes every sum it enters NaN or Inf), so the main loops never count them. */
+#define COUNT_NONFINITE(CT, LOAD)                                                                  \
+    do {                                                                                           \
+        const CT *q = (const CT *)data;                                                            \
+        for (Py_ssize_t i = 0; i < m; i++) {                                                       \
+            double x = (double)LOAD(q[i]);                                                         \
+            nan += x != x; pinf += x == INFINITY; ninf += x == -INFINITY;                          \
+        }                                                                                          \
+    } while (0)
+
+static void count_nonfinite(Kind kind, const char *data, Py_ssize_t m, Part *part) {
+    int64_t nan = 0, pinf = 0, ninf = 0;
+    switch (kind) {
+    case K_F2: COUNT_NONFINITE(uint16_t, f16_to_float); break;
+    case K_BF2: COUNT_NONFINITE(uint16_t, bf16_to_float); break;
+    case K_F4: COUNT_NONFINITE(float, LOAD_SAME); break;
+    case K_F8: COUNT_NONFINITE(double, LOAD_SAME); break;
+    default: break;
+    }
+    part->nan += nan; part->posinf += pinf; part->neginf += ninf;
+}
+
+static void run_job(Job *job) {
+    Py_ssize_t b0 = job->first / BLOCK, nb = (job->count + BLOCK - 1) / BLOCK;
+    int size = KINDS[job->kind].itemsize;
+    const char *start = job->data + job->first * size;
+    Kernel kernel = job->portable ? KINDS[job->kind].portable : fast[job->kind];
+    kernel(start, job->count, job->bsum + b0, job->bsq + b0, &job->part);
+    if (!is_float(job->kind)) return;
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        if (isfinite(job->bsum[b0 + b]) && isfinite(job->bsq[b0 + b])) continue;
+        Py_ssize_t m = job->count - b * BLOCK < BLOCK ? job->count - b * BLOCK : BLOCK;
+        count_nonfinite(job->kind, start + b * BLOCK * size, m, &job->part);
+    }
+}
+
+static void *thread_main(void *arg) {
+    run_job((Job *)arg);
+    return NULL;
+}
+
+/* Neumaier's compensated sum of v[0..n) in index order; the plain sum if that is not finite
+ * (an Inf or NaN makes the compensation term NaN). */
+static double compensated_sum(const double *v, Py_ssize_t n) {
+    double s = 0.0, c = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x = v[i], t = s + x;
+        c += fabs(s) >= fabs(x) ? (s - t) + x : (x - t) + s;
+        s = t;
+    }
+    double r = s + c;
+    return isfinite(r) ? r : s;
+}
+
+static void merge(Kind kind, Part *into, const Part *p) {
+    if (is_float(kind)) {
+        if (p->fmax > into->fmax) into->fmax = p->fmax;
+        if (p->fmin < into->fmin) into->fmin = p->fmin;
+    } else if (is_signed(kind)) {
+        if (p->imax > into->imax) into->imax = p->imax;
+        if (p->imin < into->imin) into->imin = p->imin;
+    } else {
+        if (p->umax > into->umax) into->umax = p->umax;
+        if (p->umin < into->umin) into->umin = p->umin;
+    }
+    into->isum += p->isum;
+    into->nan += p->nan; into->posinf += p->posinf; into->neginf += p->neginf; into->zero += p->zero;
+}
+
+static PyObject *int128_to_py(__int128 v) {
+    PyObject *high = PyLong_FromLongLong((long long)(v >> 64));
+    PyObject *low = PyLong_FromUnsignedLongLong((unsigned long long)(uint64_t)v);
+    PyObject *shift = PyLong_FromLong(64), *out = NULL, *shifted = NULL;
+    if (high && low && shift && (shifted = PyNumber_Lshift(high, shift)))
+        out = PyNumber_Add(shifted, low);
+    Py_XDECREF(high); Py_XDECREF(low); Py_XDECREF(shift); Py_XDECREF(shifted);
+    return out;
+}
+
+/* Runs the kernel over [0, n) with up to `threads` threads; fills the block partials and *total. */
+static void run(const char *data, Py_ssize_t n, Kind kind, int threads, int portable, double *bsum,
+                double *bsq, Part *total) {
+    Py_ssize_t nblocks = (n + BLOCK - 1) / BLOCK;
+    Py_ssize_t want = n / MIN_PER_THREAD;
+    if (want > threads) want = threads;
+    if (want > MAX_THREADS) want = MAX_THREADS;
+    if (want > nblocks) want = nblocks;
+    if (want < 1) want = 1;
+    Job jobs[MAX_THREADS];
+    pthread_t tids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    Py_ssize_t per = (nblocks + want - 1) / want;  /* whole blocks per job */
+    int njobs = 0;
+    for (Py_ssize_t b = 0; b < nblocks; b += per, njobs++) {
+        Py_ssize_t first = b * BLOCK, last = (b + per) * BLOCK < n ? (b + per) * BLOCK : n;
+        memset(&jobs[njobs], 0, sizeof jobs[njobs]);
+        jobs[njobs].data = data;
+        jobs[njobs].first = first;
+        jobs[njobs].count = last - first;
+        jobs[njobs].kind = kind;
+        jobs[njobs].portable = portable;
+        jobs[njobs].bsum = bsum;
+        jobs[njobs].bsq = bsq;
+    }
+    for (int t = 1; t < njobs; t++)
+        started[t] = pthread_create(&tids[t], NULL, thread_main, &jobs[t]) == 0;
+    run_job(&jobs[0]);
+    for (int t = 1; t < njobs; t++) {
+        if (started[t]) pthread_join(tids[t], NULL);
+        else run_job(&jobs[t]);  /* no thread could be started: run it here */
+    }
+    *total = jobs[0].part;
+    for (int t = 1; t < njobs; t++) merge(kind, total, &jobs[t].part);
+}
+
+static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"buffer", "kind", "threads", "portable", NULL};
+    PyObject *obj;
+    const char *kind_name;
+    int threads = 1, portable = 0;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Os|ip:scan", keywords, &obj, &kind_name, &threads,
+                                     &portable))
+        return NULL;
+    int k = -1;
+    for (int i = 0; i < NKINDS; i++)
+        if (strcmp(kind_name, KINDS[i].name) == 0) k = i;
+    if (k < 0) return PyErr_Format(PyExc_ValueError, "unsupported kind '%s'", kind_name);
+    Kind kind = (Kind)k;
+    int itemsize = KINDS[k].itemsize;
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (view.len % itemsize != 0 || view.len == 0) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "buffer of %zd bytes is not a non-empty array of %d-byte items",
+                            view.len, itemsize);
+    }
+    Py_ssize_t n = view.len / itemsize, nblocks = (n + BLOCK - 1) / BLOCK;
+    double small[2 * 8];
+    double *partials = nblocks <= 8 ? small : PyMem_RawMalloc(sizeof(double) * 2 * (size_t)nblocks);
+    if (partials == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    double *bsum = partials, *bsq = partials + nblocks, sum, sumsq;
+    Part total;
+    Py_BEGIN_ALLOW_THREADS
+    run((const char *)view.buf, n, kind, threads < 1 ? 1 : threads, portable, bsum, bsq, &total);
+    sum = compensated_sum(bsum, nblocks);
+    sumsq = compensated_sum(bsq, nblocks);
+    Py_END_ALLOW_THREADS
+    if (partials != small) PyMem_RawFree(partials);
+    PyBuffer_Release(&view);
+    PyObject *mx, *mn, *sm;
+    if (is_float(kind)) {
+        mx = PyFloat_FromDouble(total.fmax);
+        mn = PyFloat_FromDouble(total.fmin);
+        sm = PyFloat_FromDouble(sum);
+    } else if (is_signed(kind)) {
+        mx = PyLong_FromLongLong(total.imax);
+        mn = PyLong_FromLongLong(total.imin);
+        sm = int128_to_py(total.isum);
+    } else {
+        mx = PyLong_FromUnsignedLongLong(total.umax);
+        mn = PyLong_FromUnsignedLongLong(total.umin);
+        sm = int128_to_py(total.isum);
+    }
+    if (!mx || !mn || !sm) {
+        Py_XDECREF(mx); Py_XDECREF(mn); Py_XDECREF(sm);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNdLLLL)", mx, mn, sm, sumsq, (long long)total.nan, (long long)total.posinf,
+                         (long long)total.neginf, (long long)total.zero);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS,
+     "scan(buffer, kind, threads=1, portable=False) -> (max, min, sum, sum_sq, nan, posinf, neginf, zero)\n\n"
+     "Fused statistics of a non-empty C-contiguous buffer read as `kind` ('f2', 'bf2', 'f4', 'f8',\n"
+     "'i1', 'i2', 'i4', 'i8', 'u1', 'u2', 'u4', 'u8'), with up to `threads` threads and the GIL\n"
+     "released. portable=True uses the portable C loops even on an AVX-512 CPU (same bits).\n"
+     "Raises ValueError for an unknown kind or an empty or misaligned buffer,\n"
+     "BufferError for a non-contiguous buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_stats_kernel",
+    "Compiled fused statistics kernel of msprobe.core.stats (see scan).", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__stats_kernel(void) {
+    for (int i = 0; i < NKINDS; i++) fast[i] = KINDS[i].portable;
+#if HAVE_AVX512
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+        fast[K_F4] = (Kernel)avx512_f4;
+        fast[K_BF2] = (Kernel)avx512_bf2;
+        fast[K_F2] = (Kernel)avx512_f2;
+        fast[K_F8] = (Kernel)avx512_f8;
+    }
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "BLOCK", BLOCK) < 0 || PyModule_AddIntConstant(m, "LANES", LANES) < 0 ||
+        PyModule_AddIntConstant(m, "MIN_PER_THREAD", MIN_PER_THREAD) < 0 ||
+        PyModule_AddIntConstant(m, "AVX512", fast[K_F4] != KINDS[K_F4].portable) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
