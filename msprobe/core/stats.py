@@ -341,7 +341,7 @@ def compute_stats(arr: np.ndarray, backend: str = "auto") -> Dict[str, Any]:
     bfloat16 = _is_bfloat16(arr.dtype)
     if bfloat16:
         arr = arr.view(np.uint16)
-    else:
+    elif _is_extension_dtype(arr.dtype):
         arr = _upcast_extension(arr, "")[0]
     kind = "f" if bfloat16 else arr.dtype.kind
     if kind not in "biufc":
@@ -357,8 +357,9 @@ def compute_stats(arr: np.ndarray, backend: str = "auto") -> Dict[str, Any]:
     if kind == "b":
         return _stats(bool(result.max), bool(result.min), None, None)
     if kind in "iu":
-        return _stats(result.max, result.min, result.total / arr.size, math.sqrt(result.squares))
-    return _float_stats(arr, bfloat16, result, backend)
+        return {"Max": result.max, "Min": result.min, "Mean": result.total / arr.size,
+                "Norm": math.sqrt(result.squares)}
+    return _float_stats(arr, bfloat16, result)
 
 
 def _is_bfloat16(dtype: np.dtype) -> bool:
@@ -379,27 +380,20 @@ def _scalar(arr: np.ndarray) -> Any:
     return float(arr)
 
 
-def _float_stats(arr: np.ndarray, bfloat16: bool, result: Scan, backend: str) -> Dict[str, Any]:
+def _float_stats(arr: np.ndarray, bfloat16: bool, result: Scan) -> Dict[str, Any]:
     """Floats and complex magnitudes: rules 5 and 7 of the module docstring."""
+    mx, mn, total, squares = result.max, result.min, result.total, result.squares
     if result.nan:
         return _stats(math.nan, math.nan, math.nan, math.nan)
-    mx, mn, n = result.max, result.min, arr.size
     if result.posinf or result.neginf:
         mean = math.nan if result.posinf and result.neginf else math.inf if result.posinf else -math.inf
         return _stats(mx, mn, mean, math.inf)
-    scale = max(abs(mx), abs(mn))
-    if _needs_rescale(result.total, result.squares, scale):
+    if (squares < _TINY or not (math.isfinite(total) and math.isfinite(squares))) and (mx or mn):
+        # finite data whose float64 sums overflowed or whose squares underflowed
+        scale = max(abs(mx), abs(mn))
         rescaled = scan(arr, bfloat16=bfloat16, backend="numpy", scale=scale)
-        return _stats(mx, mn, rescaled.total / n * scale, math.sqrt(rescaled.squares) * scale)
-    return _stats(mx, mn, result.total / n, math.sqrt(result.squares))
-
-
-def _needs_rescale(total: float, squares: float, scale: float) -> bool:
-    """Finite data whose float64 sums overflowed or whose squares underflowed."""
-    if scale == 0.0:
-        return False  # all zeros (exact)
-    overflow = not (math.isfinite(total) and math.isfinite(squares))
-    return overflow or squares < _TINY
+        return _stats(mx, mn, rescaled.total / arr.size * scale, math.sqrt(rescaled.squares) * scale)
+    return {"Max": mx, "Min": mn, "Mean": total / arr.size, "Norm": math.sqrt(squares)}
 
 
 # --------------------------------------------------------------------------
