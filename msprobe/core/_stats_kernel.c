@@ -255,50 +255,48 @@ AVX512 static void avx512_f8(const double *p, Py_ssize_t n, double *bsum, double
 }
 #endif
 
-/* ---- integer kernels. Exact sums: types up to 32 bits in 64-bit lanes (a block cannot wrap
- * them), 64-bit types as high and low 32-bit halves (HI/LO), each summed in 64-bit lanes. */
-#define INT_KERNEL(NAME, CT, AT, MAXF, MINF, WIDE)                                                  \
+/* ---- integer kernels. Exact sums in integer lanes that a block cannot overflow: AT lanes for
+ * types up to 32 bits; 64-bit types as high and low 32-bit halves (WIDE), each in 64-bit lanes.
+ * Squares: exact in integer SQT lanes for 8- and 16-bit types (x*x < 2**32, 128 terms per lane;
+ * a block partial < 2**44 is exact in float64), else float64 lanes as for floats. */
+#define INT_STEP(x, j)                                                                             \
+    do {                                                                                           \
+        mx[j] = (x) > mx[j] ? (x) : mx[j];                                                         \
+        mn[j] = (x) < mn[j] ? (x) : mn[j];                                                         \
+        if (WIDE) { hs[j] += (AT)((x) >> 16 >> 16); ls[j] += (uint64_t)(x) & 0xFFFFFFFFu; }        \
+        else hs[j] += (AT)(x);                                                                     \
+        sq[j] += (SQT)(x) * (SQT)(x);                                                              \
+        cz[j] += (x) == 0;                                                                         \
+    } while (0)
+
+#define SQ_FLOAT(v) pairwise(v, LANES)
+#define SQ_EXACT(v) ({ int64_t t_ = 0; for (int j_ = 0; j_ < LANES; j_++) t_ += (int64_t)(v)[j_]; (double)t_; })
+
+#define INT_KERNEL(NAME, CT, AT_, SQT_, SQ_REDUCE, MAXF, MINF, WIDE_)                               \
     MULTIVERSION static void NAME(const CT *p, Py_ssize_t n, double *bsum, double *bsq, Part *out) { \
+        typedef AT_ AT;                                                                            \
+        typedef SQT_ SQT;                                                                          \
+        enum { WIDE = WIDE_ };                                                                     \
         CT mx[LANES], mn[LANES];                                                                   \
         int64_t zero = 0;                                                                          \
         __int128 total = 0;                                                                        \
         for (int j = 0; j < LANES; j++) { mx[j] = p[0]; mn[j] = p[0]; }                            \
         for (Py_ssize_t b = 0; b * BLOCK < n; b++) {                                               \
             const CT *q = p + b * BLOCK;                                                           \
-            Py_ssize_t m = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;                          \
-            double sq[LANES] = {0};                                                                \
+            Py_ssize_t m = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK, i = 0;                   \
+            SQT sq[LANES] = {0};                                                                   \
             AT hs[LANES] = {0};                                                                    \
             uint64_t ls[LANES] = {0};                                                              \
             int32_t cz[LANES] = {0};                                                               \
-            Py_ssize_t i = 0;                                                                      \
-            for (; i + LANES <= m; i += LANES) {                                                   \
-                for (int j = 0; j < LANES; j++) {                                                  \
-                    CT x = q[i + j];                                                               \
-                    double d = (double)x;                                                          \
-                    mx[j] = x > mx[j] ? x : mx[j];                                                 \
-                    mn[j] = x < mn[j] ? x : mn[j];                                                 \
-                    if (WIDE) { hs[j] += (AT)(x >> 16 >> 16); ls[j] += (uint64_t)x & 0xFFFFFFFFu; } \
-                    else hs[j] += (AT)x;                                                           \
-                    sq[j] += d * d;                                                                \
-                    cz[j] += x == 0;                                                               \
-                }                                                                                  \
-            }                                                                                      \
-            for (int j = 0; i < m; i++, j++) {                                                     \
-                CT x = q[i];                                                                       \
-                double d = (double)x;                                                              \
-                mx[j] = x > mx[j] ? x : mx[j];                                                     \
-                mn[j] = x < mn[j] ? x : mn[j];                                                     \
-                if (WIDE) { hs[j] += (AT)(x >> 16 >> 16); ls[j] += (uint64_t)x & 0xFFFFFFFFu; }     \
-                else hs[j] += (AT)x;                                                               \
-                sq[j] += d * d;                                                                    \
-                cz[j] += x == 0;                                                                   \
-            }                                                                                      \
+            for (; i + LANES <= m; i += LANES)                                                     \
+                for (int j = 0; j < LANES; j++) { CT x = q[i + j]; INT_STEP(x, j); }               \
+            for (int j = 0; i < m; i++, j++) { CT x = q[i]; INT_STEP(x, j); }                      \
             for (int j = 0; j < LANES; j++) {                                                      \
                 zero += cz[j];                                                                     \
                 total += WIDE ? (((__int128)hs[j]) << 32) + (__int128)ls[j] : (__int128)hs[j];     \
             }                                                                                      \
             bsum[b] = 0.0;                                                                         \
-            bsq[b] = pairwise(sq, LANES);                                                          \
+            bsq[b] = SQ_REDUCE(sq);                                                                \
         }                                                                                          \
         CT hi = mx[0], lo = mn[0];                                                                 \
         for (int j = 1; j < LANES; j++) { hi = mx[j] > hi ? mx[j] : hi; lo = mn[j] < lo ? mn[j] : lo; } \
@@ -307,14 +305,14 @@ AVX512 static void avx512_f8(const double *p, Py_ssize_t n, double *bsum, double
         out->nan = out->posinf = out->neginf = 0;                                                  \
     }
 
-INT_KERNEL(generic_i1, int8_t, int64_t, imax, imin, 0)
-INT_KERNEL(generic_i2, int16_t, int64_t, imax, imin, 0)
-INT_KERNEL(generic_i4, int32_t, int64_t, imax, imin, 0)
-INT_KERNEL(generic_i8, int64_t, int64_t, imax, imin, 1)
-INT_KERNEL(generic_u1, uint8_t, uint64_t, umax, umin, 0)
-INT_KERNEL(generic_u2, uint16_t, uint64_t, umax, umin, 0)
-INT_KERNEL(generic_u4, uint32_t, uint64_t, umax, umin, 0)
-INT_KERNEL(generic_u8, uint64_t, uint64_t, umax, umin, 1)
+INT_KERNEL(generic_i1, int8_t, int32_t, int32_t, SQ_EXACT, imax, imin, 0)
+INT_KERNEL(generic_i2, int16_t, int32_t, int64_t, SQ_EXACT, imax, imin, 0)
+INT_KERNEL(generic_i4, int32_t, int64_t, double, SQ_FLOAT, imax, imin, 0)
+INT_KERNEL(generic_i8, int64_t, int64_t, double, SQ_FLOAT, imax, imin, 1)
+INT_KERNEL(generic_u1, uint8_t, uint32_t, uint32_t, SQ_EXACT, umax, umin, 0)
+INT_KERNEL(generic_u2, uint16_t, uint32_t, uint64_t, SQ_EXACT, umax, umin, 0)
+INT_KERNEL(generic_u4, uint32_t, uint64_t, double, SQ_FLOAT, umax, umin, 0)
+INT_KERNEL(generic_u8, uint64_t, uint64_t, double, SQ_FLOAT, umax, umin, 1)
 
 typedef void (*Kernel)(const void *p, Py_ssize_t n, double *bsum, double *bsq, Part *out);
 
