@@ -610,6 +610,32 @@ def test_kernel_bits_independent_of_threads_and_vector_extension(code, arr):
 
 
 @pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int64", "uint8"])
+def test_kernel_threads_split_large_tensors(dtype):
+    """5 * 2**20 + 4099 elements: up to 5 threads (2**20 elements each at least) give the bits of one,
+    also with NaN and Inf in the parts of different threads, and compute_stats agrees with NumPy."""
+    from msprobe.core import _stats_kernel
+
+    n = 5 * _stats_kernel.MIN_PER_THREAD + 4099
+    arr = (np.random.default_rng(5).standard_normal(n) * 50).astype(dtype)
+    one = _stats_kernel.scan(arr, _KERNEL_CODES[dtype], 1)
+    for threads in (2, 3, 5, 8):
+        assert repr(_stats_kernel.scan(arr, _KERNEL_CODES[dtype], threads)) == repr(one), threads
+    fast, slow = compute_stats(arr, backend="kernel"), compute_stats(arr, backend="numpy")
+    assert (fast["Max"], fast["Min"]) == (slow["Max"], slow["Min"])
+    assert fast["Mean"] == pytest.approx(slow["Mean"], rel=0, abs=2e-12 * float(np.mean(np.abs(arr, dtype=np.float64))))
+    assert fast["Norm"] == pytest.approx(slow["Norm"], rel=2e-12)
+    if arr.dtype.kind == "f":
+        arr[[10, n - 10]] = np.inf
+        arr[3 * _stats_kernel.MIN_PER_THREAD + 1] = -np.inf
+        counts = [_stats_kernel.scan(arr, _KERNEL_CODES[dtype], t)[4:7] for t in (1, 5)]
+        assert counts == [(0, 2, 1), (0, 2, 1)]
+
+
+_KERNEL_CODES = {"float32": "f4", "float16": "f2", "float64": "f8", "int64": "i8", "uint8": "u1"}
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
 @pytest.mark.parametrize("code,arr", list(_kernel_cases()), ids=lambda v: v if isinstance(v, str) else "")
 def test_kernel_and_numpy_scan_agree(code, arr):
     """Max, Min, counts and integer sums identical; float64 sums within SUM_TOLERANCE."""
@@ -751,3 +777,20 @@ def test_negative_scalar_gradient_norm_in_dump(make_debugger, dump_dir):
             assert leaf["Norm"] == abs(leaf["Mean"]) and leaf["Norm"] >= 0, leaf
     assert any(leaf["Mean"] == float(y.asnumpy()) < 0 < leaf["Norm"] for leaf in leaves)
     assert float(gw.asnumpy()) == pytest.approx(-0.0747)
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+def test_kernel_misaligned_data_is_copied_or_refused():
+    from msprobe.core import _stats_kernel
+
+    arr = np.arange(1000, dtype=np.float32)
+    arr[::3] = -2.5
+    raw = np.zeros(arr.nbytes + 1, np.uint8)
+    raw[1:] = arr.view(np.uint8)
+    misaligned = np.frombuffer(raw.data, dtype=np.float32, offset=1)
+    assert not misaligned.flags.aligned
+    assert compute_stats(misaligned, backend="kernel") == compute_stats(arr, backend="kernel")
+    with pytest.raises(ValueError, match="aligned"):
+        _stats_kernel.scan(misaligned, "f4", 1)
+    with pytest.raises(ValueError, match="unsupported kind"):
+        _stats_kernel.scan(arr, "c8", 1)

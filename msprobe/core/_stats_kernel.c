@@ -31,7 +31,7 @@
 #define BLOCK 4096
 #define LANES 32
 /* fewer elements than this per thread are not worth a thread (start + join cost ~30 us) */
-#define MIN_PER_THREAD (1 << 18)
+#define MIN_PER_THREAD (1 << 20)
 #define MAX_THREADS 64
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -465,9 +465,10 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
     int itemsize = KINDS[k].itemsize;
     Py_buffer view;
     if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (view.len % itemsize != 0 || view.len == 0) {
+    if (view.len % itemsize != 0 || view.len == 0 || (uintptr_t)view.buf % (uintptr_t)itemsize != 0) {
         PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError, "buffer of %zd bytes is not a non-empty array of %d-byte items",
+        return PyErr_Format(PyExc_ValueError,
+                            "buffer of %zd bytes is not a non-empty, aligned array of %d-byte items",
                             view.len, itemsize);
     }
     Py_ssize_t n = view.len / itemsize, nblocks = (n + BLOCK - 1) / BLOCK;
@@ -514,7 +515,7 @@ static PyMethodDef methods[] = {
      "Fused statistics of a non-empty C-contiguous buffer read as `kind` ('f2', 'bf2', 'f4', 'f8',\n"
      "'i1', 'i2', 'i4', 'i8', 'u1', 'u2', 'u4', 'u8'), with up to `threads` threads and the GIL\n"
      "released. portable=True uses the portable C loops even on an AVX-512 CPU (same bits).\n"
-     "Raises ValueError for an unknown kind or an empty or misaligned buffer,\n"
+     "Raises ValueError for an unknown kind or an empty, misaligned or ragged buffer,\n"
      "BufferError for a non-contiguous buffer."},
     {NULL, NULL, 0, NULL},
 };

@@ -88,7 +88,7 @@ def scan(arr: np.ndarray, *, bfloat16: bool = False, backend: str = "auto",
         backend: ``'auto'`` (the kernel when compiled, else NumPy), ``'kernel'`` (the same, but
             raises if it is not compiled) or ``'numpy'``. Complex data and ``scale`` always use NumPy.
         threads: most threads the kernel may use (default :data:`THREADS`); one thread per
-            262144 elements at most.
+            2**20 elements at most (``_stats_kernel.MIN_PER_THREAD``).
         scale: floats only, NumPy only: sum ``x / scale`` and ``(x / scale)**2`` instead (the
             float64 overflow/underflow guard of ``compute_stats``); extremes and counts unscaled.
 
@@ -105,7 +105,8 @@ def scan(arr: np.ndarray, *, bfloat16: bool = False, backend: str = "auto",
     code = "bf2" if bfloat16 else _KERNEL_KINDS.get(arr.dtype)  # None for big-endian data too
     if code is not None and backend != "numpy" and _stats_kernel is not None and scale == 1.0 and arr.size \
             and (not bfloat16 or arr.dtype == np.uint16):
-        data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)  # one copy if strided
+        flags = arr.flags
+        data = arr if flags.c_contiguous and flags.aligned else np.array(arr, order="C")  # strided: a copy
         return Scan._make(_stats_kernel.scan(data, code, threads or THREADS))
     if arr.size == 0:
         raise ValueError("scan() needs a non-empty array")
