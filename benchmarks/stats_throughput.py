@@ -13,8 +13,9 @@ For every size and dtype, on one host array of random values (already in memory,
 * ``numpy``: ``compute_stats(x, backend="numpy")``, the fallback used when the kernel is not built
   (the same chunked NumPy arithmetic as before the kernel existed).
 
-Each cell is input GB/s = bytes / median wall time of the repeats; ``cpu`` is the CPU time of the
-process (all threads) per call, beside the wall time. bfloat16 arrays are MindSpore's own
+Each cell is input GB/s = bytes / wall time of the fastest repeat (the machine is shared by other
+processes: the fastest repeat is the least disturbed one); ``cpu`` is the CPU time of the process
+(all threads) per call in that repeat, beside its wall time. bfloat16 arrays are MindSpore's own
 ``asnumpy()`` bfloat16 arrays (read as their uint16 bits). The machine is shared: read the figures
 of one run side by side, not across runs.
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -51,16 +51,15 @@ def make_array(dtype: str, n: int) -> np.ndarray:
 
 
 def timed(fn, repeats: int, calls: int):
-    """Median wall and CPU seconds per call over ``repeats`` runs of ``calls`` calls."""
+    """(wall, CPU) seconds per call of the fastest of ``repeats`` runs of ``calls`` calls."""
     fn()
-    walls, cpus = [], []
+    runs = []
     for _ in range(repeats):
         c0, w0 = time.process_time(), time.perf_counter()
         for _ in range(calls):
             fn()
-        walls.append((time.perf_counter() - w0) / calls)
-        cpus.append((time.process_time() - c0) / calls)
-    return statistics.median(walls), statistics.median(cpus)
+        runs.append(((time.perf_counter() - w0) / calls, (time.process_time() - c0) / calls))
+    return min(runs)
 
 
 def main(argv=None) -> int:
@@ -72,8 +71,8 @@ def main(argv=None) -> int:
     repeats = args.repeats or (3 if args.quick else 7)
     dtypes = QUICK_DTYPES if args.quick else DTYPES
     kernel = stats_scan.KERNEL_AVAILABLE
-    print(f"kernel built: {kernel}; threads: {stats_scan.THREADS}; GB/s = input bytes / wall time; "
-          f"cpu = process CPU time per call")
+    print(f"kernel built: {kernel}; threads: {stats_scan.THREADS}; loadavg {os.getloadavg()[0]:.1f}; "
+          f"GB/s = input bytes / wall time (fastest of {repeats}); cpu = process CPU time per call")
     header = f"{'dtype':9} {'n':>9} {'copyto':>8} {'kernel':>8} {'kernel 1t':>9} {'numpy':>8}   " \
              f"{'kernel wall/cpu us':>19} {'numpy wall/cpu us':>19}"
     print(header)

@@ -1,20 +1,23 @@
 /* Fused tensor statistics: one pass over a contiguous buffer computes the extremes, the float64 sum
- * and sum of squares (the exact integer sum for integer dtypes) and the NaN/+Inf/-Inf/zero counts.
+ * and sum of squares (the exact integer sum for integer dtypes) and the zero count; NaN/+Inf/-Inf are
+ * counted afterwards in the few blocks whose sums are not finite (only those can hold any).
  *
- * Summation (the tolerance it implies is stated in msprobe/core/stats.py, "Mean and Norm"):
+ * Summation (the tolerance it implies is stated in msprobe/core/scan.py):
  *   - the data are cut into blocks of BLOCK elements at fixed offsets; inside a block each of LANES
  *     float64 lanes accumulates every LANES-th element (BLOCK / LANES = 128 terms per lane), and the
  *     lanes are added pairwise into one partial per block;
  *   - the block partials are added in block order with Neumaier's compensated summation.
  *   Blocks, not threads, fix the order of every addition, so the result does not depend on how many
  *   threads ran.
- * The loops are plain C written lane by lane so that gcc vectorises them without reassociating
- * anything (no -ffast-math: NaN and signed-zero semantics are IEEE); each kernel is compiled for
- * x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA, F16C) and the baseline, chosen at load time.
+ * Two implementations of each loop give the same bits: portable C written lane by lane, so that gcc
+ * vectorises it without reassociating anything (no -ffast-math: NaN and signed-zero semantics stay
+ * IEEE; -ffp-contract=off: no fused multiply-add), compiled for x86-64-v4, x86-64-v3 and the baseline
+ * (target_clones); and, for the float kinds, AVX-512 intrinsics, used when the CPU has AVX-512.
  * Large buffers are split across POSIX threads by whole blocks, with the GIL released.
  *
- * Python API:  scan(buffer, kind, threads) -> (max, min, sum, sum_sq, nan, posinf, neginf, zero)
- *   buffer: any C-contiguous object exporting the buffer protocol, read as `kind`:
+ * Python API:  scan(buffer, kind, threads=1, portable=False)
+ *                  -> (max, min, sum, sum_sq, nan, posinf, neginf, zero)
+ *   buffer: any C-contiguous, aligned object exporting the buffer protocol, read as `kind`:
  *           'f2' float16, 'bf2' bfloat16 bits (uint16), 'f4', 'f8', 'i1'..'i8', 'u1'..'u8'.
  *   Floats: max/min/sum/sum_sq are Python floats (max = -inf, min = +inf when every element is NaN).
  *   Integers: max/min/sum are exact Python ints, sum_sq a float; the NaN/Inf counts are 0.
@@ -30,7 +33,7 @@
 
 #define BLOCK 4096
 #define LANES 32
-/* fewer elements than this per thread are not worth a thread (start + join cost ~30 us) */
+/* fewer elements than this per thread are not worth a thread (~200 us of work per thread) */
 #define MIN_PER_THREAD (1 << 20)
 #define MAX_THREADS 64
 

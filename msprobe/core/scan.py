@@ -14,12 +14,16 @@ both follow the same definitions:
 
 Accuracy of ``total`` and ``squares`` (the one place it is stated; the tests check it):
 ``|total - Σx| <= SUM_TOLERANCE * Σ|x|`` and ``|squares - Σx²| <= SUM_TOLERANCE * Σx²``, Σ exact,
-for finite sums. The kernel sums blocks of 4096 elements in 32 float64 lanes (128 terms each, error
-<= 2**-45 · Σ|x|) and adds the block partials with compensated summation; NumPy uses its pairwise
-sums and ``np.dot`` per chunk of 65536 elements (up to ~4096 terms per accumulator), chunk partials
-added with ``math.fsum``. So the two give the same ``max``, ``min``, counts and integer sums, and
-``total``/``squares`` that agree within the tolerance, not always to the last bit. The kernel's
-bits do not depend on the thread count or on the CPU's vector extensions.
+for finite sums; hence ``compute_stats`` gives ``|Mean - exact| <= SUM_TOLERANCE * mean(|x|)`` and
+``|Norm - exact| <= SUM_TOLERANCE * Norm`` (plus the rounding of the division and square root).
+The kernel sums blocks of 4096 elements in 32 float64 lanes (128 terms each) and adds the block
+partials with compensated summation: its error is at most about 134 · 2**-53 · Σ|x|
+(< 2**-45 · Σ|x|) whatever the size; squares of 8- and 16-bit integers are summed exactly. NumPy sums each chunk of 65536 elements
+with its pairwise ``sum`` and the BLAS ``dot`` (whose bound depends on the BLAS build) and adds the
+chunk partials with ``math.fsum``; the tests hold both to the tolerance. So the two give the same
+``max``, ``min``, counts and integer sums, and ``total``/``squares`` that agree within the tolerance,
+not always to the last bit. The kernel's bits depend neither on the thread count nor on the CPU's
+vector extensions (AVX-512 or portable loops).
 """
 
 from __future__ import annotations
