@@ -589,6 +589,7 @@ def _kernel_cases():
     yield "f8", normal * 1e3
     yield "f2", normal.astype(np.float16)
     yield "bf2", _array(normal[:200_003], "bfloat16").view(np.uint16)
+    yield "b1", rng.random(100_003) > 0.3
     for dtype in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
         info = np.iinfo(dtype)
         yield dtype[0] + str(np.dtype(dtype).itemsize), rng.integers(info.min, info.max, size=100_003,
@@ -648,7 +649,7 @@ def test_kernel_and_numpy_scan_agree(code, arr):
             values = np.left_shift(part, 16, dtype=np.uint32).view(np.float32).astype(np.float64)
         else:
             values = part.astype(np.float64)
-        if code.startswith(("i", "u")):
+        if code == "b1" or code[0] in "iu":
             assert fast._replace(squares=0.0) == slow._replace(squares=0.0)
             assert fast.total == sum(part.tolist())
         else:
@@ -776,7 +777,10 @@ def test_negative_scalar_gradient_norm_in_dump(make_debugger, dump_dir):
         if leaf.get("Mean") is not None:
             assert leaf["Norm"] == abs(leaf["Mean"]) and leaf["Norm"] >= 0, leaf
     assert any(leaf["Mean"] == float(y.asnumpy()) < 0 < leaf["Norm"] for leaf in leaves)
+    grads = [leaf for name, body in data.items() if name.endswith(".backward") for leaf in body["output"]
+             if leaf is not None]
     assert float(gw.asnumpy()) == pytest.approx(-0.0747)
+    assert [(g["Mean"], g["Norm"]) for g in grads] == [(float(gw.asnumpy()), -float(gw.asnumpy()))]
 
 
 @pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")

@@ -18,7 +18,8 @@
  * Python API:  scan(buffer, kind, threads=1, portable=False)
  *                  -> (max, min, sum, sum_sq, nan, posinf, neginf, zero)
  *   buffer: any C-contiguous, aligned object exporting the buffer protocol, read as `kind`:
- *           'f2' float16, 'bf2' bfloat16 bits (uint16), 'f4', 'f8', 'i1'..'i8', 'u1'..'u8'.
+ *           'f2' float16, 'bf2' bfloat16 bits (uint16), 'f4', 'f8', 'i1'..'i8', 'u1'..'u8',
+ *           'b1' bool (bytes 0/1: max = any, min = all, sum = sum_sq = number of true elements).
  *   Floats: max/min/sum/sum_sq are Python floats (max = -inf, min = +inf when every element is NaN).
  *   Integers: max/min/sum are exact Python ints, sum_sq a float; the NaN/Inf counts are 0.
  */
@@ -45,7 +46,7 @@
 #define HAVE_AVX512 0
 #endif
 
-typedef enum { K_F2, K_BF2, K_F4, K_F8, K_I1, K_I2, K_I4, K_I8, K_U1, K_U2, K_U4, K_U8 } Kind;
+typedef enum { K_F2, K_BF2, K_F4, K_F8, K_I1, K_I2, K_I4, K_I8, K_U1, K_U2, K_U4, K_U8, K_B1 } Kind;
 
 typedef struct {
     double fmax, fmin;          /* float kinds */
@@ -317,6 +318,26 @@ INT_KERNEL(generic_u2, uint16_t, uint32_t, uint64_t, SQ_EXACT, umax, umin, 0)
 INT_KERNEL(generic_u4, uint32_t, uint64_t, double, SQ_FLOAT, umax, umin, 0)
 INT_KERNEL(generic_u8, uint64_t, uint64_t, double, SQ_FLOAT, umax, umin, 1)
 
+/* bool (one byte, 0 or 1): only the zeros are counted; max = any, min = all, sum = sum of squares
+ * = the number of true elements. */
+MULTIVERSION static void generic_b1(const uint8_t *p, Py_ssize_t n, double *bsum, double *bsq, Part *out) {
+    int64_t zero = 0;
+    for (Py_ssize_t b = 0; b * BLOCK < n; b++) {
+        const uint8_t *q = p + b * BLOCK;
+        Py_ssize_t m = n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK;
+        uint32_t cz = 0;
+        for (Py_ssize_t i = 0; i < m; i++) cz += q[i] == 0;
+        zero += cz;
+        bsum[b] = 0.0;
+        bsq[b] = (double)(m - (Py_ssize_t)cz);
+    }
+    out->umax = zero < n;
+    out->umin = zero == 0;
+    out->isum = n - zero;
+    out->zero = zero;
+    out->nan = out->posinf = out->neginf = 0;
+}
+
 typedef void (*Kernel)(const void *p, Py_ssize_t n, double *bsum, double *bsq, Part *out);
 
 static const struct { const char *name; int itemsize; Kernel portable; } KINDS[] = {
@@ -326,6 +347,7 @@ static const struct { const char *name; int itemsize; Kernel portable; } KINDS[]
     [K_I4] = {"i4", 4, (Kernel)generic_i4},   [K_I8] = {"i8", 8, (Kernel)generic_i8},
     [K_U1] = {"u1", 1, (Kernel)generic_u1},   [K_U2] = {"u2", 2, (Kernel)generic_u2},
     [K_U4] = {"u4", 4, (Kernel)generic_u4},   [K_U8] = {"u8", 8, (Kernel)generic_u8},
+    [K_B1] = {"b1", 1, (Kernel)generic_b1},
 };
 #define NKINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
 
@@ -516,7 +538,7 @@ static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS,
      "scan(buffer, kind, threads=1, portable=False) -> (max, min, sum, sum_sq, nan, posinf, neginf, zero)\n\n"
      "Fused statistics of a non-empty C-contiguous buffer read as `kind` ('f2', 'bf2', 'f4', 'f8',\n"
-     "'i1', 'i2', 'i4', 'i8', 'u1', 'u2', 'u4', 'u8'), with up to `threads` threads and the GIL\n"
+     "'i1', 'i2', 'i4', 'i8', 'u1', 'u2', 'u4', 'u8', 'b1'), with up to `threads` threads and the GIL\n"
      "released. portable=True uses the portable C loops even on an AVX-512 CPU (same bits).\n"
      "Raises ValueError for an unknown kind or an empty, misaligned or ragged buffer,\n"
      "BufferError for a non-contiguous buffer."},

@@ -53,7 +53,7 @@ CHUNK = 1 << 16
 _KERNEL_KINDS = {np.dtype(name): code for name, code in (
     ("float16", "f2"), ("float32", "f4"), ("float64", "f8"), ("int8", "i1"), ("int16", "i2"),
     ("int32", "i4"), ("int64", "i8"), ("uint8", "u1"), ("uint16", "u2"), ("uint32", "u4"),
-    ("uint64", "u8"), ("bool", "u1"))}
+    ("uint64", "u8"), ("bool", "b1"))}
 
 
 def _threads() -> int:
