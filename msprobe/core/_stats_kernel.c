@@ -394,11 +394,6 @@ static void run_job(Job *job) {
     }
 }
 
-static void *thread_main(void *arg) {
-    run_job((Job *)arg);
-    return NULL;
-}
-
 /* Neumaier's compensated sum of v[0..n) in index order; the plain sum if that is not finite
  * (an Inf or NaN makes the compensation term NaN). */
 static double compensated_sum(const double *v, Py_ssize_t n) {
@@ -437,40 +432,136 @@ static PyObject *int128_to_py(__int128 v) {
     return out;
 }
 
-/* Runs the kernel over [0, n) with up to `threads` threads; fills the block partials and *total. */
-static void run(const char *data, Py_ssize_t n, Kind kind, int threads, int portable, double *bsum,
-                double *bsq, Part *total) {
-    Py_ssize_t nblocks = (n + BLOCK - 1) / BLOCK;
+/* ---- driver. The buffer is cut into chunks of CHUNK_BLOCKS blocks; each chunk is one kernel call
+ * with its own Part, and the Parts are merged in chunk order, so that even the sign of a zero
+ * extreme does not depend on the threads. Threads take chunks from a shared counter (a thread that
+ * the OS does not schedule in time takes none), and the caller waits for the chunks, not for the
+ * threads: a thread that starts late finds no chunk left and frees the shared state if it is the
+ * last owner. */
+#define CHUNK_BLOCKS 64
+
+typedef struct {
+    const char *data;
+    Py_ssize_t n, nchunks;
+    Kind kind;
+    int portable;
+    double *bsum, *bsq;
+    Part *parts;
+    Py_ssize_t next;            /* next chunk to take (atomic) */
+    Py_ssize_t done;            /* chunks finished (under lock) */
+    int owners;                 /* the caller and the started threads (under lock) */
+    pthread_mutex_t lock;
+    pthread_cond_t all_done;
+} Shared;
+
+static void run_chunk(const char *data, Py_ssize_t n, Kind kind, int portable, double *bsum, double *bsq,
+                      Py_ssize_t c, Part *part) {
+    Job job;
+    memset(&job, 0, sizeof job);
+    job.data = data;
+    job.first = c * CHUNK_BLOCKS * BLOCK;
+    job.count = n - job.first < CHUNK_BLOCKS * BLOCK ? n - job.first : CHUNK_BLOCKS * BLOCK;
+    job.kind = kind;
+    job.portable = portable;
+    job.bsum = bsum;
+    job.bsq = bsq;
+    run_job(&job);
+    *part = job.part;
+}
+
+static void take_chunks(Shared *sh) {
+    for (;;) {
+        Py_ssize_t c = __atomic_fetch_add(&sh->next, 1, __ATOMIC_RELAXED);
+        if (c >= sh->nchunks) return;
+        run_chunk(sh->data, sh->n, sh->kind, sh->portable, sh->bsum, sh->bsq, c, &sh->parts[c]);
+        pthread_mutex_lock(&sh->lock);
+        if (++sh->done == sh->nchunks) pthread_cond_signal(&sh->all_done);
+        pthread_mutex_unlock(&sh->lock);
+    }
+}
+
+static void release(Shared *sh) {
+    pthread_mutex_lock(&sh->lock);
+    int last = --sh->owners == 0;
+    pthread_mutex_unlock(&sh->lock);
+    if (last) {
+        pthread_mutex_destroy(&sh->lock);
+        pthread_cond_destroy(&sh->all_done);
+        free(sh);
+    }
+}
+
+static void *worker(void *arg) {
+    take_chunks((Shared *)arg);
+    release((Shared *)arg);
+    return NULL;
+}
+
+/* Reduces [0, n) with up to `threads` threads into *total, *sum and *sumsq; -1 if out of memory. */
+static int run(const char *data, Py_ssize_t n, Kind kind, int threads, int portable, Part *total,
+               double *sum, double *sumsq) {
+    Py_ssize_t nblocks = (n + BLOCK - 1) / BLOCK, nchunks = (nblocks + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
     Py_ssize_t want = n / MIN_PER_THREAD;
     if (want > threads) want = threads;
     if (want > MAX_THREADS) want = MAX_THREADS;
-    if (want > nblocks) want = nblocks;
-    if (want < 1) want = 1;
-    Job jobs[MAX_THREADS];
-    pthread_t tids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    Py_ssize_t per = (nblocks + want - 1) / want;  /* whole blocks per job */
-    int njobs = 0;
-    for (Py_ssize_t b = 0; b < nblocks; b += per, njobs++) {
-        Py_ssize_t first = b * BLOCK, last = (b + per) * BLOCK < n ? (b + per) * BLOCK : n;
-        memset(&jobs[njobs], 0, sizeof jobs[njobs]);
-        jobs[njobs].data = data;
-        jobs[njobs].first = first;
-        jobs[njobs].count = last - first;
-        jobs[njobs].kind = kind;
-        jobs[njobs].portable = portable;
-        jobs[njobs].bsum = bsum;
-        jobs[njobs].bsq = bsq;
+    if (want > nchunks) want = nchunks;
+    if (want <= 1) {  /* this thread alone: the same chunks, merged in the same order */
+        double small[2 * 8];
+        double *partials = nblocks <= 8 ? small : malloc(sizeof(double) * 2 * (size_t)nblocks);
+        if (partials == NULL) return -1;
+        for (Py_ssize_t c = 0; c < nchunks; c++) {
+            Part part;
+            run_chunk(data, n, kind, portable, partials, partials + nblocks, c, &part);
+            if (c == 0) *total = part;
+            else merge(kind, total, &part);
+        }
+        *sum = compensated_sum(partials, nblocks);
+        *sumsq = compensated_sum(partials + nblocks, nblocks);
+        if (partials != small) free(partials);
+        return 0;
     }
-    for (int t = 1; t < njobs; t++)
-        started[t] = pthread_create(&tids[t], NULL, thread_main, &jobs[t]) == 0;
-    run_job(&jobs[0]);
-    for (int t = 1; t < njobs; t++) {
-        if (started[t]) pthread_join(tids[t], NULL);
-        else run_job(&jobs[t]);  /* no thread could be started: run it here */
+    size_t head = (sizeof(Shared) + 63) / 64 * 64;  /* Part holds an __int128: keep it aligned */
+    Shared *sh = aligned_alloc(64, head + (sizeof(Part) * (size_t)nchunks + sizeof(double) * 2 * (size_t)nblocks
+                                           + 63) / 64 * 64);
+    if (sh == NULL) return -1;
+    memset(sh, 0, sizeof *sh);
+    sh->parts = (Part *)((char *)sh + head);
+    sh->bsum = (double *)(sh->parts + nchunks);
+    sh->bsq = sh->bsum + nblocks;
+    sh->data = data;
+    sh->n = n;
+    sh->nchunks = nchunks;
+    sh->kind = kind;
+    sh->portable = portable;
+    sh->owners = 1;
+    pthread_mutex_init(&sh->lock, NULL);
+    pthread_cond_init(&sh->all_done, NULL);
+    pthread_attr_t attr;
+    int detached = pthread_attr_init(&attr) == 0 &&
+                   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0;
+    for (Py_ssize_t t = 1; detached && t < want; t++) {
+        pthread_t tid;
+        pthread_mutex_lock(&sh->lock);
+        sh->owners++;
+        pthread_mutex_unlock(&sh->lock);
+        if (pthread_create(&tid, &attr, worker, sh) != 0) {  /* no thread: this one does the work */
+            pthread_mutex_lock(&sh->lock);
+            sh->owners--;
+            pthread_mutex_unlock(&sh->lock);
+            break;
+        }
     }
-    *total = jobs[0].part;
-    for (int t = 1; t < njobs; t++) merge(kind, total, &jobs[t].part);
+    if (detached) pthread_attr_destroy(&attr);
+    take_chunks(sh);
+    pthread_mutex_lock(&sh->lock);
+    while (sh->done < sh->nchunks) pthread_cond_wait(&sh->all_done, &sh->lock);
+    pthread_mutex_unlock(&sh->lock);
+    *total = sh->parts[0];
+    for (Py_ssize_t c = 1; c < nchunks; c++) merge(kind, total, &sh->parts[c]);
+    *sum = compensated_sum(sh->bsum, nblocks);
+    *sumsq = compensated_sum(sh->bsq, nblocks);
+    release(sh);
+    return 0;
 }
 
 static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -496,22 +587,15 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
                             "buffer of %zd bytes is not a non-empty, aligned array of %d-byte items",
                             view.len, itemsize);
     }
-    Py_ssize_t n = view.len / itemsize, nblocks = (n + BLOCK - 1) / BLOCK;
-    double small[2 * 8];
-    double *partials = nblocks <= 8 ? small : PyMem_RawMalloc(sizeof(double) * 2 * (size_t)nblocks);
-    if (partials == NULL) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
-    double *bsum = partials, *bsq = partials + nblocks, sum, sumsq;
+    Py_ssize_t n = view.len / itemsize;
+    double sum, sumsq;
     Part total;
+    int status;
     Py_BEGIN_ALLOW_THREADS
-    run((const char *)view.buf, n, kind, threads < 1 ? 1 : threads, portable, bsum, bsq, &total);
-    sum = compensated_sum(bsum, nblocks);
-    sumsq = compensated_sum(bsq, nblocks);
+    status = run((const char *)view.buf, n, kind, threads < 1 ? 1 : threads, portable, &total, &sum, &sumsq);
     Py_END_ALLOW_THREADS
-    if (partials != small) PyMem_RawFree(partials);
     PyBuffer_Release(&view);
+    if (status < 0) return PyErr_NoMemory();
     PyObject *mx, *mn, *sm;
     if (is_float(kind)) {
         mx = PyFloat_FromDouble(total.fmax);
