@@ -672,11 +672,10 @@ def test_kernel_counts_nan_inf_zero():
     arr[7] = -np.inf
     arr[[11, 12]] = -0.0
     result = stats_scan.scan(arr, backend="kernel")
-    expected = stats_scan.Scan(float(np.nanmax(arr[np.isfinite(arr)])), float(np.nanmin(arr[np.isfinite(arr)])),
-                               result.total, result.squares, 3, 2, 1, 3)
-    assert result._replace(max=float(np.nanmax(arr[~np.isnan(arr)])), min=-math.inf) == expected._replace(
-        max=math.inf, min=-math.inf)
-    assert result.max == math.inf and result.min == -math.inf
+    assert (result.max, result.min) == (math.inf, -math.inf)          # NaN ignored, Inf kept
+    assert (result.nan, result.posinf, result.neginf) == (3, 2, 1)
+    assert result.zero == 3                                            # 0.0 at index 50000, -0.0 twice
+    assert math.isnan(result.total) and math.isnan(result.squares)     # NaN enters both sums
     assert stats_scan.scan(arr, backend="numpy")[4:] == result[4:]
     all_nan = stats_scan.scan(np.full(40, np.nan), backend="kernel")
     assert (all_nan.max, all_nan.min, all_nan.nan) == (-math.inf, math.inf, 40)
