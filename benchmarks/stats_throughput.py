@@ -8,8 +8,9 @@ For every size and dtype, on one host array of random values (already in memory,
 
 * ``copyto``: ``np.copyto(out, x)`` into a preallocated array: input bytes / time. It reads the
   data once (and writes it once), the physical floor any statistics pass has to pay;
-* ``kernel``: ``compute_stats(x)`` with the compiled kernel, on every CPU this process may use
-  (``msprobe.core.scan.THREADS``), and ``kernel 1t`` with one thread;
+* ``kernel``: ``compute_stats(x)`` with the compiled kernel as the dump runs it (threads for
+  tensors of 2**21 elements or more, as many as ``msprobe.core.scan.free_cpus()`` finds free);
+  ``1t`` and ``Nt``: ``scan(x)`` forced to 1 thread and to ``msprobe.core.scan.THREADS`` threads;
 * ``numpy``: ``compute_stats(x, backend="numpy")``, the fallback used when the kernel is not built
   (the same chunked NumPy arithmetic as before the kernel existed).
 
@@ -71,10 +72,10 @@ def main(argv=None) -> int:
     repeats = args.repeats or (3 if args.quick else 7)
     dtypes = QUICK_DTYPES if args.quick else DTYPES
     kernel = stats_scan.KERNEL_AVAILABLE
-    print(f"kernel built: {kernel}; threads: {stats_scan.THREADS}; loadavg {os.getloadavg()[0]:.1f}; "
+    print(f"kernel built: {kernel}; THREADS: {stats_scan.THREADS}; loadavg {os.getloadavg()[0]:.1f}; "
           f"GB/s = input bytes / wall time (fastest of {repeats}); cpu = process CPU time per call")
-    header = f"{'dtype':9} {'n':>9} {'copyto':>8} {'kernel':>8} {'kernel 1t':>9} {'numpy':>8}   " \
-             f"{'kernel wall/cpu us':>19} {'numpy wall/cpu us':>19}"
+    header = f"{'dtype':9} {'n':>9} {'copyto':>8} {'kernel':>8} {'1t':>7} {str(stats_scan.THREADS) + 't':>7} " \
+             f"{'numpy':>8}   {'kernel wall/cpu us':>19} {'numpy wall/cpu us':>19}"
     print(header)
     rows = []
     for dtype in dtypes:
@@ -86,9 +87,10 @@ def main(argv=None) -> int:
                     "numpy": timed(lambda: compute_stats(arr, backend="numpy"), repeats, calls)}
             if kernel:
                 runs["kernel"] = timed(lambda: compute_stats(arr, backend="kernel"), repeats, calls)
-                runs["kernel 1t"] = timed(lambda: stats_scan.scan(
-                    arr.view(np.uint16) if dtype == "bfloat16" else arr, bfloat16=dtype == "bfloat16",
-                    backend="kernel", threads=1), repeats, calls)
+                bits = arr.view(np.uint16) if dtype == "bfloat16" else arr
+                for threads in (1, stats_scan.THREADS):
+                    runs[f"{threads}t"] = timed(lambda: stats_scan.scan(
+                        bits, bfloat16=dtype == "bfloat16", backend="kernel", threads=threads), repeats, calls)
             gbs = {k: arr.nbytes / wall / 1e9 for k, (wall, _) in runs.items()}
             row = {"dtype": dtype, "n": n, "bytes": arr.nbytes,
                    **{f"{k} GB/s": round(v, 2) for k, v in gbs.items()},
@@ -97,8 +99,9 @@ def main(argv=None) -> int:
             rows.append(row)
             kw, kc = runs.get("kernel", (float("nan"), float("nan")))
             nw, nc = runs["numpy"]
-            print(f"{dtype:9} {n:>9.0e} {gbs['copyto']:>8.2f} {gbs.get('kernel', float('nan')):>8.2f} "
-                  f"{gbs.get('kernel 1t', float('nan')):>9.2f} {gbs['numpy']:>8.2f}   "
+            nan = float("nan")
+            print(f"{dtype:9} {n:>9.0e} {gbs['copyto']:>8.2f} {gbs.get('kernel', nan):>8.2f} "
+                  f"{gbs.get('1t', nan):>7.2f} {gbs.get(f'{stats_scan.THREADS}t', nan):>7.2f} {gbs['numpy']:>8.2f}   "
                   f"{kw * 1e6:>9.1f}/{kc * 1e6:<9.1f} {nw * 1e6:>9.1f}/{nc * 1e6:<9.1f}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:

@@ -797,3 +797,12 @@ def test_kernel_misaligned_data_is_copied_or_refused():
         _stats_kernel.scan(misaligned, "f4", 1)
     with pytest.raises(ValueError, match="unsupported kind"):
         _stats_kernel.scan(arr, "c8", 1)
+
+
+def test_free_cpus_counts_what_the_machine_has_free():
+    """Between 1 and THREADS; the running count of /proc/loadavg includes the caller."""
+    free = stats_scan.free_cpus()
+    assert 1 <= free <= stats_scan.THREADS
+    with open("/proc/loadavg") as fh:
+        running = int(fh.read().split()[3].split("/")[0])
+    assert running >= 1
