@@ -799,10 +799,15 @@ def test_kernel_misaligned_data_is_copied_or_refused():
         _stats_kernel.scan(arr, "c8", 1)
 
 
-def test_free_cpus_counts_what_the_machine_has_free():
-    """Between 1 and THREADS; the running count of /proc/loadavg includes the caller."""
-    free = stats_scan.free_cpus()
-    assert 1 <= free <= stats_scan.THREADS
-    with open("/proc/loadavg") as fh:
-        running = int(fh.read().split()[3].split("/")[0])
-    assert running >= 1
+def test_free_cpus_counts_what_the_machine_has_free(tmp_path, monkeypatch):
+    """THREADS minus the other runnable threads of /proc/loadavg (which counts the caller), >= 1."""
+    monkeypatch.setattr(stats_scan, "THREADS", 4)
+    path = tmp_path / "loadavg"
+    for running, free in ((1, 4), (2, 3), (4, 1), (40, 1)):
+        path.write_text(f"3.10 2.50 1.00 {running}/812 4242\n")
+        assert stats_scan.free_cpus(str(path)) == free
+    path.write_text("garbage")
+    assert stats_scan.free_cpus(str(path)) == 4
+    assert stats_scan.free_cpus(str(tmp_path / "missing")) == 4
+    monkeypatch.undo()
+    assert 1 <= stats_scan.free_cpus() <= stats_scan.THREADS

@@ -70,16 +70,17 @@ THREADS = _threads()
 _SPLIT = 2 * (_stats_kernel.MIN_PER_THREAD if _stats_kernel is not None else 1 << 20)
 
 
-def free_cpus() -> int:
+def free_cpus(loadavg: str = "/proc/loadavg") -> int:
     """CPUs free for the kernel's threads now: :data:`THREADS` minus the other threads the OS has
-    ready to run at this moment (the running count of ``/proc/loadavg``), at least 1.
+    ready to run at this moment (the running count of ``loadavg``, Linux's ``/proc/loadavg``), at
+    least 1; :data:`THREADS` when that file cannot be read.
 
     On a machine whose cores are busy (other processes, MindSpore's own pool), a second thread only
     waits for a core, and the call waits for it: measured on 2 busy cores, 2 threads took twice the
     wall time of 1; on idle cores they double the float16/bfloat16 throughput.
     """
     try:
-        with open("/proc/loadavg", "rb") as fh:
+        with open(loadavg, "rb") as fh:
             running = int(fh.read().split()[3].split(b"/")[0])  # includes this thread
     except (OSError, ValueError, IndexError):
         return THREADS
