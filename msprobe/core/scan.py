@@ -66,7 +66,8 @@ def _threads() -> int:
 #: Most threads the kernel uses for one large tensor (the CPUs this process may run on).
 THREADS = _threads()
 
-#: Smallest tensor (elements) worth a second thread: two kernel chunks of work per thread at least.
+#: Smallest tensor (elements) the kernel gives two threads (2 * MIN_PER_THREAD): below it
+#: :func:`free_cpus` is not consulted.
 _SPLIT = 2 * (_stats_kernel.MIN_PER_THREAD if _stats_kernel is not None else 1 << 20)
 
 
@@ -76,8 +77,8 @@ def free_cpus(loadavg: str = "/proc/loadavg") -> int:
     least 1; :data:`THREADS` when that file cannot be read.
 
     On a machine whose cores are busy (other processes, MindSpore's own pool), a second thread only
-    waits for a core, and the call waits for it: measured on 2 busy cores, 2 threads took twice the
-    wall time of 1; on idle cores they double the float16/bfloat16 throughput.
+    waits for a core, and the call waits for it: measured on 2 busy cores, 2 threads took up to twice
+    the wall time of 1; with a core free they raised float16 from 10.6 to 16.6 GB/s.
     """
     try:
         with open(loadavg, "rb") as fh:
