@@ -14,6 +14,9 @@
  * IEEE; -ffp-contract=off: no fused multiply-add), compiled for x86-64-v4, x86-64-v3 and the baseline
  * (target_clones); and, for the float kinds, AVX-512 intrinsics, used when the CPU has AVX-512.
  * Large buffers are split across POSIX threads by whole blocks, with the GIL released.
+ * Plain CPython C API and the buffer protocol: nothing to build it but a C compiler (no NumPy headers,
+ * no Cython); a whole call on a one-element array costs ~1 us, about what an empty Cython function
+ * taking a typed memoryview costs (0.7 us measured here).
  *
  * Python API:  scan(buffer, kind, threads=1, portable=False)
  *                  -> (max, min, sum, sum_sq, nan, posinf, neginf, zero)
