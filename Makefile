@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 
 .PHONY: demo test install clean bench
 
-$(VENV)/.installed: pyproject.toml
+# pip install -e . also compiles msprobe/core/_stats_kernel.c (the statistics kernel): rebuild when it changes
+$(VENV)/.installed: pyproject.toml msprobe/core/_stats_kernel.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test,examples]"
@@ -24,4 +25,4 @@ bench: install
 	$(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) demo_dump
+	rm -rf $(VENV) demo_dump build msprobe/core/_stats_kernel.*.so

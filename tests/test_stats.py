@@ -12,6 +12,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
+from msprobe.core import scan as stats_scan
 from msprobe.core import stats
 from msprobe.core.stats import (
     MS_DTYPE_NAMES,
@@ -202,13 +203,17 @@ def test_empty_all_none(arr):
     assert compute_stats(arr) == {"Max": None, "Min": None, "Mean": None, "Norm": None}
 
 
-def test_zero_dim_scalars_keep_kind():
+def test_zero_dim_scalars_keep_kind_and_norm_is_magnitude():
     ints = compute_stats(np.array(-7, dtype=np.int32))
-    assert ints == {"Max": -7, "Min": -7, "Mean": -7, "Norm": -7}
+    assert ints == {"Max": -7, "Min": -7, "Mean": -7, "Norm": 7}
     assert all(type(v) is int for v in ints.values())
-    floats = compute_stats(np.array(2.5, dtype=np.float16))
-    assert floats == {"Max": 2.5, "Min": 2.5, "Mean": 2.5, "Norm": 2.5}
+    floats = compute_stats(np.array(-2.5, dtype=np.float16))
+    assert floats == {"Max": -2.5, "Min": -2.5, "Mean": -2.5, "Norm": 2.5}
     assert all(type(v) is float for v in floats.values())
+    grad = compute_stats(np.array(-0.0747, dtype=np.float32))  # a scalar gradient
+    assert grad["Norm"] == float(np.float32(0.0747)) == -grad["Mean"]
+    zero = compute_stats(np.array(-0.0, dtype=np.float64))
+    assert math.copysign(1.0, zero["Norm"]) == 1.0 and math.copysign(1.0, zero["Max"]) == -1.0
     cplx = compute_stats(np.array(3 + 4j, dtype=np.complex64))
     assert cplx == {"Max": 5.0, "Min": 5.0, "Mean": 5.0, "Norm": 5.0}
 
@@ -443,3 +448,368 @@ def test_zero_copy_falls_back_for_bfloat16_and_empty():
     empty = ms.Tensor(np.zeros((0, 3), np.float32))
     arr, how = stats.to_host(empty, zero_copy=True)
     assert arr.shape == (0, 3) and how == "native"
+
+
+# ------------------------------------------------------------------ every dtype, both signs, both backends
+BACKENDS = ["kernel", "numpy"]
+SIGNED_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int32", "int64"]
+
+
+def _array(values, dtype):
+    """A host array of ``values`` in ``dtype``; bfloat16 as MindSpore's own numpy bfloat16 array."""
+    if dtype == "bfloat16":
+        return ms.Tensor(np.asarray(values, np.float32)).astype(ms.bfloat16).asnumpy()
+    return np.asarray(values).astype(dtype)
+
+
+def _float64(arr):
+    """The exact float64 values of an array (bfloat16: through its bits)."""
+    if arr.dtype.name == "bfloat16":
+        return np.left_shift(arr.view(np.uint16), 16, dtype=np.uint32).view(np.float32).astype(np.float64)
+    return arr.astype(np.float64)
+
+
+def assert_mean_norm(result, values):
+    """Mean and Norm equal the float64 recomputation within SUM_TOLERANCE of msprobe.core.scan:
+    |Mean - exact| <= tol * mean(|x|) and |Norm - exact| <= tol * Norm (exact: math.fsum)."""
+    flat = np.asarray(values, np.float64).ravel()
+    n = flat.size
+    mean_abs = math.fsum(np.abs(flat).tolist()) / n
+    exact_mean = math.fsum(flat.tolist()) / n
+    exact_norm = math.sqrt(math.fsum((flat * flat).tolist()))
+    assert isinstance(result["Mean"], float) and isinstance(result["Norm"], float)
+    assert abs(result["Mean"] - exact_mean) <= stats_scan.SUM_TOLERANCE * mean_abs + math.ulp(exact_mean)
+    assert abs(result["Norm"] - exact_norm) <= stats_scan.SUM_TOLERANCE * exact_norm + math.ulp(exact_norm)
+    assert result["Norm"] >= 0.0
+    # and numpy's own float64 recomputation agrees within the same tolerance
+    assert result["Mean"] == pytest.approx(float(np.mean(flat)), rel=1e-9, abs=1e-12 * mean_abs)
+    assert result["Norm"] == pytest.approx(float(np.linalg.norm(flat)), rel=1e-9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", SIGNED_DTYPES)
+@pytest.mark.parametrize("sign", [1, -1])
+def test_zero_dim_and_one_element_agree(backend, dtype, sign):
+    """A 0-d tensor and a shape-[1] tensor of the same value: same Max/Min/Mean, Norm = |x| >= 0."""
+    value = sign * (0.0747 if dtype.startswith(("float", "bfloat")) else 7)
+    scalar, single = _array(value, dtype), _array([value], dtype)
+    assert scalar.shape == () and single.shape == (1,)
+    zero_d, one = compute_stats(scalar, backend=backend), compute_stats(single, backend=backend)
+    exact = float(_float64(single)[0])
+    assert zero_d["Max"] == zero_d["Min"] == zero_d["Mean"] == exact
+    assert one["Max"] == one["Min"] == one["Mean"] == exact
+    assert zero_d["Norm"] == one["Norm"] == abs(exact) == float(np.linalg.norm(_float64(single)))
+    assert zero_d["Norm"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", SIGNED_DTYPES + ["uint8", "bool"])
+def test_empty_of_every_dtype(backend, dtype):
+    for shape in [(0,), (2, 0, 3)]:
+        assert compute_stats(np.zeros(shape, np.float32).astype(dtype) if dtype != "bfloat16" else
+                             _array(np.zeros(shape), dtype), backend=backend) == dict.fromkeys(
+            ("Max", "Min", "Mean", "Norm"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", SIGNED_DTYPES + ["uint8", "uint16", "uint32", "uint64", "int16"])
+@pytest.mark.parametrize("sign", [1, -1])
+@pytest.mark.parametrize("n", [5, 4097, 70_001])
+def test_every_statistic_equals_float64_recomputation(backend, dtype, sign, n):
+    rng = np.random.default_rng(n)
+    if dtype.startswith(("float", "bfloat")):
+        values = sign * np.abs(rng.standard_normal(n)) * 3 + sign * 0.5   # all of one sign
+        values[::7] = -values[::7]                                         # and some of the other
+    else:
+        info = np.iinfo(dtype)
+        values = rng.integers(max(info.min, -1000) if sign < 0 else 0, min(info.max, 1000), size=n)
+    arr = _array(values, dtype)
+    exact = _float64(arr)
+    result = compute_stats(arr, backend=backend)
+    assert result["Max"] == float(exact.max()) and result["Min"] == float(exact.min())
+    if arr.dtype.kind in "iu":
+        assert type(result["Max"]) is int and type(result["Min"]) is int
+        assert result["Mean"] == sum(arr.tolist()) / n   # the exact integer sum, correctly rounded
+    else:
+        assert type(result["Max"]) is float and type(result["Min"]) is float
+    assert_mean_norm(result, exact)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(), (1,), (5,), (70_001,)])
+def test_bool_of_every_size(backend, shape):
+    for fill in (True, False):
+        arr = np.full(shape, fill)
+        assert compute_stats(arr, backend=backend) == {"Max": fill, "Min": fill, "Mean": None, "Norm": None}
+    if shape and shape[0] > 1:
+        mixed = np.zeros(shape, bool)
+        mixed[-1] = True
+        result = compute_stats(mixed, backend=backend)
+        assert result == {"Max": True, "Min": False, "Mean": None, "Norm": None}
+        assert type(result["Max"]) is bool
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("n", [1, 33, 4096 * 3 + 1, 70_001])
+def test_nan_inf_rules_every_float_dtype(backend, dtype, n):
+    """The NaN/Inf rules of the stats module docstring, at every position (first, inside, last)."""
+    base = np.linspace(-2, 3, n)
+    for position in {0, n // 2, n - 1}:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            nan = base.copy()
+            nan[position] = np.nan
+            assert all(math.isnan(v) for v in compute_stats(_array(nan, dtype), backend=backend).values())
+            pos = base.copy()
+            pos[position] = np.inf
+            r = compute_stats(_array(pos, dtype), backend=backend)
+            assert r["Max"] == math.inf and r["Mean"] == math.inf and r["Norm"] == math.inf
+            assert n == 1 or r["Min"] == float(_float64(_array(np.delete(base, position), dtype)).min())
+            both = pos.copy()
+            both[(position + 1) % n if n > 1 else 0] = -np.inf
+            r = compute_stats(_array(both, dtype), backend=backend)
+            if n > 1:
+                assert r["Max"] == math.inf and r["Min"] == -math.inf and math.isnan(r["Mean"])
+            assert r["Norm"] == math.inf
+
+
+# ------------------------------------------------------------------ the compiled kernel
+
+
+def test_kernel_is_built():
+    """pip install (make test) compiles msprobe/core/_stats_kernel.c; the NumPy path is only a fallback."""
+    assert stats_scan.KERNEL_AVAILABLE
+
+
+def _kernel_cases():
+    rng = np.random.default_rng(11)
+    normal = rng.standard_normal(600_001)
+    yield "f4", normal.astype(np.float32)
+    yield "f8", normal * 1e3
+    yield "f2", normal.astype(np.float16)
+    yield "bf2", _array(normal[:200_003], "bfloat16").view(np.uint16)
+    cancelling = np.repeat([1e8, -1e8], 150_000) + rng.standard_normal(300_000)  # Σx ≈ 0 << Σ|x|
+    yield "f8", rng.permutation(cancelling)
+    yield "b1", rng.random(100_003) > 0.3
+    for dtype in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+        info = np.iinfo(dtype)
+        yield dtype[0] + str(np.dtype(dtype).itemsize), rng.integers(info.min, info.max, size=100_003,
+                                                                  dtype=dtype, endpoint=True)
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+@pytest.mark.parametrize("code,arr", list(_kernel_cases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_kernel_bits_independent_of_threads_and_vector_extension(code, arr):
+    """Fixed blocks decide every addition: 1, 2 or 5 threads, AVX-512 or portable loops: same bits."""
+    from msprobe.core import _stats_kernel
+
+    for n in (1, 31, 32, 33, 4095, 4096, 4097, arr.size):
+        part = arr[:n]
+        results = {(t, p): _stats_kernel.scan(part.view(np.uint8), code, t, portable=p)
+                   for t in (1, 2, 5) for p in (False, True)}
+        first = results[(1, False)]
+        assert all(repr(r) == repr(first) for r in results.values()), (n, results)
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int64", "uint8"])
+def test_kernel_threads_split_large_tensors(dtype):
+    """5 * 2**20 + 4099 elements: up to 5 threads (2**20 elements each at least) give the bits of one,
+    also with NaN and Inf in the parts of different threads, and compute_stats agrees with NumPy."""
+    from msprobe.core import _stats_kernel
+
+    n = 5 * _stats_kernel.MIN_PER_THREAD + 4099
+    arr = (np.random.default_rng(5).standard_normal(n) * 50).astype(dtype)
+    one = _stats_kernel.scan(arr, _KERNEL_CODES[dtype], 1)
+    for threads in (2, 3, 5, 8):
+        assert repr(_stats_kernel.scan(arr, _KERNEL_CODES[dtype], threads)) == repr(one), threads
+    fast, slow = compute_stats(arr, backend="kernel"), compute_stats(arr, backend="numpy")
+    assert (fast["Max"], fast["Min"]) == (slow["Max"], slow["Min"])
+    assert fast["Mean"] == pytest.approx(slow["Mean"], rel=0, abs=2e-12 * float(np.mean(np.abs(arr, dtype=np.float64))))
+    assert fast["Norm"] == pytest.approx(slow["Norm"], rel=2e-12)
+    if arr.dtype.kind == "f":
+        arr[[10, n - 10]] = np.inf
+        arr[3 * _stats_kernel.MIN_PER_THREAD + 1] = -np.inf
+        counts = [_stats_kernel.scan(arr, _KERNEL_CODES[dtype], t)[4:7] for t in (1, 5)]
+        assert counts == [(0, 2, 1), (0, 2, 1)]
+
+
+_KERNEL_CODES = {"float32": "f4", "float16": "f2", "float64": "f8", "int64": "i8", "uint8": "u1"}
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+@pytest.mark.parametrize("code,arr", list(_kernel_cases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_kernel_and_numpy_scan_agree(code, arr):
+    """Max, Min, counts and integer sums identical; float64 sums within SUM_TOLERANCE."""
+    bf16 = code == "bf2"
+    for n in (1, 4097, arr.size):
+        part = arr[:n]
+        fast = stats_scan.scan(part, bfloat16=bf16, backend="kernel", threads=2)
+        slow = stats_scan.scan(part, bfloat16=bf16, backend="numpy")
+        if bf16:
+            values = np.left_shift(part, 16, dtype=np.uint32).view(np.float32).astype(np.float64)
+        else:
+            values = part.astype(np.float64)
+        if code == "b1" or code[0] in "iu":
+            assert fast._replace(squares=0.0) == slow._replace(squares=0.0)
+            assert fast.total == sum(part.tolist())
+        else:
+            assert (fast.max, fast.min, fast.nan, fast.posinf, fast.neginf, fast.zero) == \
+                (slow.max, slow.min, slow.nan, slow.posinf, slow.neginf, slow.zero)
+            exact_total = math.fsum(values.tolist())
+            abs_total = math.fsum(np.abs(values).tolist())
+            for got in (fast.total, slow.total):
+                assert abs(got - exact_total) <= stats_scan.SUM_TOLERANCE * abs_total
+        exact_squares = math.fsum((values * values).tolist())
+        for got in (fast.squares, slow.squares):
+            assert abs(got - exact_squares) <= stats_scan.SUM_TOLERANCE * exact_squares
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+def test_kernel_counts_nan_inf_zero():
+    arr = np.arange(-50_000, 50_000, dtype=np.float32)
+    arr[[3, 9000, 99_999]] = np.nan
+    arr[[5, 70_000]] = np.inf
+    arr[7] = -np.inf
+    arr[[11, 12]] = -0.0
+    result = stats_scan.scan(arr, backend="kernel")
+    assert (result.max, result.min) == (math.inf, -math.inf)          # NaN ignored, Inf kept
+    assert (result.nan, result.posinf, result.neginf) == (3, 2, 1)
+    assert result.zero == 3                                            # 0.0 at index 50000, -0.0 twice
+    assert math.isnan(result.total) and math.isnan(result.squares)     # NaN enters both sums
+    assert stats_scan.scan(arr, backend="numpy")[4:] == result[4:]
+    all_nan = stats_scan.scan(np.full(40, np.nan), backend="kernel")
+    assert (all_nan.max, all_nan.min, all_nan.nan) == (-math.inf, math.inf, 40)
+    assert stats_scan.scan(np.full(40, np.nan), backend="numpy")[:2] == (-math.inf, math.inf)
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+def test_kernel_exact_integer_sums_at_the_limits():
+    for dtype in (np.int64, np.uint64, np.int32, np.uint32):
+        info = np.iinfo(dtype)
+        for fill in (info.max, info.min):
+            arr = np.full(70_000, fill, dtype=dtype)
+            result = stats_scan.scan(arr, backend="kernel", threads=2)
+            assert result.total == 70_000 * int(fill) and result.max == result.min == int(fill)
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+def test_kernel_reads_strided_and_big_endian_arrays_through_copies():
+    base = np.random.default_rng(2).standard_normal((300, 401)).astype(np.float32)
+    for arr in (base[::3, 1::2], base.T, base.astype(">f4")):
+        assert compute_stats(arr, backend="kernel") == compute_stats(np.ascontiguousarray(arr, "=f4"),
+                                                                     backend="kernel")
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+def test_kernel_releases_the_gil():
+    """Another Python thread runs while the kernel reduces large tensors: with a 1 s switch
+    interval, calls that held the GIL would block it until all 30 (~0.1 s) are done."""
+    import sys
+    import threading
+
+    arr = np.random.default_rng(0).standard_normal(4_000_000).astype(np.float32)
+    state = {"inside": False, "done": False, "ticks": 0}
+
+    def work():
+        state["inside"] = True
+        for _ in range(30):
+            stats_scan.scan(arr, backend="kernel", threads=1)
+        state["done"] = True
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        worker = threading.Thread(target=work)
+        worker.start()
+        while not state["done"] and not state["ticks"]:  # ran while the worker was in a call
+            if state["inside"]:
+                state["ticks"] += 1
+        worker.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert state["ticks"] > 0, state
+
+
+def test_scan_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        stats_scan.scan(np.zeros(0, np.float32))
+    with pytest.raises(ValueError):
+        stats_scan.scan(np.zeros(3, np.float32), backend="gpu")
+    with pytest.raises(ValueError):
+        stats_scan.scan(np.zeros(3, np.float32), bfloat16=True)
+    with pytest.raises(TypeError):
+        stats_scan.scan(np.array(["a"]))
+
+
+def test_kernel_absent_falls_back_to_numpy(monkeypatch):
+    """Without the compiled module, compute_stats gives the NumPy results; backend='kernel' says why not."""
+    arr = np.random.default_rng(3).standard_normal(10_000).astype(np.float32)
+    expected = compute_stats(arr, backend="numpy")
+    monkeypatch.setattr(stats_scan, "_stats_kernel", None)
+    assert compute_stats(arr) == expected
+    with pytest.raises(RuntimeError, match="not built"):
+        compute_stats(arr, backend="kernel")
+
+
+def test_negative_scalar_gradient_norm_in_dump(make_debugger, dump_dir):
+    """End to end: a 0-d negative output and its 0-d negative gradient are dumped with Norm = |x|."""
+    import msprobe.dump
+    from conftest import only_step_dir
+
+    debugger = make_debugger(task="statistics", level="L1")
+    w = ms.Parameter(ms.Tensor(np.array(-0.5, np.float32)), name="w")
+
+    def forward(x):
+        return ms.ops.mul(x, w)
+
+    grad_fn = ms.grad(forward, grad_position=None, weights=[w])
+    debugger.start()
+    y = forward(ms.Tensor(np.array(0.0747, np.float32)))
+    (gw,) = grad_fn(ms.Tensor(np.array(-0.0747, np.float32)))
+    debugger.stop()
+    debugger.step()
+    data = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
+    leaves = [leaf for body in data.values() for group in body.values() if isinstance(group, list)
+              for leaf in group if isinstance(leaf, dict) and leaf.get("shape") == []]
+    assert float(y.asnumpy()) < 0 and leaves
+    for leaf in leaves:
+        if leaf.get("Mean") is not None:
+            assert leaf["Norm"] == abs(leaf["Mean"]) and leaf["Norm"] >= 0, leaf
+    assert any(leaf["Mean"] == float(y.asnumpy()) < 0 < leaf["Norm"] for leaf in leaves)
+    grads = [leaf for name, body in data.items() if name.endswith(".backward") for leaf in body["output"]
+             if leaf is not None]
+    assert float(gw.asnumpy()) == pytest.approx(-0.0747)
+    assert [(g["Mean"], g["Norm"]) for g in grads] == [(float(gw.asnumpy()), -float(gw.asnumpy()))]
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+def test_kernel_misaligned_data_is_copied_or_refused():
+    from msprobe.core import _stats_kernel
+
+    arr = np.arange(1000, dtype=np.float32)
+    arr[::3] = -2.5
+    raw = np.zeros(arr.nbytes + 1, np.uint8)
+    raw[1:] = arr.view(np.uint8)
+    misaligned = np.frombuffer(raw.data, dtype=np.float32, offset=1)
+    assert not misaligned.flags.aligned
+    assert compute_stats(misaligned, backend="kernel") == compute_stats(arr, backend="kernel")
+    with pytest.raises(ValueError, match="aligned"):
+        _stats_kernel.scan(misaligned, "f4", 1)
+    with pytest.raises(ValueError, match="unsupported kind"):
+        _stats_kernel.scan(arr, "c8", 1)
+
+
+def test_free_cpus_counts_what_the_machine_has_free(tmp_path, monkeypatch):
+    """THREADS minus the other runnable threads of /proc/loadavg (which counts the caller), >= 1."""
+    monkeypatch.setattr(stats_scan, "THREADS", 4)
+    path = tmp_path / "loadavg"
+    for running, free in ((1, 4), (2, 3), (4, 1), (40, 1)):
+        path.write_text(f"3.10 2.50 1.00 {running}/812 4242\n")
+        assert stats_scan.free_cpus(str(path)) == free
+    path.write_text("garbage")
+    assert stats_scan.free_cpus(str(path)) == 4
+    assert stats_scan.free_cpus(str(tmp_path / "missing")) == 4
+    monkeypatch.undo()
+    assert 1 <= stats_scan.free_cpus() <= stats_scan.THREADS

@@ -13,16 +13,19 @@ order):
    ``None``.
 2. **bool**: ``Max`` = any element true, ``Min`` = all elements true (Python
    ``bool``); ``Mean`` and ``Norm`` are ``None``. This also holds for 0-d bools.
-3. **0-d** (scalar) array: all four are the scalar itself as a Python number in
-   its own kind: an integer stays ``int``, a float is a ``float``. A complex
-   scalar gives its magnitude ``abs(x)`` (a ``float``), following rule 6.
+3. **0-d** (scalar) array: ``Max``, ``Min`` and ``Mean`` are the scalar itself
+   as a Python number in its own kind (an integer stays ``int``, a float is a
+   ``float``); ``Norm`` is its magnitude ``abs(x)`` (a norm is never negative:
+   ``-0.0747`` gives ``Norm`` ``0.0747``, ``-7`` gives ``7``, ``-0.0`` gives
+   ``0.0``), as for a one-element array. A complex scalar gives its magnitude
+   ``abs(x)`` (a ``float``) for all four, following rule 6.
 4. **Integers** (int8 ... uint64): ``Max``/``Min`` are the exact extremes as
    Python ``int``. ``Mean`` is the *exact* integer sum divided by the element
    count (correctly rounded Python ``float``; no overflow at any size).
    ``Norm`` = ``sqrt(sum(x*x))`` with each element converted to float64 and the
    sum accumulated in float64 (never in the integer type, so it cannot wrap).
-5. **Floats** (float16, float32, float64; bfloat16 after :func:`to_host` has
-   upcast it to float32): ``Max``/``Min`` are element values, exact, as Python
+5. **Floats** (float16, float32, float64, bfloat16; :func:`to_host` gives
+   bfloat16 as float32, the same values): ``Max``/``Min`` are element values, exact, as Python
    ``float``. ``Mean`` = sum / n and ``Norm`` = sqrt(sum of squares), both
    accumulated in float64 whatever the input precision (float16/float32
    squares are exact in float64, so e.g. ``full(1000, 300, float16)`` gives
@@ -41,11 +44,13 @@ order):
 
 Other dtypes (strings, objects, structured) raise ``TypeError``.
 
-Cost: one pass over the data, in chunks of ``_CHUNK`` elements: each chunk is
-upcast into a reused float64 buffer that stays in cache, so no full-size
-float64 copy is ever allocated. bfloat16 conversion is a zero-copy
-``asnumpy()`` reinterpreted as ``uint16`` bits and shifted into float32 (bit
-exact, the only full-size allocation).
+Cost: one pass over the data (:func:`msprobe.core.scan.scan`): the compiled
+kernel ``msprobe.core._stats_kernel`` (vectorised, GIL released, large tensors
+split across threads; bfloat16 read as its uint16 bits), or NumPy in chunks
+that stay in cache when the kernel is not built. Neither allocates a float64
+copy of the data. How close Mean and Norm are to the correctly rounded values
+(``SUM_TOLERANCE``) is stated in :mod:`msprobe.core.scan`; Max, Min, integer
+Means and the NaN/Inf rules are exact and the same for both.
 
 Only numpy is needed at import time; MindSpore is imported lazily, on first use
 of :data:`MS_DTYPE_NAMES` (so readers of dumps do not pay for it).
@@ -62,9 +67,11 @@ import sys
 import os
 import threading
 import zlib
-from typing import Optional, Any, Callable, Dict, Iterator, List, Tuple
+from typing import Optional, Any, Dict, Tuple
 
 import numpy as np
+
+from msprobe.core.scan import Scan, scan
 
 __all__ = [
     "MS_DTYPE_NAMES",
@@ -76,8 +83,6 @@ __all__ = [
     "load_npy",
 ]
 
-#: Elements per chunk: a float64 chunk (512 KiB) stays in L2 cache.
-_CHUNK = 1 << 16
 _TINY = float(np.finfo(np.float64).tiny)
 
 #: How :func:`to_host` stored a tensor whose values numpy can hold as they are.
@@ -310,16 +315,19 @@ def _upcast_extension(arr: np.ndarray, name: str) -> Tuple[np.ndarray, str]:
 # --------------------------------------------------------------------------
 
 
-def compute_stats(arr: np.ndarray) -> Dict[str, Any]:
+def compute_stats(arr: np.ndarray, backend: str = "auto") -> Dict[str, Any]:
     """Compute ``Max``, ``Min``, ``Mean``, ``Norm`` of a host array.
 
     The rules (empty, bool, 0-d, integer, float, complex, NaN/Inf) are listed
-    in the module docstring.
+    in the module docstring; the accuracy of Mean and Norm in :mod:`msprobe.core.scan`.
 
     Args:
         arr: ``numpy.ndarray`` of any shape and memory layout (bool, integer,
-            float16/32/64, complex64/128; a bfloat16/FP8 extension array is
-            upcast to float32 first). Normally the array from :func:`to_host`.
+            float16/32/64, complex64/128, a bfloat16 extension array; other
+            extension floats such as FP8 are upcast to float32 first). Normally
+            the array from :func:`to_host`.
+        backend: ``'auto'`` (the compiled kernel when built, else NumPy),
+            ``'kernel'`` or ``'numpy'``: see :func:`msprobe.core.scan.scan`.
 
     Returns:
         ``{'Max': ..., 'Min': ..., 'Mean': ..., 'Norm': ...}`` with Python
@@ -327,51 +335,35 @@ def compute_stats(arr: np.ndarray) -> Dict[str, Any]:
 
     Raises:
         TypeError: unsupported dtype (string, object, structured, ...).
+        RuntimeError: ``backend='kernel'`` and the kernel is not built.
     """
-    fast = _small_float_stats(arr)
-    if fast is not None:
-        return fast
-    arr = _upcast_extension(np.asarray(arr), "")[0]
-    kind = arr.dtype.kind
+    arr = np.asarray(arr)
+    bfloat16 = _is_bfloat16(arr.dtype)
+    if bfloat16:
+        arr = arr.view(np.uint16)
+    elif _is_extension_dtype(arr.dtype):
+        arr = _upcast_extension(arr, "")[0]
+    kind = "f" if bfloat16 else arr.dtype.kind
     if kind not in "biufc":
         raise TypeError(f"no statistics for dtype {arr.dtype}")
     if arr.size == 0:
         return _stats(None, None, None, None)
-    if kind == "b":
-        return _stats(bool(arr.any()), bool(arr.all()), None, None)
     if arr.ndim == 0:
-        value = _scalar(arr)
-        return _stats(value, value, value, value)
-    flat = arr.reshape(-1)  # a view for contiguous data; one copy otherwise
-    with np.errstate(all="ignore"):
-        if kind in "iu":
-            return _integer_stats(flat)
-        return _float_stats(flat)
+        if kind == "b":
+            return _stats(bool(arr), bool(arr), None, None)
+        value = _scalar(_bf16_bits_to_float32(arr) if bfloat16 else arr)
+        return _stats(value, value, value, abs(value))
+    result = scan(arr, bfloat16=bfloat16, backend=backend)
+    if kind == "b":
+        return _stats(bool(result.max), bool(result.min), None, None)
+    if kind in "iu":
+        return {"Max": result.max, "Min": result.min, "Mean": result.total / arr.size,
+                "Norm": math.sqrt(result.squares)}
+    return _float_stats(arr, bfloat16, result)
 
 
-_FAST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _small_float_stats(arr) -> Optional[Dict[str, Any]]:
-    """The common case, cheaply: a float32/float64 array of at most one chunk with finite sums.
-
-    The same arithmetic as the general path (float64 copy, max/min on the original, one sum, one
-    dot), so results are bit-identical; anything else (NaN/Inf, underflow, other dtypes) returns
-    None and takes the general path.
-    """
-    if type(arr) is not np.ndarray or arr.dtype not in _FAST_FLOATS or not 0 < arr.size <= _CHUNK \
-            or arr.ndim == 0:
-        return None
-    flat = arr.reshape(-1)
-    mx, mn = float(flat.max()), float(flat.min())
-    if not (math.isfinite(mx) and math.isfinite(mn)) or max(-mn, mx) > 1e150:
-        return None  # NaN/Inf present, or squares could overflow: the general path handles it
-    values = flat if arr.dtype == np.float64 else flat.astype(np.float64)
-    total = float(values.sum())
-    squares = float(np.dot(values, values))
-    if not (math.isfinite(total) and math.isfinite(squares)) or (squares < _TINY and (mx or mn)):
-        return None  # overflow or underflow: the general path rescales
-    return _stats(mx, mn, total / flat.size, math.sqrt(squares))
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    return _is_extension_dtype(dtype) and dtype.itemsize == 2 and "bfloat16" in dtype.name.lower()
 
 
 def _stats(mx: Any, mn: Any, mean: Any, norm: Any) -> Dict[str, Any]:
@@ -388,122 +380,20 @@ def _scalar(arr: np.ndarray) -> Any:
     return float(arr)
 
 
-def _chunks(flat: np.ndarray) -> Iterator[np.ndarray]:
-    for start in range(0, flat.size, _CHUNK):
-        yield flat[start:start + _CHUNK]
-
-
-def _to_float64_reader(dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """Return ``read(chunk, buf) -> float64 values of chunk`` for a dtype.
-
-    float64 chunks are used in place; other dtypes are copied into ``buf``;
-    complex chunks become their magnitudes computed in float64.
-    """
-    if dtype == np.float64:
-        return lambda chunk, buf: chunk
-    if dtype.kind == "c":
-        return lambda chunk, buf: np.absolute(chunk, out=buf[:chunk.size], dtype=np.float64)
-
-    def copy(chunk: np.ndarray, buf: np.ndarray) -> np.ndarray:
-        out = buf[:chunk.size]
-        np.copyto(out, chunk, casting="unsafe")
-        return out
-
-    return copy
-
-
-def _extremes_on_native(dtype: np.dtype) -> bool:
-    """Whether max/min are taken on the original chunk (fast SIMD, exact).
-
-    float16 max/min is not vectorised in numpy (50x slower), so it is taken
-    on the exact float64 copy instead; complex uses the magnitudes.
-    """
-    return dtype.kind in "iu" or dtype in (np.float32, np.float64)
-
-
-def _scan(flat: np.ndarray, exact_int_sum: bool, scale: float = 1.0):
-    """One chunked pass: extremes, sum and sum of squares.
-
-    Args:
-        flat: 1-D non-empty numeric array.
-        exact_int_sum: sum integers exactly (Python int) instead of in float64.
-        scale: divide every float64 value by this before summing (overflow and
-            underflow guard); extremes are unscaled.
-
-    Returns:
-        ``(max, min, total, sum_of_squares)``; max/min are numpy scalars of the
-        extremes' dtype, ``total`` is a Python int or float, sum_of_squares a
-        float.
-    """
-    read = _to_float64_reader(flat.dtype)
-    native = _extremes_on_native(flat.dtype)
-    buf = np.empty(min(flat.size, _CHUNK), dtype=np.float64)
-    if flat.size <= _CHUNK and not exact_int_sum and scale == 1.0:
-        # one chunk: the same arithmetic as the loop below, without its bookkeeping
-        values = read(flat, buf)
-        source = flat if native else values
-        return source.max(), source.min(), float(values.sum()), float(np.dot(values, values))
-    highs: List[Any] = []
-    lows: List[Any] = []
-    sums: List[Any] = []
-    squares: List[float] = []
-    for chunk in _chunks(flat):
-        values = read(chunk, buf)
-        source = chunk if native else values
-        highs.append(source.max())
-        lows.append(source.min())
-        if scale != 1.0:
-            values = np.divide(values, scale, out=buf[:chunk.size])
-        sums.append(_exact_int_sum(chunk) if exact_int_sum else values.sum())
-        squares.append(float(np.dot(values, values)))
-    total = sum(sums) if exact_int_sum else _accurate_sum(sums)
-    return np.max(highs), np.min(lows), total, _accurate_sum(squares)
-
-
-def _exact_int_sum(chunk: np.ndarray) -> int:
-    """Exact sum of an integer chunk (at most ``_CHUNK`` elements) as Python int.
-
-    Types up to 32 bits are summed in 64-bit integers (cannot wrap for
-    2**16 elements). 64-bit values are split into high and low 32-bit halves
-    whose sums also fit.
-    """
-    if chunk.dtype.itemsize < 8:
-        wide = np.int64 if chunk.dtype.kind == "i" else np.uint64
-        return int(np.add.reduce(chunk, dtype=wide))
-    high = int(np.add.reduce(chunk >> 32))
-    low = int(np.add.reduce(chunk & 0xFFFFFFFF))
-    return (high << 32) + low
-
-
-def _accurate_sum(parts: List[Any]) -> float:
-    """Correctly rounded sum of float partials; IEEE result when non-finite."""
-    try:
-        return math.fsum(parts)
-    except (OverflowError, ValueError):  # inf - inf, or intermediate overflow
-        return float(np.sum(np.asarray(parts, dtype=np.float64)))
-
-
-def _integer_stats(flat: np.ndarray) -> Dict[str, Any]:
-    mx, mn, total, squares = _scan(flat, exact_int_sum=True)
-    return _stats(int(mx), int(mn), total / flat.size, math.sqrt(squares))
-
-
-def _float_stats(flat: np.ndarray) -> Dict[str, Any]:
-    mx, mn, total, squares = _scan(flat, exact_int_sum=False)
-    mx, mn = float(mx), float(mn)
-    scale = max(abs(mx), abs(mn))
-    if _needs_rescale(total, squares, scale):
-        _, _, total, squares = _scan(flat, exact_int_sum=False, scale=scale)
-        return _stats(mx, mn, total / flat.size * scale, math.sqrt(squares) * scale)
-    return _stats(mx, mn, total / flat.size, math.sqrt(squares))
-
-
-def _needs_rescale(total: float, squares: float, scale: float) -> bool:
-    """Finite data whose float64 sums overflowed or whose squares underflowed."""
-    if not math.isfinite(scale) or scale == 0.0:
-        return False  # NaN/Inf present (propagate) or all zeros (exact)
-    overflow = not (math.isfinite(total) and math.isfinite(squares))
-    return overflow or squares < _TINY
+def _float_stats(arr: np.ndarray, bfloat16: bool, result: Scan) -> Dict[str, Any]:
+    """Floats and complex magnitudes: rules 5 and 7 of the module docstring."""
+    mx, mn, total, squares = result.max, result.min, result.total, result.squares
+    if result.nan:
+        return _stats(math.nan, math.nan, math.nan, math.nan)
+    if result.posinf or result.neginf:
+        mean = math.nan if result.posinf and result.neginf else math.inf if result.posinf else -math.inf
+        return _stats(mx, mn, mean, math.inf)
+    if (squares < _TINY or not (math.isfinite(total) and math.isfinite(squares))) and (mx or mn):
+        # finite data whose float64 sums overflowed or whose squares underflowed
+        scale = max(abs(mx), abs(mn))
+        rescaled = scan(arr, bfloat16=bfloat16, backend="numpy", scale=scale)
+        return _stats(mx, mn, rescaled.total / arr.size * scale, math.sqrt(rescaled.squares) * scale)
+    return {"Max": mx, "Min": mn, "Mean": total / arr.size, "Norm": math.sqrt(squares)}
 
 
 # --------------------------------------------------------------------------
