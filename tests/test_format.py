@@ -320,8 +320,12 @@ def test_dump_tree_checks_every_file_and_tensor_files(tmp_path):
     write(str(step / "dump_tensor_data" / "Functional.relu.0.forward.output.0.npy"), "")
     assert [os.path.basename(p) for p in validate_dump_tree(str(tmp_path / "dump"))] == \
         ["construct.json", "dump.json", "stack.json"]
-    write(str(tmp_path / "dump" / "graph" / "step0" / "rank0" / "construct.json"), '{"relu": null}')
-    with pytest.raises(FormatError, match=r"graph/step0/rank0/construct.json: at /: 'relu' is not valid"):
+    write(str(tmp_path / "dump.json"), json.dumps({"task": "statistics", "level": "L1"}))  # a config file
+    write(str(tmp_path / "dump" / "step1" / "notes" / "dump.json"), "{}")                  # not a step dir
+    assert len(validate_dump_tree(str(tmp_path))) == 3
+    write(str(tmp_path / "dump" / "graph" / "step0" / "rank0.previous-20260101-120000" / "construct.json"),
+          '{"relu": null}')
+    with pytest.raises(FormatError, match=r"graph/step0/rank0.previous-20260101-120000/construct.json: at /: 'relu' is not valid"):
         validate_dump_tree(str(tmp_path / "dump"))
 
 

@@ -17,6 +17,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 from importlib import resources
 
@@ -42,6 +43,9 @@ FILE_SCHEMAS = {
 JOURNAL = "dump.journal"
 TENSOR_DIR = "dump_tensor_data"
 _NON_FINITE_ALLOWED = {"dump.json", "debug.json", JOURNAL}
+_STEP_DIR = re.compile(r"^step[0-9]+$")
+#: ``rank{R}`` / ``proc{pid}``, or an earlier run's directory moved aside (``….previous-{stamp}[-k]``)
+_RANK_DIR = re.compile(r"^(rank[0-9]*|proc[0-9]+)(\.previous-[0-9]{8}-[0-9]{6}(-[0-9]+)?)?$")
 
 
 class FormatError(ValueError):
@@ -217,10 +221,19 @@ def check_tensor_files(step_dir: str) -> None:
                                       f"data_name {name!r} has no file in {TENSOR_DIR}/")
 
 
+def is_step_dir(directory: str) -> bool:
+    """True for a ``step{N}/rank{R}`` or ``step{N}/proc{pid}`` directory (also one moved aside as
+    ``….previous-{YYYYmmdd-HHMMSS}[-k]``): the only places dump files are written."""
+    directory = os.path.abspath(directory)
+    return bool(_RANK_DIR.match(os.path.basename(directory))
+                and _STEP_DIR.match(os.path.basename(os.path.dirname(directory))))
+
+
 def validate_dump_tree(root: str) -> list:
-    """Validate every dump file under ``root`` (any depth: ``step{N}/rank{R}``, ``proc{pid}``,
-    ``pynative/`` and ``graph/`` subtrees, directories moved aside as ``*.previous-*``), and the
-    tensor files their ``data_name`` fields name.
+    """Validate every dump file of every step directory (:func:`is_step_dir`) under ``root``, at
+    any depth (``pynative/`` and ``graph/`` subtrees included), and the tensor files their
+    ``data_name`` fields name. Files elsewhere (a ``config.json``, a file that merely is called
+    ``dump.json``) are not dump files and are left alone.
 
     Returns:
         The validated file paths, sorted.
@@ -230,6 +243,8 @@ def validate_dump_tree(root: str) -> list:
     checked = []
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != TENSOR_DIR)
+        if not is_step_dir(directory):
+            continue
         found = [f for f in sorted(files) if f in FILE_SCHEMAS or f == JOURNAL]
         for base in found:
             path = os.path.join(directory, base)
