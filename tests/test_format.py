@@ -65,6 +65,8 @@ def test_schemas_are_valid_draft_2020_12(name):
 
 def test_valid_dump_json():
     validate_document(dump_doc(), "dump")
+    list_grads = {"input": [tensor()], "output": [[tensor(), None, tensor()], None]}   # ops.concat([a, b, c])
+    validate_document(dump_doc({"Functional.concat.0.backward": list_grads}), "dump")
 
 
 def test_seed_example_with_schema_key_is_valid():
@@ -116,6 +118,10 @@ INVALID_DUMPS = [
      "/data/Functional.relu.0.backward", "'input_args' was unexpected"),
     (lambda d: d["data"]["Cell.fc1.Dense.backward.0"].clear(),
      "/data/Cell.fc1.Dense.backward.0", "should be non-empty"),
+    (lambda d: d["data"]["Functional.relu.0.backward"]["output"].append({"type": "int", "value": 1}),
+     "/data/Functional.relu.0.backward/output/2/type", "'int' is not one of ['mindspore.Tensor', 'numpy.ndarray']"),
+    (lambda d: d["data"]["Cell.fc1.Dense.forward.0"]["parameters"].update(scale=None),
+     "/data/Cell.fc1.Dense.forward.0/parameters/scale", "None is not of type 'object'"),
     (lambda d: d["data"]["Cell.fc1.Dense.parameters_grad.0"].update(weight=tensor()),
      "/data/Cell.fc1.Dense.parameters_grad.0/weight", "is not of type 'array'"),
     (lambda d: d["data"]["Functional.relu.0.forward"]["input_args"].append(1.5),
@@ -189,6 +195,7 @@ def test_stack_json():
     assert error_of({"0": [["Functional.relu.0.forward"]]}, "stack").pointer == "/0"
     assert error_of({"0": [["Functional.relu.0.forward"], ["train.py:42"]]}, "stack").pointer == "/0/1/0"
     assert error_of({"0": [[], [STACK]]}, "stack").pointer == "/0/0"
+    assert error_of({"0": [["Functional.relu.0.backward"], [STACK]]}, "stack").pointer == "/0/0/0"
 
 
 def test_construct_json():
@@ -318,6 +325,10 @@ def test_dump_tree_checks_every_file_and_tensor_files(tmp_path):
                                           r"'Functional.relu.0.forward.output.0.npy' has no file"):
         validate_dump_tree(str(tmp_path / "dump"))
     write(str(step / "dump_tensor_data" / "Functional.relu.0.forward.output.0.npy"), "")
+    write(str(step / "dump.json"), json.dumps(dict(doc, task="statistics", dump_data_dir=None)))
+    with pytest.raises(FormatError, match="data_name 'Functional.relu.0.forward.output.0.npy' while dump_data_dir is null"):
+        validate_dump_tree(str(tmp_path / "dump"))
+    write(str(step / "dump.json"), json.dumps(doc))
     assert [os.path.basename(p) for p in validate_dump_tree(str(tmp_path / "dump"))] == \
         ["construct.json", "dump.json", "stack.json"]
     write(str(tmp_path / "dump.json"), json.dumps({"task": "statistics", "level": "L1"}))  # a config file

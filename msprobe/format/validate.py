@@ -203,19 +203,22 @@ def _data_names(value):
 
 def check_tensor_files(step_dir: str) -> None:
     """Every ``data_name`` in the finished ``dump.json``/``debug.json`` of ``step_dir`` names a file
-    in ``step_dir/dump_tensor_data/``.
+    in ``step_dir/dump_tensor_data/`` (and ``dump_data_dir`` is not null).
 
     Raises:
-        FormatError: a ``data_name`` without its file.
+        FormatError: a ``data_name`` without its file, or with ``dump_data_dir`` null.
     """
     for base in ("dump.json", "debug.json"):
         path = os.path.join(step_dir, base)
         if not os.path.exists(path) or os.path.exists(os.path.join(step_dir, JOURNAL)):
             continue  # an unfinished step: tensors of the last unflushed batch may be missing
         with open(path, encoding="utf-8") as f:
-            data = json.load(f).get("data", {})
-        for entry, body in data.items():
+            document = json.load(f)
+        for entry, body in document.get("data", {}).items():
             for name in _data_names(body):
+                if document.get("dump_data_dir") is None:
+                    raise FormatError(path, _pointer(["data", entry]),
+                                      f"data_name {name!r} while dump_data_dir is null")
                 if not os.path.isfile(os.path.join(step_dir, TENSOR_DIR, name)):
                     raise FormatError(path, _pointer(["data", entry]),
                                       f"data_name {name!r} has no file in {TENSOR_DIR}/")
