@@ -166,6 +166,47 @@ def make_debugger(tmp_path, dump_dir):
         debugger.stop()
 
 
+#: directories under pytest's base temporary directory already checked (or opted out) per test
+_FORMAT_SEEN: set = set()
+
+
+def _format_opted_out(node) -> bool:
+    return node.get_closest_marker("no_format_check") is not None
+
+
+@pytest.fixture(autouse=True)
+def _format_check(request):
+    """At teardown, every dump file the test wrote into its ``tmp_path`` must match the format's
+    schemas (``msprobe.format``); a test that writes broken or foreign dumps on purpose opts out with
+    ``@pytest.mark.no_format_check``."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path")
+    if tmp is None:
+        return
+    _FORMAT_SEEN.add(os.path.basename(str(tmp)))
+    if not _format_opted_out(request.node):
+        from msprobe.format import validate_dump_tree
+
+        validate_dump_tree(str(tmp))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _format_check_module_dumps(request, tmp_path_factory):
+    """The same check for dumps made by module-scoped fixtures (``tmp_path_factory.mktemp``), at the
+    end of the module."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(os.listdir(base))
+    yield
+    if _format_opted_out(request.node):
+        return
+    from msprobe.format import validate_dump_tree
+
+    for name in sorted(set(os.listdir(base)) - before - _FORMAT_SEEN):
+        path = os.path.join(str(base), name)
+        if not os.path.islink(path):  # pytest's "{name}current" links to numbered directories
+            validate_dump_tree(path)
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_patches():
     before = ops.gelu, ops.relu, Tensor.__mul__, Tensor.add_

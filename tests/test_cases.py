@@ -374,6 +374,7 @@ def _write_dump(directory, doc):
         json.dump(doc, f)
 
 
+@pytest.mark.no_format_check  # writes a future-schema dump and a reference-tool dump on purpose
 def test_b41_schema_version(tmp_path, make_debugger, dump_dir):
     debugger = make_debugger(task="statistics", level="L1")
     debugger.start()
