@@ -231,3 +231,26 @@ def test_magnitude_bound_triggers(tmp_path):
     _train(net, debugger, 3, at=1, poison=scale)
     _, found = _anomaly(dump_path, 1)
     assert (found["kind"], found["producer"]) == ("max_abs", "Tensor.__sub__.0.forward")
+
+
+def test_sigterm_writes_the_history(tmp_path):
+    """The flight recorder writes the open step's history when the process receives SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    dump_path = str(tmp_path / "dump")
+    script = os.path.join(os.path.dirname(__file__), "scripts", "watch_sigterm_worker.py")
+    proc = subprocess.Popen([sys.executable, script, dump_path], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("READY"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        proc.kill()
+    (d,) = glob.glob(os.path.join(dump_path, "step2", "*"))
+    with open(os.path.join(d, "dump.json")) as f:
+        dump = json.load(f)
+    assert "Functional.tanh.0.forward" in dump["data"] and "SIGTERM" in dump["abnormal"]
