@@ -485,3 +485,20 @@ def test_gc_disabled_memory_stays_flat(tmp_path):
     assert growth < 4 * mb, f"RSS grew {growth / mb:.2f} MB over steps 1-49 with the tool"
     assert growth - base_growth < 2 * mb, (growth / mb, base_growth / mb)
     assert os.listdir(str(tmp_path / "dump")) == ["step0"]
+
+
+@pytest.mark.slow
+def test_msrun_watch_names_the_rank_that_produced_the_nan(msrun_out):
+    """Watch mode under msrun: rank 1 makes a NaN at step 1; rank 0 only receives it through the
+    gradients' all-reduce. Rank 1's anomalies.json names the op, rank 0's names the collective and
+    says the value came from another rank."""
+    watch = msrun_out / "watch"
+    found = {}
+    for rank in (0, 1):
+        with open(watch / "step1" / f"rank{rank}" / "anomalies.json", encoding="utf-8") as f:
+            found[rank] = json.load(f)
+        assert found[rank]["step"] == 1 and found[rank]["rank"] == rank and found[rank]["kind"] == "nan"
+        assert (watch / f"watch_heartbeat.rank{rank}.json").exists()
+    assert found[1]["producer"] == "Functional.log.0.forward" and found[1]["via_collective"] is False
+    assert found[0]["producer"].startswith("MintDistributed.all_reduce.") and found[0]["via_collective"] is True
+    assert not (watch / "step2").exists()        # after the anomaly, nothing more is written

@@ -228,8 +228,10 @@ class CellCapture:
             rt.enter()
             try:
                 if selected and self.fwd_out:
-                    rt.record(fwd, "output", as_output_list(output), "output")
+                    # parameters are inputs of the call: journaled before the output, so a reader
+                    # (watch mode) deciding at the output whether the inputs were finite has them
                     rt.record(fwd, "parameters", _own_parameters(cell), "parameters")
+                    rt.record(fwd, "output", as_output_list(output), "output")
                 if probe is not None:
                     probe.observe(args, output, mark)
             except Exception as exc:  # tool failure: reported once, the Cell's output goes on

@@ -22,6 +22,7 @@ Deliberate differences from the reference tool:
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import logging
@@ -50,6 +51,10 @@ SUMMARY_ITEMS = (
     "max", "min", "mean", "count", "negative zero count", "positive zero count", "nan count",
     "negative inf count", "positive inf count", "zero count", "l2norm", "hash", "md5",
 )
+WATCH_KINDS = ("nan", "inf")
+WATCH_ACTIONS = ("record", "raise")
+WATCH_KEYS = ("anomaly", "history", "on_anomaly", "save_tensors", "max_abs", "norm_jump")
+WATCH_LEVELS = ("L0", "L1", "mix")
 INDEX_MAX = 1_000_000
 MAX_DATA_MODES = 4
 _REGEX_ENTRY = re.compile(r"^name-regex\((.*)\)$")
@@ -83,6 +88,14 @@ ALLOWED: Dict[str, str] = {
     "stat_precision": _quoted(("high", "low")),
     "framework": _quoted(("mindspore",)),
     "tensor_budget_mb": "a number > 0 (megabytes of .npy data), or null for no limit",
+    "watch": f"a JSON object with keys among {_quoted(WATCH_KEYS)}, or null",
+    "watch.anomaly": f"a non-empty list of {_quoted(WATCH_KINDS)}",
+    "watch.history": f"an integer in [1, {INDEX_MAX}] (recorded calls kept in memory)",
+    "watch.on_anomaly": _quoted(WATCH_ACTIONS),
+    "watch.save_tensors": _BOOL_FORM,
+    "watch.max_abs": "a number > 0 (an output whose largest |value| exceeds it is an anomaly), or null",
+    "watch.norm_jump": "a number > 1 (an output Norm above this many times the same entry's running "
+                       "Norm is an anomaly), or null",
 }
 
 # DumpConfig field -> key inside the task section of config.json.
@@ -91,7 +104,7 @@ _SECTION_KEYS = {"scope": "scope", "api_list": "list", "data_mode": "data_mode",
 _STATISTICS_KEYS = {"tensor_list": "tensor_list", "device": "device", "stat_precision": "precision"}
 _TENSOR_KEYS = {"tensor_budget_mb": "tensor_budget_mb"}
 _TOP_LEVEL_KEYS = frozenset(
-    ("task", "dump_path", "rank", "step", "level", "async_dump", "precision", "extra_info")
+    ("task", "dump_path", "rank", "step", "level", "async_dump", "precision", "extra_info", "watch")
 ) | frozenset(TASKS)
 
 # Set by load_config while it builds a DumpConfig: which task section was read and which fields
@@ -239,6 +252,69 @@ def _is_md5(summary_mode: Union[str, Tuple[str, ...]]) -> bool:
 
 # --------------------------------------------------------------------------- the model
 
+@dataclasses.dataclass(frozen=True)
+class WatchSettings:
+    """The ``watch`` section of config.json (README "Watch mode"): statistics of every call are kept
+    in memory (the last ``history`` calls) and written out when an anomaly is found.
+
+    Attributes:
+        anomaly: which non-finite values count: ``("nan", "inf")`` or one of them.
+        history: recorded calls (entries) kept in memory, across steps.
+        on_anomaly: ``"record"`` (write and go on) or ``"raise"`` (write, then raise
+            :class:`msprobe.core.watch.WatchAnomaly` in the training thread).
+        save_tensors: also save the producing call's tensors (``.npy`` beside its dump.json).
+        max_abs: an output whose largest absolute value exceeds this is an anomaly too (``None``: off).
+        norm_jump: an output whose Norm exceeds this many times the same entry's running Norm (mean of
+            earlier steps) is an anomaly too (``None``: off).
+    """
+
+    anomaly: Tuple[str, ...] = WATCH_KINDS
+    history: int = 1024
+    on_anomaly: str = "record"
+    save_tensors: bool = False
+    max_abs: Optional[float] = None
+    norm_jump: Optional[float] = None
+
+
+def _watch_settings(value: object, kind: str) -> Optional[WatchSettings]:
+    """Validate the raw ``watch`` object into :class:`WatchSettings` (``None``: watch mode off)."""
+    if value is None:
+        return None
+    if isinstance(value, WatchSettings):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError("watch", value, ALLOWED["watch"], kind=kind)
+    _warn_unknown(value.keys(), WATCH_KEYS, "section 'watch'")
+    out: Dict[str, Any] = {}
+    if "anomaly" in value:
+        kinds = value["anomaly"]
+        if isinstance(kinds, str):
+            kinds = [kinds]
+        if not isinstance(kinds, list) or not kinds:
+            raise ConfigError("watch.anomaly", value["anomaly"], ALLOWED["watch.anomaly"], kind=kind)
+        for position, item in enumerate(kinds):
+            _choice(item, WATCH_KINDS, (f"watch.anomaly[{position}]", kind), ALLOWED["watch.anomaly"])
+        out["anomaly"] = tuple(dict.fromkeys(kinds))
+    if "history" in value:
+        n = value["history"]
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= INDEX_MAX:
+            raise ConfigError("watch.history", n, ALLOWED["watch.history"], kind=kind)
+        out["history"] = n
+    if "on_anomaly" in value:
+        out["on_anomaly"] = _choice(value["on_anomaly"], WATCH_ACTIONS, ("watch.on_anomaly", kind),
+                                    ALLOWED["watch.on_anomaly"])
+    if "save_tensors" in value:
+        out["save_tensors"] = _strict_bool(value["save_tensors"], ("watch.save_tensors", kind))
+    for key, low in (("max_abs", 0.0), ("norm_jump", 1.0)):
+        bound = value.get(key)
+        if bound is None:
+            continue
+        if not isinstance(bound, (int, float)) or isinstance(bound, bool) or not low < bound < float("inf"):
+            raise ConfigError(f"watch.{key}", bound, ALLOWED[f"watch.{key}"], kind=kind)
+        out[key] = float(bound)
+    return WatchSettings(**out)
+
+
 class DumpConfig(pydantic.BaseModel):
     """The validated, immutable dump configuration (spec §2.1, §2.3).
 
@@ -266,6 +342,7 @@ class DumpConfig(pydantic.BaseModel):
     stat_precision: str = "high"
     framework: str = "mindspore"
     tensor_budget_mb: Optional[float] = None
+    watch: Optional[WatchSettings] = None
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -408,6 +485,19 @@ class DumpConfig(pydantic.BaseModel):
             path, kind = _locate(info)
             raise ConfigError(path, value, ALLOWED["tensor_budget_mb"], kind=kind)
         return float(value)
+
+    @field_validator("watch", mode="before")
+    @classmethod
+    def _v_watch(cls, value: object, info: ValidationInfo) -> Optional[WatchSettings]:
+        settings = _watch_settings(value, _locate(info)[1])
+        if settings is not None:
+            task, level = info.data.get("task"), info.data.get("level")
+            if task != "statistics":
+                raise ConfigError("watch", value, "task 'statistics' (watch mode keeps statistics only)",
+                                  f"task is {task!r}")
+            if level not in WATCH_LEVELS:
+                raise ConfigError("watch", value, f"level {_quoted(WATCH_LEVELS)}", f"level is {level!r}")
+        return settings
 
     @field_validator("framework", mode="before")
     @classmethod
@@ -562,7 +652,7 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any],
     (``source``: the file's name, for warnings)."""
     _warn_unknown(data.keys(), _TOP_LEVEL_KEYS, "top level", source)
     raw = {key: data[key] for key in ("rank", "step", "level", "async_dump", "precision",
-                                      "extra_info") if key in data}
+                                      "extra_info", "watch") if key in data}
     raw["task"] = data.get("task", "statistics")
     raw["dump_path"] = data.get("dump_path")
     raw.update(overrides)

@@ -63,7 +63,7 @@ def raised_by_mindspore(exc: BaseException) -> bool:
     return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_MINDSPORE_DIR)
 
 
-def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error):
+def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: bool = True):
     """Fill ``slot.leaf`` for every slot (statistics, optional CRC-32, optional ``.npy`` file).
 
     Args:
@@ -73,6 +73,8 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error):
         on_error: ``callable(str)`` told about a tensor the tool could not read; its leaf then has
             null statistics and an ``"error"`` field (as has the output of a failed operation,
             which is not reported as the tool's error).
+        release: drop the slots' tensors when done; ``False`` leaves that to the caller
+            (:func:`release_tensors`; watch mode saves a producer's tensors after the batch).
 
     Returns:
         ``None``, or the exception MindSpore raised for a failed operation of the user's while the
@@ -131,9 +133,15 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error):
                 leaf["error"] = repr(exc)
                 on_error(f"could not read tensor for {slot.data_name or slot.dtype}: {exc!r}")
         slot.leaf = leaf
-    for slot in slots:  # release the tensors only now: ids must stay unique while ``seen`` is used
-        slot.tensor = None
+    if release:  # release the tensors only now: ids must stay unique while ``seen`` is used
+        release_tensors(slots)
     return failure
+
+
+def release_tensors(slots) -> None:
+    """Drop the slots' references to tensors (after :func:`materialize` with ``release=False``)."""
+    for slot in slots:
+        slot.tensor = None
 
 
 class FlushTimer:

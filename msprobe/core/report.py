@@ -115,12 +115,16 @@ def step_of(directory: str):
 
 
 def write_step_reports(directory: str, data: dict, stacks: dict, notes: dict, writer,
-                       scan: bool = True, construct: dict | None = None) -> None:
+                       scan: bool = True, construct: dict | None = None, extra: dict | None = None) -> None:
     """Write ``anomalies.json`` and ``coverage.json`` for one step directory when they have content
     (``writer(path, obj)`` writes JSON atomically); remove stale ones otherwise. ``scan=False``: the
     caller knows every value is finite, so the anomaly scan is skipped. ``construct`` as for
-    :func:`find_anomalies`."""
+    :func:`find_anomalies`; ``extra``: fields added to ``anomalies.json`` (watch mode: what
+    triggered it), which is then written even when no statistic is non-finite (a magnitude bound)."""
     found = find_anomalies(data, construct) if scan else None
+    if found is None and extra:
+        found = {"first_producer": extra.get("producer"), "producers": [extra.get("producer")],
+                 "first_non_finite": None}
     path = os.path.join(directory, ANOMALIES)
     if found is not None:
         first = found["first_producer"]
@@ -130,6 +134,8 @@ def write_step_reports(directory: str, data: dict, stacks: dict, notes: dict, wr
                      stack=_stack_of(stacks, first) if first else None)
         if first and first.startswith("Jit."):
             found["note"] = f"{first} {COMPILED_NOTE}; the NaN/Inf appeared inside that region"
+        if extra:
+            found.update(extra)
         writer(path, found)
     elif os.path.exists(path):
         os.remove(path)

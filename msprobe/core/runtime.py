@@ -23,9 +23,10 @@ from mindspore import Parameter, Tensor, ops
 from msprobe.core import naming, report, stats
 from msprobe.core.budget import TensorBudget
 from msprobe.core.filters import Selector
-from msprobe.core.flush import FlushTimer, materialize, raised_by_mindspore
+from msprobe.core.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
 from msprobe.core.records import Describer
 from msprobe.core.stacks import StackTable
+from msprobe.core.watch import Watch, WatchWriter
 from msprobe.core.writer import StepWriter
 
 logger = logging.getLogger("msprobe")
@@ -189,6 +190,9 @@ class Runtime:
         self.late_pieces = 0
         #: set by the first failed write (disk full, file too large, ...): dumping is off for good
         self.failed = False
+        #: watch mode (README "Watch mode"): run-wide history and anomaly state, or None
+        self.watch = Watch(config.watch, config.dump_path) if config.watch is not None else None
+        self._watch_names = self.watch is not None and config.watch.save_tensors
 
     # ------------------------------------------------------------------ state queries
     @property
@@ -278,6 +282,12 @@ class Runtime:
             return
         self._user_error = None
         raise exc
+
+    def _watch_raise(self, exc: BaseException) -> None:
+        """Watch mode with ``on_anomaly: "raise"``: raised like a user failure (end of the hooked
+        call, ``stop()`` or ``step()``), after the anomaly's files are written."""
+        if self._user_error is None:
+            self._user_error = exc
 
     def take_user_error(self):
         """The failure of the user's computation not raised yet (and forget it), or ``None``."""
@@ -374,11 +384,18 @@ class Runtime:
                 move_aside(directory)
                 if self.rank is None:
                     _move_aside_dead_procs(os.path.dirname(directory), directory)
-                self.writer = StepWriter(directory, header,
-                                         tensor_data=self.save_tensors or bool(self.config.tensor_list),
-                                         extra_info=self.config.extra_info and not debug,
-                                         data_file="debug.json" if debug else "dump.json",
-                                         empty_reason=self._empty_reason)
+                def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
+                    return StepWriter(path, header, tensor_data=tensor_data,
+                                      extra_info=self.config.extra_info and not debug,
+                                      data_file="debug.json" if debug else "dump.json",
+                                      empty_reason=self._empty_reason)
+
+                if self.watch is not None:  # memory only until an anomaly (core/watch.py)
+                    self.writer = WatchWriter(self.watch, self.step, directory, self.rank,
+                                              lambda path: make_writer(path, self.config.watch.save_tensors),
+                                              on_raise=self._watch_raise, level=self.config.level)
+                else:
+                    self.writer = make_writer(directory)
             except OSError as exc:
                 self.disk_failure(exc, directory)
                 return None
@@ -433,6 +450,8 @@ class Runtime:
 
     # ------------------------------------------------------------------ recording
     def _saves(self, entry: str) -> bool:
+        if self._watch_names:  # file names known, written only for the producer (core/watch.py)
+            return True
         if self.save_tensors:
             return self.budget.allows()
         return any(item in entry for item in self.config.tensor_list)
@@ -648,7 +667,8 @@ class Runtime:
                 target = pending[0][0]
                 failure = materialize(slots, md5=self.config.md5,
                                       tensor_dir=target.tensor_dir if target else None,
-                                      on_error=target.error if target else logger.warning)
+                                      on_error=target.error if target else logger.warning,
+                                      release=not self._watch_names)
                 if failure is not None:
                     self._user_failed(failure)
             for writer, lines in by_writer.values():
@@ -659,6 +679,8 @@ class Runtime:
         except OSError as exc:  # disk full, file too large, ...: the dump stops, training goes on
             self.disk_failure(exc)
         finally:
+            if self._watch_names and slots:
+                release_tensors(slots)
             self._tls.depth -= 1  # not leave(): the caller decides where a user error is raised
 
     # ------------------------------------------------------------------ lifecycle

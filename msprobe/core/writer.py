@@ -216,6 +216,8 @@ class StepWriter:
         self._state = Replay()  # what the journal says so far, kept live (no read-back at stop())
         self._journal_bytes = 0
         self._non_finite = [False]
+        #: fields added to ``anomalies.json`` (watch mode: step, rank, kind, cell, trigger)
+        self.anomaly_extra = None
         self.append([{"h": self.header}])
         self.last_flush = time.monotonic()
 
@@ -307,7 +309,8 @@ class StepWriter:
                 _atomic_write_json(os.path.join(self.directory, "construct.json"), construct, False)
                 # anomalies.json / coverage.json are extra files too (extra_info: false -> dump.json only)
                 report.write_step_reports(self.directory, data, stacks, self.notes, _atomic_write_json,
-                                          scan=self._non_finite[0], construct=construct)
+                                          scan=self._non_finite[0] or self.anomaly_extra is not None,
+                                          construct=construct, extra=self.anomaly_extra)
             self._dirty = False
 
     def mark_abnormal(self, reason: str) -> None:

@@ -12,9 +12,11 @@ Calling ``start`` twice, or ``stop`` without ``start``, does nothing.
 from __future__ import annotations
 
 import atexit
-import sys
 import logging
 import os
+import signal
+import sys
+import threading
 import weakref
 
 from mindspore import nn
@@ -66,6 +68,8 @@ class DumpService:
         atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE_SERVICES.add(self)
         _install_excepthook()
+        if config.watch is not None:  # the flight recorder also writes its history on SIGTERM
+            self._process_state.keep_signal(signal.SIGTERM, _sigterm_handler(weakref.ref(self)))
         # collected without close() (the debugger was dropped): give back what was changed
         weakref.finalize(self, self._process_state.restore)
 
@@ -388,7 +392,18 @@ class _ProcessState:
 
     def __init__(self):
         self._env: dict = {}
+        self._signals: dict = {}  # signal number -> the handler that was there before ours
         self.hook_released = False
+
+    def keep_signal(self, signum: int, handler) -> None:
+        """Install ``handler`` for ``signum`` (main thread only; elsewhere nothing is changed),
+        remembering the previous handler to give back."""
+        if threading.current_thread() is not threading.main_thread() or signum in self._signals:
+            return
+        try:
+            self._signals[signum] = signal.signal(signum, handler)
+        except (ValueError, OSError):  # not allowed here (embedded interpreter): no flight record
+            pass
 
     def keep_env(self, name: str) -> None:
         """Remember ``os.environ[name]`` (or its absence) as it is now, once."""
@@ -396,6 +411,13 @@ class _ProcessState:
 
     def restore(self, env: bool = True) -> None:
         """Release the excepthook; with ``env``, put noted environment variables back."""
+        for signum, previous in list(self._signals.items()):
+            try:
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signum, previous)
+                    del self._signals[signum]
+            except (ValueError, OSError):
+                pass
         if env:
             for name, value in self._env.items():
                 if value is None:
@@ -436,6 +458,29 @@ def _release_excepthook() -> None:
     hook = sys.excepthook
     if not live and getattr(hook, "_msprobe", False):
         sys.excepthook = hook._previous
+
+
+def _sigterm_handler(ref):
+    """SIGTERM in watch mode: mark the open step abnormal (the flight recorder writes its history),
+    close the dump, give the previous handler back and deliver the signal to it."""
+    def handler(signum, frame):
+        service = ref()
+        if service is not None:
+            try:
+                service.note_abnormal("the process received SIGTERM")
+                service.close()
+            except Exception as exc:  # never keep the process from ending
+                logger.warning("msprobe: could not finish the dump on SIGTERM: %r", exc)
+            service._process_state.restore(env=False)
+        previous = signal.getsignal(signum)  # given back by restore() above
+        if previous is signal.SIG_IGN:
+            return
+        if callable(previous) and previous is not handler:
+            previous(signum, frame)
+            return
+        signal.signal(signum, signal.SIG_DFL)  # the default action: the process ends
+        os.kill(os.getpid(), signum)
+    return handler
 
 
 def _close_at_exit(ref) -> None:

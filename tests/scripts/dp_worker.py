@@ -9,6 +9,8 @@ costs ~10 s per worker, so they share it):
    on CPU; ``MintDistributed.all_reduce``) and the loss averaged with an ``ops.AllReduce`` held by the
    model (``Primitive.allreduce.AllReduce``). Inputs differ per rank (seeded by the rank).
 3. ``OUT/rank1``: one step with ``"rank": [1]`` in config.json.
+4. ``OUT/watch``: watch mode, 3 steps; rank 1 makes a NaN (``log`` of a negative value) at step 1, and
+   rank 0 receives it only through the gradients' all-reduce.
 
 Each worker writes ``OUT/result_rank{r}.json`` (losses, local gradients before the all-reduce, final
 parameters) so the test can check the dump against the values the training saw.
@@ -70,7 +72,7 @@ def phase_late():
     debugger.step()
 
 
-def train(dump_path, steps, config_path=None, record=None):
+def train(dump_path, steps, config_path=None, record=None, poison=None):
     rank, size = communication.get_rank(), communication.get_group_size()
     ms.set_seed(0)
     dp = DataParallel(MLP())
@@ -79,12 +81,18 @@ def train(dump_path, steps, config_path=None, record=None):
     rng = np.random.RandomState(100 + rank)          # rank-specific data
     x = Tensor(rng.randn(4, 8).astype(np.float32))
     y = Tensor(rng.randn(4, 4).astype(np.float32))
-    grad_fn = ms.value_and_grad(lambda a, b: ops.mse_loss(dp(a), b), None, params)
+    shift = [0.0]  # poison: (rank, step) at which this rank's input goes through log(a - 100): NaN
+
+    def prepare(a):
+        return a if poison is None else ops.log(ops.abs(a) + 1.0 - shift[0])
+
+    grad_fn = ms.value_and_grad(lambda a, b: ops.mse_loss(dp(prepare(a)), b), None, params)
     if config_path is not None:
         debugger = PrecisionDebugger(config_path)
     else:
         debugger = PrecisionDebugger(dump_path=dump_path, level="L1", task="statistics")
-    for _ in range(steps):
+    for step in range(steps):
+        shift[0] = 100.0 if poison == (rank, step) else 0.0
         debugger.start(dp)
         loss, grads = grad_fn(x, y)
         local = [g.asnumpy().copy() for g in grads]
@@ -116,6 +124,11 @@ def main():
         json.dump({"task": "statistics", "level": "L1", "rank": [1],
                    "dump_path": os.path.join(OUT, "rank1"), "statistics": {}}, f)
     train(None, 1, config_path=cfg)
+    cfg = os.path.join(OUT, f"watch_config_{rank}.json")   # watch mode: rank 1 makes a NaN at step 1
+    with open(cfg, "w", encoding="utf-8") as f:
+        json.dump({"task": "statistics", "level": "mix", "dump_path": os.path.join(OUT, "watch"),
+                   "watch": {"history": 256}}, f)
+    train(None, 3, config_path=cfg, poison=(1, 1))
     with open(os.path.join(OUT, f"result_rank{rank}.json"), "w", encoding="utf-8") as f:
         json.dump(record, f)
     print(f"WORKER DONE rank={rank}", flush=True)

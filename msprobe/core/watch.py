@@ -1,0 +1,406 @@
+"""Watch mode: statistics of every recorded call are computed as usual, but kept in memory only (the
+last ``history`` calls), and written out as normal step directories the moment a *producer* of a
+non-finite value is seen (README "Watch mode").
+
+A producer is the first record, in execution order, whose inputs are finite and whose output is not
+(forward: ``input_args``/``input_kwargs``/``parameters`` -> ``output``; backward: ``input``, the
+gradient w.r.t. the call's outputs -> ``output``, the gradient w.r.t. its inputs). At mix level the
+API inside a Cell finishes before the Cell, so the innermost producer comes first.
+
+Objects:
+
+* :class:`Watch` — one per runtime, lives for the whole run: the history ring, stack definitions,
+  whether (and where) the anomaly was found, the heartbeat file.
+* :class:`WatchWriter` — one per step, with the interface of :class:`msprobe.core.writer.StepWriter`
+  that the runtime uses; memory only until the trigger, then it forwards everything of its step to a
+  real ``StepWriter`` so the step directory is complete when the step ends.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+
+from msprobe.core import report, stats
+from msprobe.core.writer import SCHEMA, TENSOR_DIR, StepWriter, _atomic_write_json, _resolve
+
+logger = logging.getLogger("msprobe")
+
+HEARTBEAT = "watch_heartbeat.{who}.json"
+
+
+def _slots(value):
+    """Every tensor slot (an object with ``leaf`` and ``tensor``) inside a journal record value."""
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _slots(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _slots(v)
+    elif hasattr(value, "leaf") and hasattr(value, "tensor"):
+        yield value
+
+
+#: Primitive classes that exchange data between ranks (their output may come from another rank)
+_COLLECTIVE_PRIMITIVES = ("AllReduce", "AllGather", "Broadcast", "ReduceScatter", "AlltoAll", "AllToAll",
+                          "Send", "Receive", "Reduce", "CollectiveScatter", "CollectiveGather")
+
+
+def is_collective(entry: str) -> bool:
+    """Whether ``entry`` names a communication call (``Distributed.*``, ``MintDistributed.*``, or a
+    collective Primitive): a non-finite output of it with finite local inputs was made on another rank."""
+    head = entry.split(".", 1)[0]
+    if head in ("Distributed", "MintDistributed"):
+        return True
+    if head == "Primitive":
+        parts = entry.split(".")
+        return len(parts) > 2 and parts[2] in _COLLECTIVE_PRIMITIVES
+    return False
+
+
+class WatchAnomaly(RuntimeError):
+    """Raised in the training thread when ``watch.on_anomaly`` is ``"raise"``; the dump of the
+    anomaly (step directories, ``anomalies.json``) is complete when it is raised."""
+
+
+def _non_finite_kind(leaf: dict, kinds) -> str | None:
+    """``"nan"``/``"inf"`` when ``leaf``'s statistics show that kind (and it is watched), else None.
+    The statistics rule: a NaN anywhere makes Max/Min/Mean/Norm NaN; an Inf shows in Max or Min."""
+    if "nan" in kinds:
+        for key in ("Max", "Min", "Mean", "Norm"):
+            v = leaf.get(key)
+            if isinstance(v, float) and v != v:
+                return "nan"
+    if "inf" in kinds:
+        for key in ("Max", "Min"):
+            v = leaf.get(key)
+            if isinstance(v, float) and (v == _INF or v == -_INF):
+                return "inf"
+    return None
+
+
+_INF = float("inf")
+_WHAT = {"nan": "NaN", "inf": "Inf", "max_abs": "a value beyond max_abs", "norm_jump": "a Norm jump beyond norm_jump"}
+
+
+class Watch:
+    """Run-wide watch state.
+
+    Args:
+        settings: the validated ``watch`` section (:class:`msprobe.core.config.WatchSettings`).
+        dump_path: the configured ``dump_path`` (heartbeat files are written there).
+    """
+
+    def __init__(self, settings, dump_path: str):
+        self.settings = settings
+        self.dump_path = dump_path
+        #: last ``history`` entries: entry key (step, directory, name) -> journal lines, oldest first
+        self.ring: collections.OrderedDict = collections.OrderedDict()
+        self.stack_frames: dict = {}   # stack id -> frames (definitions are never evicted)
+        self.triggered = None          # the anomaly found (dict), once
+        self.records = 0
+        self.steps = 0
+        #: (entry, output leaf ordinal) -> [sum of Norms, count] over earlier records (norm_jump)
+        self.norms: dict = {}
+        self.checks_values = settings.max_abs is not None or settings.norm_jump is not None
+
+    def output_kind(self, name: str, leaves: list, non_finite: bool) -> str | None:
+        """What makes these output leaves of ``name`` an anomaly (``"nan"``, ``"inf"``,
+        ``"max_abs"``, ``"norm_jump"``), or None."""
+        settings = self.settings
+        if non_finite:
+            for leaf in leaves:
+                kind = _non_finite_kind(leaf, settings.anomaly)
+                if kind:
+                    return kind
+        found = None
+        for ordinal, leaf in enumerate(leaves):
+            top, low, norm = leaf.get("Max"), leaf.get("Min"), leaf.get("Norm")
+            if settings.max_abs is not None and isinstance(top, (int, float)) and isinstance(low, (int, float)) \
+                    and max(abs(top), abs(low)) > settings.max_abs and found is None:
+                found = "max_abs"
+            if settings.norm_jump is not None and isinstance(norm, float) and norm == norm and norm != _INF:
+                key = (name, ordinal)
+                seen = self.norms.get(key)
+                if seen is None:
+                    self.norms[key] = [norm, 1]
+                else:
+                    if seen[0] > 0 and norm > settings.norm_jump * seen[0] / seen[1] and found is None:
+                        found = "norm_jump"
+                    seen[0] += norm
+                    seen[1] += 1
+        return found
+
+    # ------------------------------------------------------------------ history
+    def keep(self, step: int, directory: str, lines: list) -> None:
+        ring, limit = self.ring, self.settings.history
+        for line in lines:
+            if "s" in line and "f" in line:
+                self.stack_frames[line["s"]] = line["f"]
+                continue
+            name = line.get("e") or line.get("c")
+            if name is None:
+                continue
+            key = (step, directory, name)
+            got = ring.get(key)
+            if got is None:
+                got = ring[key] = []
+                self.records += 1
+                while len(ring) > limit:
+                    ring.popitem(last=False)
+            got.append(line)
+
+    def history_by_step(self):
+        """``[(step, directory, lines)]`` of what the ring holds, by step, in execution order."""
+        groups: dict = {}
+        for (step, directory, _), lines in self.ring.items():
+            groups.setdefault((step, directory), []).extend(lines)
+        return [(step, d, lines) for (step, d), lines in groups.items()]
+
+    def heartbeat(self, rank, step: int) -> None:
+        """Tiny file saying the watch ran (rewritten at the end of every watched step)."""
+        self.steps += 1
+        body = {"schema": SCHEMA, "mode": "watch", "rank": rank, "last_step": step,
+                "steps_watched": self.steps, "records_seen": self.records, "time": time.time(),
+                "anomaly": self.triggered}
+        try:
+            os.makedirs(self.dump_path, exist_ok=True)
+            who = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
+            _atomic_write_json(os.path.join(self.dump_path, HEARTBEAT.format(who=who)), body, False)
+        except OSError as exc:
+            logger.warning("msprobe: watch heartbeat not written: %r", exc)
+
+
+class WatchWriter:
+    """The step's writer in watch mode (same methods as :class:`StepWriter` that the runtime calls).
+
+    Args:
+        watch: the run's :class:`Watch`.
+        step: step number; directory: the step/rank directory it would write.
+        make_writer: ``callable(directory) -> StepWriter`` (the normal writer for that directory).
+        rank: this process's rank (``None`` when unknown).
+    """
+
+    def __init__(self, watch: Watch, step: int, directory: str, rank, make_writer, on_raise=None,
+                 level: str = "L1"):
+        self.on_raise = on_raise
+        self._level = level
+        self.watch = watch
+        self.step = step
+        self.directory = directory
+        self.rank = rank
+        self.make_writer = make_writer
+        self.tensor_dir = None
+        self.closed = False
+        self.error_count = 0
+        self.notes: dict = {}
+        self.abnormal = None
+        self.real: StepWriter | None = None   # after the trigger: the step's real writer
+        self.last_flush = time.monotonic()
+        self._entries: dict = {}              # entry -> [input bad, output bad] in this step
+        self._errors: list = []
+        #: (entry, kind): the first entry whose *input* held an anomaly, in this step
+        self._first_bad_input = None
+
+    # ------------------------------------------------------------------ StepWriter interface
+    def append(self, records: list) -> None:
+        if self.closed or not records:
+            return
+        self.last_flush = time.monotonic()
+        if self.real is not None:
+            self.real.append(records)
+            return
+        resolved = []
+        found = None
+        for r in records:
+            flags = [False]
+            rec = {k: _resolve(v, flags) for k, v in r.items()}
+            resolved.append(rec)
+            if "e" in rec and "k" in rec and (flags[0] or rec["k"] == "output"):
+                producer = self._check(rec, flags[0])
+                if found is None:
+                    found = producer
+        if found is None and self._first_bad_input is not None and self.watch.triggered is None:
+            # a non-finite value reached an input without any recorded call producing it: made by
+            # code this level does not record (e.g. an API between Cells at L0)
+            self.watch.keep(self.step, self.directory, resolved)
+            self._trigger_unrecorded(*self._first_bad_input)
+            return
+        if found is not None and self.watch.triggered is None:
+            if self.watch.settings.save_tensors:
+                self._save_tensors(found, records)
+            self.watch.keep(self.step, self.directory, resolved)
+            self._trigger(found)
+        else:
+            self.watch.keep(self.step, self.directory, resolved)
+
+    def _save_tensors(self, producer: str, records: list) -> None:
+        """``save_tensors``: write the producer's tensors of this batch (its output, and its inputs
+        when they were recorded in the same flush) as ``.npy`` files of the anomaly's step."""
+        directory = os.path.join(self.directory, TENSOR_DIR)
+        for r in records:
+            if r.get("e") != producer:
+                continue
+            for slot in _slots(r.get("v")):
+                if slot.tensor is None or not slot.data_name or slot.leaf is None:
+                    continue
+                try:
+                    os.makedirs(directory, exist_ok=True)
+                    if slot.type_name == "numpy.ndarray":
+                        arr, stored = slot.tensor, "native"
+                    else:
+                        arr, stored = stats.to_host(slot.tensor, False)
+                    stats.save_npy(os.path.join(directory, slot.data_name), arr)
+                    slot.leaf["data_name"] = slot.data_name
+                    if stored != "native":
+                        slot.leaf["stored_as"] = stored
+                except Exception as exc:  # the dump goes on without that file
+                    self.error(f"watch: could not save {slot.data_name}: {exc!r}")
+
+    def error(self, message: str) -> None:
+        self.error_count += 1
+        logger.warning("msprobe: %s", message)
+        if self.real is not None:
+            self.real.error(message)
+        else:
+            self._errors.append(message)
+
+    def add_note(self, key: str, items: list) -> None:
+        if self.real is not None:
+            self.real.add_note(key, items)
+        elif items:
+            self.notes.setdefault(key, []).extend(items)
+
+    def mark_abnormal(self, reason: str) -> None:
+        """The step ended abnormally (an exception): the flight recorder writes the history."""
+        if self.abnormal is None:
+            self.abnormal = reason
+        if self.real is None:
+            self.dump_history({"step": self.step, "rank": self.rank, "producer": None, "kind": None,
+                               "cell": None, "trigger": f"abnormal end: {reason}"})
+        if self.real is not None:
+            self.real.mark_abnormal(reason)
+
+    def write_files(self) -> None:
+        if self.real is not None:
+            self.real.write_files()
+
+    def relocate(self, directory: str) -> None:
+        if self.real is not None:
+            self.real.relocate(directory)
+        self.directory = directory
+
+    def abandon(self, message: str) -> None:
+        self.closed = True
+        if self.real is not None:
+            self.real.abandon(message)
+
+    def discard_if_empty(self) -> bool:
+        if self.real is not None:
+            return self.real.discard_if_empty()
+        self.closed = True
+        return True
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.real is not None:
+            self.real.close()
+        self.watch.heartbeat(self.rank, self.step)
+
+    # ------------------------------------------------------------------ detection
+    def _check(self, rec: dict, non_finite: bool):
+        """Update the entry's input/output state (``non_finite``: the record holds a non-finite
+        value); the entry name when it just became a producer."""
+        name, key = rec["e"], rec["k"]
+        state = self._entries.get(name)
+        if state is None:
+            state = self._entries[name] = [False, False, None]
+        bad = None
+        watch = self.watch
+        if key == "output":
+            if non_finite or watch.checks_values:
+                base = rec["e"] if "i" not in rec else f"{rec['e']}[{rec['i']}]"
+                bad = watch.output_kind(base, list(report.leaves(rec.get("v"))), non_finite)
+        elif non_finite:
+            for leaf in report.leaves(rec.get("v")):
+                bad = bad or _non_finite_kind(leaf, watch.settings.anomaly)
+        if key == "output":
+            if bad and not state[0] and not state[1]:
+                state[1], state[2] = True, bad
+                return name
+            state[1] = state[1] or bool(bad)
+        elif bad:
+            if not state[0] and self._first_bad_input is None:
+                self._first_bad_input = (name, bad)
+            state[0] = True
+        return None
+
+    def _trigger(self, producer: str) -> None:
+        kind = self._entries[producer][2]
+        cell = None
+        for lines in self.watch.ring.values():
+            for line in lines:
+                if line.get("c") == producer:
+                    cell = line.get("p")
+        what = _WHAT[kind]
+        received = is_collective(producer)
+        trigger = f"watch: {what} in the output of {producer}, inputs finite"
+        if received:
+            trigger += " (a collective: the value came from another rank, whose dump names its producer)"
+        self.dump_history({"step": self.step, "rank": self.rank, "producer": producer, "kind": kind,
+                           "cell": cell, "via_collective": received, "trigger": trigger})
+        logger.warning("msprobe: watch found %s first produced by %s at step %s; the history is in %s",
+                       what, producer, self.step, self.directory)
+        self._raise(f"msprobe watch: {what} first produced by {producer} (step {self.step}, rank "
+                    f"{self.rank if self.rank is not None else 0}{', in ' + cell if cell else ''}); its "
+                    f"inputs were finite. Dump: {self.directory}")
+
+    def _trigger_unrecorded(self, entry: str, kind: str) -> None:
+        what = _WHAT[kind]
+        self.dump_history({"step": self.step, "rank": self.rank, "producer": None, "kind": kind,
+                           "cell": None, "first_non_finite": entry,
+                           "trigger": f"watch: {what} in the inputs of {entry}, produced by code that "
+                                      f"is not recorded at level {self._level} (between recorded calls)"})
+        logger.warning("msprobe: watch found %s in the inputs of %s at step %s (made by unrecorded "
+                       "code); the history is in %s", what, entry, self.step, self.directory)
+        self._raise(f"msprobe watch: {what} reached the inputs of {entry} (step {self.step}); it was made "
+                    f"by code not recorded at level {self._level}. Dump: {self.directory}")
+
+    def _raise(self, message: str) -> None:
+        if self.watch.settings.on_anomaly == "raise" and self.on_raise is not None:
+            self.on_raise(WatchAnomaly(message))
+
+    def dump_history(self, found: dict) -> None:
+        """Write the history (earlier steps' tail, this step so far) as normal step directories;
+        this step's directory stays open and receives the rest of the step. ``found`` describes
+        what triggered it (added to this step's ``anomalies.json``). Once per run."""
+        watch = self.watch
+        if watch.triggered is not None or self.closed:
+            return
+        watch.triggered = dict(found)
+        for step, directory, lines in watch.history_by_step():
+            writer = self.make_writer(directory)
+            sids = {line["stack"] for line in lines if "stack" in line}
+            writer.append([{"s": sid, "f": watch.stack_frames[sid]} for sid in sids
+                           if sid in watch.stack_frames] + lines)
+            if step != self.step:
+                writer.close()
+                continue
+            writer.anomaly_extra = dict(found) if found.get("kind") else None
+            for message in self._errors:
+                writer.error(message)
+            for key, items in self.notes.items():
+                writer.add_note(key, items)
+            if self.abnormal:
+                writer.mark_abnormal(self.abnormal)
+            writer.write_files()
+            self.real = writer
+            self.tensor_dir = writer.tensor_dir
+        if self.real is None:  # nothing of this step in the history yet
+            self.real = self.make_writer(self.directory)
+            self.real.anomaly_extra = dict(found) if found.get("kind") else None
+            self.real.write_files()
+        watch.ring.clear()

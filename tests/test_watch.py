@@ -1,0 +1,256 @@
+"""Watch mode: every step is watched, nothing but a heartbeat is written while values stay finite, and
+the first producer of a NaN/Inf is written with its history as normal step directories."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+
+import msprobe.dump
+from msprobe.core.config import ConfigError, load_config
+from msprobe.core.watch import WatchAnomaly
+from msprobe.mindspore import PrecisionDebugger
+
+
+def _debugger(tmp_path, level, watch, name="dump"):
+    dump_path = os.path.join(str(tmp_path), name)
+    cfg = {"task": "statistics", "dump_path": dump_path, "level": level, "watch": watch}
+    path = os.path.join(str(tmp_path), f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return PrecisionDebugger(config_path=path), dump_path
+
+
+class Poison(nn.Cell):
+    """``log(h - shift)``: finite while ``shift`` is 0 and h > 0, NaN once ``shift`` is large."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = 0.0
+
+    def construct(self, h):
+        return ops.log(h - self.shift)
+
+
+class Sqrt(nn.Cell):
+    """``sqrt(relu(h) * 0)``: finite forward (0), infinite gradient (0.5 / sqrt(0)) in the backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.on = False
+
+    def construct(self, h):
+        return ops.sqrt(ops.relu(h) * 0.0) if self.on else h
+
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 4, weight_init="ones", bias_init="ones")
+        self.poison = Poison()
+        self.sq = Sqrt()
+        self.head = nn.Dense(4, 1, weight_init="ones")
+
+    def construct(self, x):
+        return self.head(self.sq(self.poison(ops.relu(self.fc(x)) + 1.0))).sum()
+
+
+def _train(net, debugger, steps, at=None, poison=None):
+    opt = nn.SGD(net.trainable_params(), 0.001)
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    x = Tensor(np.full((2, 4), 0.5, np.float32))
+    for step in range(steps):
+        if poison is not None:
+            poison(net, step == at)
+        debugger.start(net)
+        _, grads = grad_fn(x)
+        opt(grads)
+        debugger.stop()
+        debugger.step()
+
+
+def _forward_nan(net, on):
+    net.poison.shift = 100.0 if on else 0.0
+
+
+def _backward_inf(net, on):
+    net.sq.on = on
+
+
+def _anomaly(dump_path, step):
+    (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
+    with open(os.path.join(d, "anomalies.json")) as f:
+        return d, json.load(f)
+
+
+@pytest.mark.parametrize("level, producer, cell", [
+    ("L1", "Functional.log.0.forward", None),
+    ("mix", "Functional.log.0.forward", "Cell.poison.Poison.forward.0"),
+    ("L0", "Cell.poison.Poison.forward.0", None),
+])
+def test_forward_nan_producer_named_with_step_and_cell(tmp_path, level, producer, cell):
+    debugger, dump_path = _debugger(tmp_path, level, {"history": 200})
+    ms.set_seed(0)
+    _train(Net(), debugger, 5, at=3, poison=_forward_nan)
+    d, found = _anomaly(dump_path, 3)
+    assert found["first_producer"] == producer
+    assert (found["producer"], found["step"], found["kind"], found["cell"]) == (producer, 3, "nan", cell)
+    assert "trigger" in found and "rank" in found
+    dump = msprobe.dump.load(d)
+    assert dump.complete and producer in dump.data
+    # statistics of the producer: inputs finite, output NaN
+    body = dump.data[producer]
+    assert np.isfinite(body["input_args"][0]["Max"]) and np.isnan(body["output"][0]["Max"])
+    # the history: earlier clean steps' calls are there too (200 entries cover all)
+    assert os.path.isdir(os.path.join(dump_path, "step2"))
+    assert not os.path.exists(os.path.join(dump_path, "step4"))   # after the anomaly: memory only
+
+
+@pytest.mark.parametrize("level, producer, kind", [
+    ("L1", "Functional.sqrt.0.backward", "inf"),      # 0.5 / sqrt(0)
+    ("L0", "Cell.sq.Sqrt.backward.0", "nan"),         # the Cell's input gradient: inf * 0 (relu(h) * 0)
+])
+def test_backward_overflow_producer(tmp_path, level, producer, kind):
+    debugger, dump_path = _debugger(tmp_path, level, {"history": 64})
+    ms.set_seed(0)
+    _train(Net(), debugger, 3, at=1, poison=_backward_inf)
+    _, found = _anomaly(dump_path, 1)
+    assert (found["producer"], found["kind"]) == (producer, kind)
+
+
+def test_clean_steps_write_only_the_heartbeat(tmp_path):
+    debugger, dump_path = _debugger(tmp_path, "mix", {})
+    ms.set_seed(0)
+    _train(Net(), debugger, 3)
+    (name,) = os.listdir(dump_path)
+    assert name.startswith("watch_heartbeat.")
+    with open(os.path.join(dump_path, name)) as f:
+        beat = json.load(f)
+    assert beat["steps_watched"] == 3 and beat["last_step"] == 2 and beat["anomaly"] is None
+
+
+def test_raise_stops_training_after_the_files_are_complete(tmp_path):
+    debugger, dump_path = _debugger(tmp_path, "L1", {"on_anomaly": "raise"})
+    ms.set_seed(0)
+    with pytest.raises(WatchAnomaly) as info:
+        _train(Net(), debugger, 5, at=2, poison=_forward_nan)
+    assert "Functional.log.0.forward" in str(info.value) and "step 2" in str(info.value)
+    d, found = _anomaly(dump_path, 2)        # written before the exception reached the loop
+    assert found["producer"] == "Functional.log.0.forward"
+    assert "Functional.log.0.forward" in msprobe.dump.load(d).data
+    debugger.step()
+
+
+def test_save_tensors_writes_the_producers_tensors(tmp_path):
+    debugger, dump_path = _debugger(tmp_path, "L1", {"save_tensors": True})
+    ms.set_seed(0)
+    _train(Net(), debugger, 3, at=1, poison=_forward_nan)
+    d, _ = _anomaly(dump_path, 1)
+    dump = msprobe.dump.load(d)
+    body = dump.data["Functional.log.0.forward"]
+    out = dump.load_tensor(body["output"][0])
+    assert np.isnan(out).all()
+    arg = dump.load_tensor(body["input_args"][0])
+    assert arg.shape == (2, 4) and np.isfinite(arg).all()
+    assert sorted(os.listdir(os.path.join(d, "dump_tensor_data"))) == [
+        "Functional.log.0.forward.input.0.npy", "Functional.log.0.forward.output.0.npy"]
+
+
+def test_history_bounded_over_a_long_run(tmp_path):
+    import psutil
+
+    debugger, dump_path = _debugger(tmp_path, "L1", {"history": 32})
+    ms.set_seed(0)
+    net = Net()
+    rss = []
+    for chunk in range(4):
+        _train(net, debugger, 60)
+        rss.append(psutil.Process().memory_info().rss)
+    watch = debugger.service.runtime.watch
+    assert len(watch.ring) <= 32
+    assert watch.steps == 240 and watch.records > 240 * 5
+    assert rss[-1] - rss[1] < 16 << 20, [r >> 20 for r in rss]   # flat after warm-up
+    assert os.listdir(dump_path) == [n for n in os.listdir(dump_path) if n.startswith("watch_heartbeat.")]
+
+
+def test_abnormal_end_writes_the_history(tmp_path):
+    """An exception in the step (step() called without stop()) writes the flight record."""
+    debugger, dump_path = _debugger(tmp_path, "L1", {})
+    ms.set_seed(0)
+    net = Net()
+    _train(net, debugger, 2)
+    debugger.start(net)
+    net(Tensor(np.ones((2, 4), np.float32)))
+    try:
+        raise KeyError("data loader failed")
+    except KeyError:
+        debugger.step()
+    (d,) = glob.glob(os.path.join(dump_path, "step2", "*"))
+    assert "Functional.log.0.forward" in msprobe.dump.load(d).data
+    with open(os.path.join(d, "dump.json")) as f:
+        assert "without stop()" in json.load(f)["abnormal"]
+    assert not os.path.exists(os.path.join(d, "anomalies.json"))   # no NaN: no anomaly report
+
+
+@pytest.mark.parametrize("watch, field", [
+    ({"history": 0}, "watch.history"), ({"anomaly": ["nan", "huge"]}, "watch.anomaly[1]"),
+    ({"on_anomaly": "stop"}, "watch.on_anomaly"), ({"save_tensors": "yes"}, "watch.save_tensors"),
+    ({"max_abs": -1}, "watch.max_abs"), ([], "watch"),
+])
+def test_invalid_watch_settings_name_the_field(tmp_path, watch, field):
+    path = os.path.join(str(tmp_path), "c.json")
+    with open(path, "w") as f:
+        json.dump({"task": "statistics", "dump_path": str(tmp_path), "level": "L1", "watch": watch}, f)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.field == field
+
+
+def test_watch_needs_statistics_at_a_hooked_level(tmp_path):
+    path = os.path.join(str(tmp_path), "c.json")
+    for extra in ({"task": "tensor", "level": "L1"}, {"task": "statistics", "level": "L2"}):
+        with open(path, "w") as f:
+            json.dump({"dump_path": str(tmp_path), "watch": {}, **extra}, f)
+        with pytest.raises(ConfigError, match="watch"):
+            load_config(path)
+
+
+def test_magnitude_bound_triggers(tmp_path):
+    debugger, dump_path = _debugger(tmp_path, "L1", {"max_abs": 1e3})
+    ms.set_seed(0)
+    net = Net()
+
+    def scale(n, on):
+        n.poison.shift = -1e4 if on else 0.0      # log(h + 1e4): finite, but h + 1e4 > max_abs
+
+    _train(net, debugger, 3, at=1, poison=scale)
+    _, found = _anomaly(dump_path, 1)
+    assert (found["kind"], found["producer"]) == ("max_abs", "Tensor.__sub__.0.forward")
+
+
+def test_sigterm_writes_the_history(tmp_path):
+    """The flight recorder writes the open step's history when the process receives SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    dump_path = str(tmp_path / "dump")
+    script = os.path.join(os.path.dirname(__file__), "scripts", "watch_sigterm_worker.py")
+    proc = subprocess.Popen([sys.executable, script, dump_path], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("READY"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        proc.kill()
+    (d,) = glob.glob(os.path.join(dump_path, "step2", "*"))
+    with open(os.path.join(d, "dump.json")) as f:
+        dump = json.load(f)
+    assert "Functional.tanh.0.forward" in dump["data"] and "SIGTERM" in dump["abnormal"]
