@@ -594,3 +594,26 @@ def test_low_precision_tensors(make_debugger, dump_dir):
     assert h2["Max"] == h2["Min"] == h2["Mean"] == 300.0
     assert h2["Norm"] == pytest.approx(300 * math.sqrt(1000), rel=1e-15)
     assert ones_bf.dtype == ms.bfloat16 and ones_h.dtype == ms.float16 and full_h.dtype == ms.float16
+
+
+def test_numpy_scalars_without_a_json_value_are_recorded_as_text(make_debugger, dump_dir):
+    """A numpy scalar JSON cannot hold (complex, datetime64) is recorded with its text; the batch it is
+    in is written and nothing reaches the user."""
+    import types
+
+    mod = types.ModuleType("user_ops")
+    mod.scale = lambda x, c: x * 2.0
+    debugger = make_debugger(task="statistics", level="L1")
+    debugger.register_custom_api(mod, "scale", "UserOps")
+    try:
+        debugger.start()
+        mod.scale(Tensor(np.ones(3, np.float32)), np.complex64(1 + 2j))
+        mod.scale(Tensor(np.ones(3, np.float32)), np.datetime64("2026-12-01"))
+        debugger.stop()
+        debugger.step()
+    finally:
+        debugger.restore_custom_api(mod, "scale")
+    data = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
+    assert data["UserOps.scale.0.forward"]["input_args"][1] == {"type": "complex64", "value": "(1+2j)"}
+    assert data["UserOps.scale.1.forward"]["input_args"][1]["value"] == "2026-12-01"
+    assert data["UserOps.scale.0.forward"]["output"][0]["Max"] == 2.0

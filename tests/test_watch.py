@@ -254,3 +254,13 @@ def test_sigterm_writes_the_history(tmp_path):
     with open(os.path.join(d, "dump.json")) as f:
         dump = json.load(f)
     assert "Functional.tanh.0.forward" in dump["data"] and "SIGTERM" in dump["abnormal"]
+
+
+def test_backward_first_producer_has_its_forward_calls_stack(tmp_path):
+    """anomalies.json ``stack`` of a backward first producer: the frames of its forward call."""
+    debugger, dump_path = _debugger(tmp_path, "L1", {})
+    ms.set_seed(0)
+    _train(Net(), debugger, 2, at=1, poison=_backward_inf)
+    _, found = _anomaly(dump_path, 1)
+    assert found["first_producer"] == "Functional.sqrt.0.backward"
+    assert found["stack"] and any("ops.sqrt" in frame for frame in found["stack"])

@@ -34,6 +34,18 @@ def cell_entry(cell_prefix: str, direction: str, count: int) -> str:
     return f"{cell_prefix}.{direction}.{count}"
 
 
+def forward_of(entry: str) -> str | None:
+    """The forward entry a backward entry pairs with (``X.3.backward`` -> ``X.3.forward``,
+    ``Cell.a.B.backward.2`` -> ``Cell.a.B.forward.2``); ``None`` for any other name."""
+    head, _, last = entry.rpartition(".")
+    if last == BACKWARD:
+        return f"{head}.{FORWARD}"
+    head2, _, direction = head.rpartition(".")
+    if direction == BACKWARD and last.isdigit():
+        return f"{head2}.{FORWARD}.{last}"
+    return None
+
+
 def param_grad_entry(cell_prefix: str, count: int) -> str:
     """Entry name holding the parameter gradients of one Cell."""
     return f"{cell_prefix}.parameters_grad.{count}"

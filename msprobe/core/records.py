@@ -102,7 +102,10 @@ class Describer:
         if value is Ellipsis:
             return {"type": "ellipsis", "value": "..."}
         if isinstance(value, np.generic):
-            return {"type": type(value).__name__, "value": value.item()}
+            item = value.item()
+            if not isinstance(item, (bool, int, float, str)) and item is not None:
+                item = str(value)  # complex, datetime64, bytes_: JSON has no such value, its text is kept
+            return {"type": type(value).__name__, "value": item}
         if isinstance(value, np.ndarray):
             slot = TensorSlot(value.copy(), self.name_for(path), str(value.dtype), list(value.shape),
                               "numpy.ndarray")

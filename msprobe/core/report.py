@@ -22,6 +22,8 @@ import math
 import os
 import re
 
+from msprobe.core import naming
+
 ANOMALIES = "anomalies.json"
 COVERAGE = "coverage.json"
 EMPTY_REASON = "no recorded call between start() and stop() in this step"
@@ -103,8 +105,11 @@ def _innermost_first(producers: list, construct: dict):
 
 
 def _stack_of(stacks: dict, entry: str):
+    """``stack.json`` frames of ``entry``; a backward entry has those of its forward call (where the
+    call was made: the backward itself runs inside MindSpore's engine)."""
+    forward = naming.forward_of(entry)
     for names, frames in stacks.values():
-        if entry in names:
+        if entry in names or (forward is not None and forward in names):
             return frames
     return None
 

@@ -678,6 +678,9 @@ class Runtime:
                 writer.append(lines)
         except OSError as exc:  # disk full, file too large, ...: the dump stops, training goes on
             self.disk_failure(exc)
+        except Exception as exc:  # the tool's own failure (a value it cannot encode): training goes on
+            self.tool_error(f"could not write a batch of {len(pending)} records: {exc!r}",
+                            key=("flush", type(exc)))
         finally:
             if self._watch_names and slots:
                 release_tensors(slots)

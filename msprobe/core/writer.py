@@ -69,6 +69,7 @@ class Replay:
     def __init__(self):
         self.header, self.data, self.construct = {}, {}, {}
         self._frames, self._stack_names = {}, {}
+        self._valued: set = set()  # entries set whole by a {"e", "v"} line (debug level)
 
     def apply(self, rec: dict) -> None:
         entry = rec.get("e")
@@ -82,6 +83,7 @@ class Replay:
                 return
             if "k" not in rec and "v" in rec:
                 data[entry] = rec["v"]
+                self._valued.add(entry)
                 return
             body = data.setdefault(entry, {})
             if "k" in rec:
@@ -105,8 +107,9 @@ class Replay:
     def result(self):
         """``(header, data, stacks, construct)``; ``stacks`` in the grouped ``stack.json`` form
         ``{"0": [[names], [frames]], ...}``."""
-        # entries that never got a body (only a stack reference) are not data entries
-        data = {k: v for k, v in self.data.items() if v}
+        # entries that never got a value (only a stack reference) are not data entries; an entry
+        # whose value is empty (debug level: save([], "x")) is
+        data = {k: v for k, v in self.data.items() if v or k in self._valued}
         stacks = {}
         for sid, names in self._stack_names.items():
             stacks[str(len(stacks))] = [names, self._frames.get(sid, [])]
