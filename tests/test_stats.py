@@ -813,3 +813,40 @@ def test_free_cpus_counts_what_the_machine_has_free(tmp_path, monkeypatch):
     assert stats_scan.free_cpus(str(tmp_path / "missing")) == 4
     monkeypatch.undo()
     assert 1 <= stats_scan.free_cpus() <= stats_scan.THREADS
+
+
+def test_optional_counts_in_a_dump_equal_numpy(tmp_path):
+    """summary_mode as a list adds NaN/+Inf/-Inf/zero counts and the largest |x| to every tensor
+    record, equal to numpy's counts; the four standard statistics are unchanged."""
+    import glob
+    import json
+    import os
+
+    import msprobe.dump
+    from msprobe.mindspore import PrecisionDebugger
+
+    dump_path = str(tmp_path / "dump")
+    cfg = {"task": "statistics", "dump_path": dump_path, "level": "L1",
+           "statistics": {"summary_mode": ["max", "min", "mean", "l2norm", "nan count", "positive inf count",
+                                           "negative inf count", "zero count", "max abs"]}}
+    with open(tmp_path / "c.json", "w") as f:
+        json.dump(cfg, f)
+    values = np.array([0.0, -0.0, 1.5, -7.25, np.inf, -np.inf, np.nan, 3.0, 0.0], np.float32)
+    debugger = PrecisionDebugger(config_path=str(tmp_path / "c.json"))
+    debugger.start()
+    ms.ops.abs(ms.Tensor(values))
+    ms.ops.abs(ms.Tensor(np.array(-2.5, np.float32)))
+    ms.ops.abs(ms.Tensor(np.zeros((0,), np.float32)))
+    debugger.stop()
+    debugger.step()
+    (d,) = glob.glob(os.path.join(dump_path, "step0", "*"))
+    data = msprobe.dump.load(d).data
+    leaf = data["Functional.abs.0.forward"]["input_args"][0]
+    assert (leaf["NanCount"], leaf["PosInfCount"], leaf["NegInfCount"], leaf["ZeroCount"]) == (1, 1, 1, 3)
+    assert leaf["MaxAbs"] == np.inf and np.isnan(leaf["Max"])
+    out = data["Functional.abs.0.forward"]["output"][0]
+    assert (out["NanCount"], out["PosInfCount"], out["NegInfCount"], out["ZeroCount"]) == (1, 2, 0, 3)
+    scalar = data["Functional.abs.1.forward"]["input_args"][0]
+    assert (scalar["ZeroCount"], scalar["MaxAbs"], scalar["Norm"]) == (0, 2.5, 2.5)
+    empty = data["Functional.abs.2.forward"]["input_args"][0]
+    assert (empty["NanCount"], empty["ZeroCount"], empty["MaxAbs"]) == (0, 0, None)

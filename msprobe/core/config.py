@@ -49,8 +49,11 @@ DATA_MODES = ("all", "forward", "backward", "input", "output")
 SUMMARY_MODES = ("statistics", "md5")
 SUMMARY_ITEMS = (
     "max", "min", "mean", "count", "negative zero count", "positive zero count", "nan count",
-    "negative inf count", "positive inf count", "zero count", "l2norm", "hash", "md5",
+    "negative inf count", "positive inf count", "zero count", "l2norm", "hash", "md5", "max abs",
 )
+#: summary_mode list items that add a statistic to each tensor record (README "Statistics")
+COUNT_ITEMS = {"nan count": "NanCount", "positive inf count": "PosInfCount",
+               "negative inf count": "NegInfCount", "zero count": "ZeroCount", "max abs": "MaxAbs"}
 WATCH_KINDS = ("nan", "inf")
 WATCH_ACTIONS = ("record", "raise")
 WATCH_KEYS = ("anomaly", "history", "on_anomaly", "save_tensors", "max_abs", "norm_jump")
@@ -529,6 +532,14 @@ class DumpConfig(pydantic.BaseModel):
         return self
 
     # -- queries ------------------------------------------------------------------------------
+
+    @property
+    def stat_counts(self) -> Tuple[str, ...]:
+        """``dump.json`` keys of the optional statistics a ``summary_mode`` list asks for
+        (``"nan count"`` -> ``NanCount``, ...; :data:`COUNT_ITEMS`), in that order."""
+        if isinstance(self.summary_mode, str):
+            return ()
+        return tuple(COUNT_ITEMS[item] for item in self.summary_mode if item in COUNT_ITEMS)
 
     @property
     def md5(self) -> bool:

@@ -63,7 +63,8 @@ def raised_by_mindspore(exc: BaseException) -> bool:
     return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_MINDSPORE_DIR)
 
 
-def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: bool = True):
+def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: bool = True,
+                counts: tuple = ()):
     """Fill ``slot.leaf`` for every slot (statistics, optional CRC-32, optional ``.npy`` file).
 
     Args:
@@ -73,6 +74,7 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
         on_error: ``callable(str)`` told about a tensor the tool could not read; its leaf then has
             null statistics and an ``"error"`` field (as has the output of a failed operation,
             which is not reported as the tool's error).
+        counts: optional statistics to add (``NanCount``, ... :data:`msprobe.core.config.COUNT_ITEMS`).
         release: drop the slots' tensors when done; ``False`` leaves that to the caller
             (:func:`release_tensors`; watch mode saves a producer's tensors after the batch).
 
@@ -105,7 +107,7 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
                     arr, stored = slot.tensor, "native"
                 else:
                     arr, stored = stats.to_host(slot.tensor, zero_copy)
-                known = seen[id(slot.tensor)] = (arr, stored, stats.compute_stats(arr), [])
+                known = seen[id(slot.tensor)] = (arr, stored, stats.compute_stats(arr, counts=counts), [])
             arr, stored, tensor_stats, crc = known
             leaf.update(tensor_stats)
             if slot.data_name and tensor_dir:

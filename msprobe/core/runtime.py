@@ -668,7 +668,7 @@ class Runtime:
                 failure = materialize(slots, md5=self.config.md5,
                                       tensor_dir=target.tensor_dir if target else None,
                                       on_error=target.error if target else logger.warning,
-                                      release=not self._watch_names)
+                                      release=not self._watch_names, counts=self.config.stat_counts)
                 if failure is not None:
                     self._user_failed(failure)
             for writer, lines in by_writer.values():

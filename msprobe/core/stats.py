@@ -315,7 +315,48 @@ def _upcast_extension(arr: np.ndarray, name: str) -> Tuple[np.ndarray, str]:
 # --------------------------------------------------------------------------
 
 
-def compute_stats(arr: np.ndarray, backend: str = "auto") -> Dict[str, Any]:
+def compute_stats(arr: np.ndarray, backend: str = "auto", counts: tuple = ()) -> Dict[str, Any]:
+    """:func:`base_stats` plus the optional statistics named in ``counts`` (values of
+    :data:`msprobe.core.config.COUNT_ITEMS`: ``NanCount``, ``PosInfCount``, ``NegInfCount``, ``ZeroCount`` — element
+    counts, ``-0.0`` is a zero — and ``MaxAbs``, the largest ``|x|`` of the non-NaN elements, ``None``
+    when there is none or for bool), all from the same pass over the data."""
+    if not counts:
+        return base_stats(arr, backend)
+    holder: list = []
+    out = base_stats(arr, backend, holder)
+    arr = np.asarray(arr)
+    if holder:
+        result = holder[0]
+        nan, posinf, neginf, zero = result.nan, result.posinf, result.neginf, result.zero
+        mx, mn = result.max, result.min
+    else:  # empty or 0-d: counted directly
+        flat = None
+        if arr.size and arr.dtype.kind in "iuf":
+            flat = arr.astype(np.float64).reshape(-1)
+        elif arr.size and arr.dtype.kind == "c":
+            flat = np.abs(arr).astype(np.float64).reshape(-1)
+        if flat is None and arr.size and _is_extension_dtype(arr.dtype):
+            flat = _upcast_extension(arr, "")[0].astype(np.float64).reshape(-1)
+        if flat is None:
+            nan = posinf = neginf = 0
+            zero = int(arr.size - np.count_nonzero(arr)) if arr.size else 0
+            mx = mn = None
+        else:
+            nan, posinf = int(np.isnan(flat).sum()), int(np.isposinf(flat).sum())
+            neginf, zero = int(np.isneginf(flat).sum()), int((flat == 0).sum())
+            finite = flat[~np.isnan(flat)]
+            mx, mn = (float(finite.max()), float(finite.min())) if finite.size else (None, None)
+    values = {"NanCount": nan, "PosInfCount": posinf, "NegInfCount": neginf, "ZeroCount": zero}
+    bool_kind = arr.dtype.kind == "b"
+    if mx is None or bool_kind or (isinstance(mx, float) and mx == -math.inf and mn == math.inf):
+        values["MaxAbs"] = None
+    else:
+        values["MaxAbs"] = max(abs(mx), abs(mn))
+    out.update((key, values[key]) for key in counts)
+    return out
+
+
+def base_stats(arr: np.ndarray, backend: str = "auto", holder: list | None = None) -> Dict[str, Any]:
     """Compute ``Max``, ``Min``, ``Mean``, ``Norm`` of a host array.
 
     The rules (empty, bool, 0-d, integer, float, complex, NaN/Inf) are listed
@@ -354,6 +395,8 @@ def compute_stats(arr: np.ndarray, backend: str = "auto") -> Dict[str, Any]:
         value = _scalar(_bf16_bits_to_float32(arr) if bfloat16 else arr)
         return _stats(value, value, value, abs(value))
     result = scan(arr, bfloat16=bfloat16, backend=backend)
+    if holder is not None:
+        holder.append(result)
     if kind == "b":
         return _stats(bool(result.max), bool(result.min), None, None)
     if kind in "iu":
