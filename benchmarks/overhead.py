@@ -37,6 +37,10 @@ Method
   ``start(net)``) for the same number of steps, alternating; ratio of ``ru_maxrss`` medians.
 * Dump entries per step = median number of entries in ``dump.json["data"]`` over the dumped steps;
   MB written per step = median bytes under one ``step{N}/{rank}/`` directory (JSON and ``.npy``).
+* The physical floor: ``tensorMB`` = bytes of the tensors recorded per step (shape x dtype size of every
+  tensor record in dump.json); ``floor`` = (off ms + tensorMB / read bandwidth) / off ms, the ratio if
+  the tool cost nothing but one read of each tensor (bandwidth: ``numpy.add.reduce`` over 100 MB,
+  fastest of 7, measured at the start).
 """
 from __future__ import annotations
 
@@ -106,9 +110,44 @@ def _setup():
     return net, batches, train_step
 
 
+#: bytes per element of dump.json dtype names (for the bytes of tensors a step records)
+_ITEMSIZE = {"Float64": 8, "Int64": 8, "UInt64": 8, "Complex64": 8, "Complex128": 16, "Float32": 4,
+             "Int32": 4, "UInt32": 4, "Float16": 2, "BFloat16": 2, "Int16": 2, "UInt16": 2, "Int8": 1,
+             "UInt8": 1, "Bool": 1}
+
+
+def _tensor_bytes(value) -> int:
+    """Bytes of the tensor data behind every tensor record in ``value`` (each read once by the tool)."""
+    if isinstance(value, dict):
+        if "dtype" in value and "shape" in value and "type" in value:
+            n = 1
+            for d in value["shape"]:
+                n *= d
+            return n * _ITEMSIZE.get(value["dtype"], 4)
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def memory_bandwidth(mb: int = 100, repeats: int = 7) -> float:
+    """Read bandwidth of this machine, bytes/s: the fastest of ``repeats`` ``numpy.add.reduce`` passes
+    over ``mb`` MB of float32 (one read of each byte, as the statistics need at the least)."""
+    import numpy as np
+
+    a = np.ones(mb * (1 << 20) // 4, np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.add.reduce(a)
+        best = min(best, time.perf_counter() - t)
+    return a.nbytes / best
+
+
 def _dump_stats(dump_path: str) -> dict:
-    """Entries per dumped step (median) and bytes written per dumped step."""
-    entries, sizes = [], []
+    """Entries per dumped step (median), bytes written per dumped step, and bytes of the tensors
+    recorded per step (median)."""
+    entries, sizes, tensor_bytes = [], [], []
     if os.path.isdir(dump_path):
         units = [os.path.join(dump_path, s, r) for s in sorted(os.listdir(dump_path))
                  for r in sorted(os.listdir(os.path.join(dump_path, s)))]  # step{N}/{rank or proc} dirs
@@ -120,11 +159,14 @@ def _dump_stats(dump_path: str) -> dict:
                     total += os.path.getsize(p)
                     if name == "dump.json":
                         with open(p, encoding="utf-8") as f:
-                            entries.append(len(json.load(f).get("data", {})))
+                            data = json.load(f).get("data", {})
+                        entries.append(len(data))
+                        tensor_bytes.append(_tensor_bytes(data))
             sizes.append(total)
     return {"entries_per_step": statistics.median(entries) if entries else 0,
             "mb_per_step": (statistics.median(sizes) / 1e6) if sizes else 0.0,
-            "dumped_steps": len(sizes)}
+            "dumped_steps": len(sizes),
+            "tensor_bytes_per_step": statistics.median(tensor_bytes) if tensor_bytes else 0}
 
 
 def worker(args) -> dict:
@@ -224,7 +266,8 @@ def bench_config(name: str, pairs: int, steps: int, warmup: int, isolation: str)
         return {"config": name, "description": desc, "off_ms": off_ms, "on_ms": on_ms, "ratio": ratio,
                 "pair_ratios": ratios, "cpu_off_ms": coff, "cpu_on_ms": con, "cpu_ratio": cratio,
                 "entries_per_step": dump.get("entries_per_step", 0),
-                "mb_per_step": dump.get("mb_per_step", 0.0), "runs": runs}
+                "mb_per_step": dump.get("mb_per_step", 0.0),
+                "tensor_bytes_per_step": dump.get("tensor_bytes_per_step", 0), "runs": runs}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -268,15 +311,22 @@ def main(argv=None) -> int:
           f"cpu_count={os.cpu_count()}, loadavg={os.getloadavg()[0]:.2f}", flush=True)
     results = []
     t0 = time.perf_counter()
-    fmt = "{:<12} {:>9} {:>9} {:>7} {:>9} {:>8} {:>9}  {}"
-    print(fmt.format("config", "off ms", "on ms", "ratio", "cpu ratio", "entries", "MB/step", "pair ratios"))
+    bandwidth = memory_bandwidth()
+    print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (numpy add.reduce of 100 MB, fastest of 7); "
+          "floor = off ms + (bytes of tensors recorded per step / bandwidth): one read of each tensor")
+    fmt = "{:<12} {:>9} {:>9} {:>7} {:>9} {:>8} {:>9} {:>9} {:>7}  {}"
+    print(fmt.format("config", "off ms", "on ms", "ratio", "cpu ratio", "entries", "MB/step", "tensorMB",
+                     "floor", "pair ratios"))
     for name in names:
         if name == "rss":
             continue
         r = bench_config(name, pairs, steps, args.warmup, args.isolation)
         results.append(r)
+        floor_ms = 1000 * r["tensor_bytes_per_step"] / bandwidth
+        r["floor_ratio"] = (r["off_ms"] + floor_ms) / r["off_ms"] if r["off_ms"] else None
         print(fmt.format(name, f"{r['off_ms']:.1f}", f"{r['on_ms']:.1f}", f"{r['ratio']:.2f}x",
                          f"{r['cpu_ratio']:.2f}x", f"{r['entries_per_step']:.0f}", f"{r['mb_per_step']:.2f}",
+                         f"{r['tensor_bytes_per_step'] / 1e6:.2f}", f"{r['floor_ratio']:.3f}x",
                          " ".join(f"{x:.2f}" for x in r["pair_ratios"])), flush=True)
     if "rss" in names:
         r = bench_rss(max(2, pairs // 2), steps, args.warmup)
@@ -288,7 +338,8 @@ def main(argv=None) -> int:
         print(f"  {r['config']:<12} {r['description']}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"header": HEADER, "pairs": pairs, "steps": steps, "warmup": args.warmup,
+            json.dump({"header": HEADER, "bandwidth_bytes_per_s": bandwidth, "pairs": pairs, "steps": steps,
+                       "warmup": args.warmup,
                        "isolation": args.isolation, "results": results}, f, indent=1)
     return 0
 
