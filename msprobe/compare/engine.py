@@ -1,0 +1,206 @@
+"""Comparing one pair of step/rank directories entry by entry, and the output columns.
+
+Column names follow the reference compare tool (``NPU`` = target, ``Bench`` = golden); this tool adds
+``Match`` (how the two entries were paired, see :mod:`msprobe.compare.matching`), ``Error Gain`` and
+``Entry Result`` (see ``thresholds.yaml``: ``source`` blames this entry, ``propagated`` means its
+inputs already carried the error).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional
+
+from msprobe.compare import judge as J
+from msprobe.compare.matching import UNMATCHED, match
+from msprobe.compare.records import Side
+from msprobe.compare.thresholds import Thresholds
+
+HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape"]
+STAT_SIDES = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
+              "Bench l2norm"]
+MODE_COLUMNS = {
+    J.STATISTICS: ["Max diff", "Min diff", "Mean diff", "L2norm diff", "MaxRelativeErr",
+                   "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr"],
+    J.TENSOR: ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
+               "Five Thousandths Err Ratio"],
+    J.MD5: ["NPU MD5", "BENCH MD5"],
+}
+TAIL = ["Result", "Err_message", "Match", "Error Gain", "Entry Result"]
+STACK = "NPU_Stack_Info"
+SOURCE, PROPAGATED = "source", "propagated"
+
+
+def columns(mode: str, stack: bool = False) -> List[str]:
+    """The CSV columns of ``mode`` (``statistics``, ``tensor``, ``md5``)."""
+    sides = [] if mode == J.MD5 else STAT_SIDES
+    return HEAD + MODE_COLUMNS[mode] + sides + TAIL + ([STACK] if stack else [])
+
+
+@dataclass
+class EntryResult:
+    """One paired (or unmatched) entry with its judged records."""
+
+    target: Optional[str]
+    golden: Optional[str]
+    match: str
+    records: List[J.Judged]
+    gain: Optional[float]
+    result: str                   # pass, warning, error, unmatched: worst record
+    verdict: str                  # pass, source, propagated, unmatched
+    inputs_agree: bool = True     # every input record passes (backward: and its forward's inputs)
+    inputs_exact: bool = True     # every input record is bitwise equal (likewise)
+
+    def side(self, flow: str) -> List[J.Judged]:
+        return [r for r in self.records if (r.target or r.golden).flow == flow]
+
+    @property
+    def name(self) -> str:
+        return self.target or self.golden
+
+
+def detect_mode(target: Side, golden: Side) -> str:
+    """``tensor`` when both dumps are task tensor with tensor files, else ``md5`` when both carry
+    CRC-32 values, else ``statistics``."""
+    tasks = (target.header.get("task"), golden.header.get("task"))
+    if tasks == ("tensor", "tensor") and target.has_tensor_files() and golden.has_tensor_files():
+        return J.TENSOR
+    if target.has_md5() and golden.has_md5():
+        return J.MD5
+    return J.STATISTICS
+
+
+class StepComparison:
+    """The comparison of one target and one golden step/rank directory.
+
+    Args:
+        target_dir, golden_dir: step/rank directories. mode: ``statistics``, ``tensor``, ``md5`` or
+            None (:func:`detect_mode`). mapping: target name -> golden name (see
+            :func:`msprobe.compare.matching.load_mapping`). thresholds: :class:`Thresholds`.
+
+    Raises:
+        ValueError: unknown mode, or ``tensor``/``md5`` asked for dumps without tensors/CRCs.
+        FileNotFoundError, msprobe.dump.DumpFormatError: from the reader.
+    """
+
+    def __init__(self, target_dir: str, golden_dir: str, mode: Optional[str] = None,
+                 mapping: Optional[Dict[str, str]] = None, thresholds: Optional[Thresholds] = None,
+                 step: Optional[int] = None, rank: str = ""):
+        self.step, self.rank = step, rank
+        self.target, self.golden = Side(target_dir), Side(golden_dir)
+        self.thresholds = thresholds or Thresholds()
+        self.mode = mode or detect_mode(self.target, self.golden)
+        if self.mode not in J.MODES:
+            raise ValueError(f"mode {self.mode!r}: valid modes are {', '.join(J.MODES)}")
+        if self.mode == J.MD5 and not (self.target.has_md5() and self.golden.has_md5()):
+            raise ValueError("md5 mode needs both dumps written with summary_mode \"md5\"")
+        if self.mode == J.TENSOR and not (self.target.has_tensor_files() and self.golden.has_tensor_files()):
+            raise ValueError("tensor mode needs both dumps written with task \"tensor\"")
+        self.pairs = match(self.target, self.golden, mapping)
+
+    def entries(self) -> Iterator[EntryResult]:
+        """Every entry pair in target execution order (tensor files loaded one pair at a time).
+
+        A backward entry's outputs (input gradients) depend on its forward call's inputs too, so
+        they count as its inputs for the error gain and the verdict."""
+        forward_inputs = {}
+        for ti, gi, how in self.pairs:
+            entry = self.entry(ti, gi, how, forward_inputs)
+            if entry.target is not None and (entry.target.endswith(".forward")
+                                             or ".forward." in entry.target):
+                forward_inputs[entry.target] = (max((r.error for r in entry.side("in")), default=0.0),
+                                                entry.inputs_agree, entry.inputs_exact)
+            yield entry
+
+    def entry(self, ti: Optional[int], gi: Optional[int], how: str,
+              forward_inputs: Optional[dict] = None) -> EntryResult:
+        t_recs = self.target.records(ti) if ti is not None else []
+        g_recs = self.golden.records(gi) if gi is not None else []
+        g_by_key = {r.key: r for r in g_recs}
+        judged = []
+        for rec in t_recs:
+            judged.append(J.judge(rec, g_by_key.pop(rec.key, None), self.mode, self.thresholds,
+                                  self.target.directory, self.golden.directory))
+        for rec in g_by_key.values():
+            judged.append(J.judge(None, rec, self.mode, self.thresholds))
+        t_name = self.target.names[ti] if ti is not None else None
+        upstream = (forward_inputs or {}).get(forward_name(t_name)) if t_name else None
+        return _entry_result(t_name, self.golden.names[gi] if gi is not None else None, how, judged,
+                             self.thresholds.gain, upstream)
+
+    def rows(self, stack: Optional[dict] = None) -> Iterator[dict]:
+        """One dict per record pair, keyed by :func:`columns` (``None`` for a value not available);
+        ``stack``: target entry name -> frames, for the ``NPU_Stack_Info`` column."""
+        for entry in self.entries():
+            yield from entry_rows(entry, self.mode, stack)
+
+
+def forward_name(entry: Optional[str]) -> Optional[str]:
+    """The forward entry of a backward entry (``X.0.backward`` -> ``X.0.forward``,
+    ``Cell.a.A.backward.0`` -> ``Cell.a.A.forward.0``, ``Cell.a.A.parameters_grad.0`` ->
+    ``Cell.a.A.forward.0``); None for other entries."""
+    if entry is None:
+        return None
+    if entry.endswith(".backward"):
+        return entry[: -len("backward")] + "forward"
+    if ".backward." in entry:
+        return entry.replace(".backward.", ".forward.")
+    if ".parameters_grad." in entry:  # a Cell's parameter gradients depend on its forward inputs
+        return entry.replace(".parameters_grad.", ".forward.")
+    return None
+
+
+def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> EntryResult:
+    result = J.worst(r.result for r in judged) if judged else (J.UNMATCHED if how == UNMATCHED
+                                                                else J.PASS)
+    if how == UNMATCHED:
+        return EntryResult(t_name, g_name, how, judged, None, J.UNMATCHED, J.UNMATCHED)
+    ins = [r for r in judged if (r.target or r.golden).flow == "in"]
+    outs = [r for r in judged if (r.target or r.golden).flow == "out"]
+    in_err = max((r.error for r in ins), default=0.0)
+    agree = all(r.result == J.PASS for r in ins)
+    exact = all(r.exact for r in ins)
+    if upstream is not None:
+        in_err, agree, exact = max(in_err, upstream[0]), agree and upstream[1], exact and upstream[2]
+    out_err = max((r.error for r in outs), default=0.0)
+    gain = None if out_err == 0 else (math.inf if in_err == 0 else out_err / in_err)
+    if all(r.result == J.PASS for r in outs):
+        verdict = J.PASS
+    elif agree or (gain is not None and gain > gain_limit):
+        verdict = SOURCE
+    else:
+        verdict = PROPAGATED
+    return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact)
+
+
+def _fmt_shape(rec) -> Optional[str]:
+    return None if rec is None else str(list(rec.shape))
+
+
+def entry_rows(entry: EntryResult, mode: str, stack: Optional[dict] = None) -> Iterator[dict]:
+    """The CSV rows of one :class:`EntryResult`."""
+    frames = None
+    if stack is not None and entry.target is not None:
+        frames = "\n".join(stack.get(entry.target, []))
+    for j in entry.records:
+        t, g = j.target, j.golden
+        row = {
+            "NPU Name": f"{entry.target}.{t.key}" if t is not None else None,
+            "Bench Name": f"{entry.golden}.{g.key}" if g is not None else None,
+            "NPU Dtype": t.dtype if t else None, "Bench Dtype": g.dtype if g else None,
+            "NPU Tensor Shape": _fmt_shape(t), "Bench Tensor Shape": _fmt_shape(g),
+        }
+        if mode == J.MD5:
+            row.update({"NPU MD5": t.md5 if t else None, "BENCH MD5": g.md5 if g else None})
+        else:
+            for col in MODE_COLUMNS[mode]:
+                row[col] = j.metrics.get(col)
+            for prefix, rec in (("NPU", t), ("Bench", g)):
+                for col, value in zip(("max", "min", "mean", "l2norm"),
+                                      rec.stats if rec is not None else (None,) * 4):
+                    row[f"{prefix} {col}"] = value
+        row.update({"Result": j.result, "Err_message": "; ".join(j.messages),
+                    "Match": entry.match, "Error Gain": entry.gain, "Entry Result": entry.verdict})
+        if stack is not None:
+            row[STACK] = frames
+        yield row
