@@ -84,33 +84,36 @@ def _record_dict(j: J.Judged) -> dict:
 
 def first_divergence(comparison: StepComparison, exact: bool = False) -> Optional[Finding]:
     """The first divergence of one compared step/rank (see the module docstring), None when every
-    entry agrees. When no entry has agreeing inputs and differing outputs, the first differing entry
-    is returned with ``kind="input"`` (or ``"unmatched"``)."""
+    entry agrees.
+
+    Forward entries are searched first, then backward ones. In each, an entry present on one side
+    only (``kind="unmatched"``) that runs before the first divergence is named instead: the runs
+    executed different calls there. When no entry has agreeing inputs and differing outputs, the
+    first differing entry is returned with ``kind="input"``."""
     construct = load_construct(comparison.target.directory)
-    candidates, first_other = [], None
+    found = {"forward": [], "backward": []}
+    unmatched = {"forward": None, "backward": None}
+    first_input = None
     for entry in comparison.entries():
-        bad = [r for r in entry.records if not _agrees(r, exact)]
+        way = direction(entry.name)
         if entry.match == "unmatched":
-            first_other = first_other or ("unmatched", entry)
+            if unmatched[way] is None and not found[way]:
+                unmatched[way] = entry
             continue
-        if not bad:
+        if all(_agrees(r, exact) for r in entry.records):
             continue
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
-        outs_bad = [r for r in entry.side("out") if not _agrees(r, exact)]
-        if outs_bad and inputs_agree:
-            candidates.append(entry)
-        elif first_other is None:
-            first_other = ("input", entry)
-    if candidates:
-        best = None
-        for want in ("forward", "backward"):
-            group = [e for e in candidates if direction(e.name) == want]
-            if group:
-                best = _innermost(group, construct)
-                break
-        return _finding("divergence", comparison, best, construct)
-    if first_other is not None:
-        return _finding(first_other[0], comparison, first_other[1], construct)
+        if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
+            found[way].append(entry)
+        elif first_input is None:
+            first_input = entry
+    for way in ("forward", "backward"):
+        if unmatched[way] is not None:
+            return _finding("unmatched", comparison, unmatched[way], construct)
+        if found[way]:
+            return _finding("divergence", comparison, _innermost(found[way], construct), construct)
+    if first_input is not None:
+        return _finding("input", comparison, first_input, construct)
     return None
 
 

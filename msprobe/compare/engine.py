@@ -3,7 +3,9 @@
 Column names follow the reference compare tool (``NPU`` = target, ``Bench`` = golden); this tool adds
 ``Match`` (how the two entries were paired, see :mod:`msprobe.compare.matching`), ``Error Gain`` and
 ``Entry Result`` (see ``thresholds.yaml``: ``source`` blames this entry, ``propagated`` means its
-inputs already carried the error).
+inputs already carried the error). Inputs are the tensor inputs (positional, keyword, parameters);
+a scalar or string argument that differs is part of what the call computes, so a call whose
+tensor inputs agree and whose ``approximate="tanh"`` became ``"none"`` is the source.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ class EntryResult:
     gain: Optional[float]
     result: str                   # pass, warning, error, unmatched: worst record
     verdict: str                  # pass, source, propagated, unmatched
-    inputs_agree: bool = True     # every input record passes (backward: and its forward's inputs)
+    inputs_agree: bool = True     # every tensor input passes (backward: and its forward's inputs)
     inputs_exact: bool = True     # every input record is bitwise equal (likewise)
 
     def side(self, flow: str) -> List[J.Judged]:
@@ -101,19 +103,20 @@ class StepComparison:
     def entries(self) -> Iterator[EntryResult]:
         """Every entry pair in target execution order (tensor files loaded one pair at a time).
 
-        A backward entry's outputs (input gradients) depend on its forward call's inputs too, so
-        they count as its inputs for the error gain and the verdict."""
-        forward_inputs = {}
+        A backward entry's outputs (input gradients) depend on its forward call's inputs too, and a
+        Cell's parameter gradients on the Cell's forward inputs and backward inputs, so those count
+        as its inputs for the error gain and the verdict (see :func:`upstream_names`)."""
+        inputs = {}
         for ti, gi, how in self.pairs:
-            entry = self.entry(ti, gi, how, forward_inputs)
-            if entry.target is not None and (entry.target.endswith(".forward")
-                                             or ".forward." in entry.target):
-                forward_inputs[entry.target] = (max((r.error for r in entry.side("in")), default=0.0),
-                                                entry.inputs_agree, entry.inputs_exact)
+            entry = self.entry(ti, gi, how, inputs)
+            if entry.target is not None:
+                own = [r for r in entry.side("in") if (r.target or r.golden).is_tensor]
+                inputs[entry.target] = (max((r.error for r in own), default=0.0),
+                                        all(r.result == J.PASS for r in own), all(r.exact for r in own))
             yield entry
 
     def entry(self, ti: Optional[int], gi: Optional[int], how: str,
-              forward_inputs: Optional[dict] = None) -> EntryResult:
+              inputs: Optional[dict] = None) -> EntryResult:
         t_recs = self.target.records(ti) if ti is not None else []
         g_recs = self.golden.records(gi) if gi is not None else []
         g_by_key = {r.key: r for r in g_recs}
@@ -124,7 +127,10 @@ class StepComparison:
         for rec in g_by_key.values():
             judged.append(J.judge(None, rec, self.mode, self.thresholds))
         t_name = self.target.names[ti] if ti is not None else None
-        upstream = (forward_inputs or {}).get(forward_name(t_name)) if t_name else None
+        known = [(inputs or {}).get(n) for n in upstream_names(t_name)] if t_name else []
+        known = [k for k in known if k is not None]
+        upstream = (max(k[0] for k in known), all(k[1] for k in known),
+                    all(k[2] for k in known)) if known else None
         return _entry_result(t_name, self.golden.names[gi] if gi is not None else None, how, judged,
                              self.thresholds.gain, upstream)
 
@@ -137,17 +143,24 @@ class StepComparison:
 
 def forward_name(entry: Optional[str]) -> Optional[str]:
     """The forward entry of a backward entry (``X.0.backward`` -> ``X.0.forward``,
-    ``Cell.a.A.backward.0`` -> ``Cell.a.A.forward.0``, ``Cell.a.A.parameters_grad.0`` ->
-    ``Cell.a.A.forward.0``); None for other entries."""
+    ``Cell.a.A.backward.0`` -> ``Cell.a.A.forward.0``); None for other entries."""
     if entry is None:
         return None
     if entry.endswith(".backward"):
         return entry[: -len("backward")] + "forward"
     if ".backward." in entry:
         return entry.replace(".backward.", ".forward.")
-    if ".parameters_grad." in entry:  # a Cell's parameter gradients depend on its forward inputs
-        return entry.replace(".parameters_grad.", ".forward.")
     return None
+
+
+def upstream_names(entry: str) -> list:
+    """Entries whose tensor inputs also feed ``entry``: a backward entry's forward call; a Cell's
+    parameter gradients' forward call and backward call."""
+    if ".parameters_grad." in entry:
+        return [entry.replace(".parameters_grad.", ".forward."),
+                entry.replace(".parameters_grad.", ".backward.")]
+    fwd = forward_name(entry)
+    return [fwd] if fwd else []
 
 
 def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> EntryResult:
@@ -155,7 +168,8 @@ def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> Ent
                                                                 else J.PASS)
     if how == UNMATCHED:
         return EntryResult(t_name, g_name, how, judged, None, J.UNMATCHED, J.UNMATCHED)
-    ins = [r for r in judged if (r.target or r.golden).flow == "in"]
+    # tensor inputs only: a different scalar or string argument is part of what the call does
+    ins = [r for r in judged if (r.target or r.golden).flow == "in" and (r.target or r.golden).is_tensor]
     outs = [r for r in judged if (r.target or r.golden).flow == "out"]
     in_err = max((r.error for r in ins), default=0.0)
     agree = all(r.result == J.PASS for r in ins)
