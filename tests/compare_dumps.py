@@ -16,16 +16,19 @@ class CompareNet(nn.Cell):
 
     Variants: ``extra_relu`` calls ``ops.relu`` once more right after the first (same values: relu is
     idempotent), ``approximate`` is gelu's argument and ``factor`` the ``mint.mul`` factor inside the
-    ``Scale`` Cell (changed-op cases), ``nan`` takes ``ops.sqrt``
+    ``Scale`` Cell (changed-op cases), ``mint_relu`` calls ``mint.nn.functional.relu`` instead of
+    the last ``ops.relu`` (a name mapping case), ``nan`` takes ``ops.sqrt``
     of a tensor holding negative values (NaN produced at ``Functional.sqrt.0.forward``, after one extra ``Tensor.__sub__``)."""
 
-    def __init__(self, extra_relu=False, approximate="none", nan=False, factor=2.0):
+    def __init__(self, extra_relu=False, approximate="none", nan=False, factor=2.0,
+                 mint_relu=False):
         super().__init__()
         self.fc1 = nn.Dense(8, 16)
         self.relu = nn.ReLU()
         self.scale = Scale(factor)
         self.fc2 = nn.Dense(16, 4)
         self.extra_relu, self.approximate, self.nan = extra_relu, approximate, nan
+        self.mint_relu = mint_relu
 
     def construct(self, x):
         h = self.relu(self.fc1(x))
@@ -36,6 +39,8 @@ class CompareNet(nn.Cell):
         h = ops.gelu(h, approximate=self.approximate)
         if self.nan:
             h = ops.sqrt(h - 0.3)
+        if self.mint_relu:  # looked up at call time: msprobe wraps the module attribute
+            return mint.nn.functional.relu(self.fc2(h))
         return ops.relu(self.fc2(h))
 
 

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from msprobe.compare.records import Side, api_key, api_name
+from msprobe.compare.records import Side, api_key
 
 NAME, MAPPING, ORDER, ORDER_API, UNMATCHED = "name", "mapping", "order", "order-api", "unmatched"
 #: gaps longer than this (both sides) are aligned greedily per API instead of by SequenceMatcher
@@ -28,9 +28,10 @@ Pair = Tuple[Optional[int], Optional[int], str]
 
 
 def load_mapping(path: Optional[str]) -> Dict[str, str]:
-    """Read a name map (YAML or JSON): ``{target name: golden name}``. A key is either a whole entry
-    name (``Functional.gelu.0.forward``) or an API / Cell prefix without counter and direction
-    (``Functional.gelu: Functional.fast_gelu``, applied to every call of it).
+    """Read a name map (YAML or JSON): ``{target name: golden name}``. A key is a whole entry name
+    (``Functional.gelu.0.forward``) or a prefix of whole dot-separated parts, which is replaced
+    (``Functional.gelu: Functional.fast_gelu`` maps every call; ``Mint.relu.0: Functional.relu.1``
+    one call, forward and backward). The longest matching key wins.
 
     Raises:
         ValueError: the file is not a mapping of strings to strings.
@@ -46,11 +47,12 @@ def load_mapping(path: Optional[str]) -> Dict[str, str]:
 
 
 def _mapped(name: str, mapping: Dict[str, str]) -> Optional[str]:
-    if name in mapping:
-        return mapping[name]
-    api = api_name(name)
-    if api in mapping and name.startswith(api):
-        return mapping[api] + name[len(api):]
+    """``name`` with its longest mapped prefix (whole dot-separated parts) replaced."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        head = ".".join(parts[:end])
+        if head in mapping:
+            return ".".join([mapping[head], *parts[end:]])
     return None
 
 
