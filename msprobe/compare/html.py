@@ -93,7 +93,9 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                 "result": j.result if j is not None else "", "message": "; ".join(j.messages) if j else "",
                 "bad": not all(v is None or math.isfinite(v) for v in rec.stats)})
         frames = stacks.get(forward_name(name) or name, [])
+        outs = [r for r in records if not r["key"].startswith(("input", "kwargs", "parameters"))]
         nodes[name] = {"id": ids[name], "name": name, "records": records, "children": [],
+                       "brief": (outs or records or [None])[0],
                        "result": entry.result if entry else "", "verdict": entry.verdict if entry else "",
                        "match": entry.match if entry else "", "golden": entry.golden if entry else None,
                        "gain": _fmt(entry.gain) if entry and entry.gain is not None else "",
