@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional
 
 from msprobe.compare import judge as J
+from msprobe.compare.batch import judge_many
 from msprobe.compare.matching import UNMATCHED, match
 from msprobe.compare.records import Side
 from msprobe.compare.thresholds import Thresholds
@@ -31,6 +32,7 @@ MODE_COLUMNS = {
 TAIL = ["Result", "Err_message", "Match", "Error Gain", "Entry Result"]
 STACK = "NPU_Stack_Info"
 SOURCE, PROPAGATED = "source", "propagated"
+_CHUNK = 2048   # entry pairs judged together
 
 
 def columns(mode: str, stack: bool = False) -> List[str]:
@@ -107,27 +109,54 @@ class StepComparison:
         Cell's parameter gradients on the Cell's forward inputs and backward inputs, so those count
         as its inputs for the error gain and the verdict (see :func:`upstream_names`)."""
         inputs = {}
-        for ti, gi, how in self.pairs:
-            entry = self.entry(ti, gi, how, inputs)
-            if entry.target is not None:
-                own = [r for r in entry.side("in") if (r.target or r.golden).is_tensor]
-                inputs[entry.target] = (max((r.error for r in own), default=0.0),
-                                        all(r.result == J.PASS for r in own), all(r.exact for r in own))
-            yield entry
+        for start in range(0, len(self.pairs), _CHUNK):
+            chunk = self.pairs[start:start + _CHUNK]
+            for (ti, gi, how), judged in zip(chunk, self._judge_chunk(chunk)):
+                entry = self._entry(ti, gi, how, judged, inputs)
+                if entry.target is not None:
+                    own = [r for r in entry.side("in") if (r.target or r.golden).is_tensor]
+                    inputs[entry.target] = (max((r.error for r in own), default=0.0),
+                                            all(r.result == J.PASS for r in own),
+                                            all(r.exact for r in own))
+                yield entry
 
-    def entry(self, ti: Optional[int], gi: Optional[int], how: str,
-              inputs: Optional[dict] = None) -> EntryResult:
-        t_recs = self.target.records(ti) if ti is not None else []
-        g_recs = self.golden.records(gi) if gi is not None else []
-        g_by_key = {r.key: r for r in g_recs}
-        judged = []
-        for rec in t_recs:
-            judged.append(J.judge(rec, g_by_key.pop(rec.key, None), self.mode, self.thresholds,
-                                  self.target.directory, self.golden.directory))
-        for rec in g_by_key.values():
-            judged.append(J.judge(None, rec, self.mode, self.thresholds))
+    def _judge_chunk(self, chunk) -> list:
+        """The judged records of each pair of ``chunk``; statistics of equal-shape tensor pairs are
+        judged together (:mod:`msprobe.compare.batch`)."""
+        lists, vector = [], []
+        for ti, gi, how in chunk:
+            t_recs = self.target.records(ti) if ti is not None else []
+            g_recs = self.golden.records(gi) if gi is not None else []
+            t0 = self.target.record_start(ti) if ti is not None else 0
+            g0 = self.golden.record_start(gi) if gi is not None else 0
+            g_pos = {r.key: k for k, r in enumerate(g_recs)}
+            judged = []
+            for k, rec in enumerate(t_recs):
+                gk = g_pos.pop(rec.key, None)
+                other = g_recs[gk] if gk is not None else None
+                if (self.mode == J.STATISTICS and other is not None and rec.is_tensor
+                        and other.is_tensor and rec.shape == other.shape):
+                    judged.append(None)
+                    vector.append((rec, other, t0 + k, g0 + gk, judged, len(judged) - 1))
+                else:
+                    judged.append(J.judge(rec, other, self.mode, self.thresholds,
+                                          self.target.directory, self.golden.directory))
+            for gk in g_pos.values():
+                judged.append(J.judge(None, g_recs[gk], self.mode, self.thresholds))
+            lists.append(judged)
+        done = judge_many([v[:4] for v in vector], self.target, self.golden, self.thresholds)
+        for (_, _, _, _, judged, slot), result in zip(vector, done):
+            judged[slot] = result
+        return lists
+
+    def entry(self, ti: Optional[int], gi: Optional[int], how: str) -> EntryResult:
+        """One pair judged on its own (its backward/forward context is not taken into account)."""
+        (judged,) = self._judge_chunk([(ti, gi, how)])
+        return self._entry(ti, gi, how, judged, {})
+
+    def _entry(self, ti, gi, how, judged, inputs) -> EntryResult:
         t_name = self.target.names[ti] if ti is not None else None
-        known = [(inputs or {}).get(n) for n in upstream_names(t_name)] if t_name else []
+        known = [inputs.get(n) for n in upstream_names(t_name)] if t_name else []
         known = [k for k in known if k is not None]
         upstream = (max(k[0] for k in known), all(k[1] for k in known),
                     all(k[2] for k in known)) if known else None

@@ -159,6 +159,20 @@ class Side:
                               data_name, value))
         return out
 
+    def record_start(self, i: int) -> int:
+        """Index of entry ``i``'s first record in :meth:`stat_arrays`."""
+        return self._start[i]
+
+    def stat_arrays(self):
+        """``(stats, present)``: numpy views of every record's (Max, Min, Mean, Norm) as an
+        ``(n, 4)`` float64 array (NaN where not recorded) and of the bit mask of recorded ones."""
+        if getattr(self, "_np", None) is None or len(self._np[1]) != len(self._present):
+            import numpy as np
+
+            self._np = (np.frombuffer(self._stats, dtype=np.float64).reshape(-1, 4),
+                        np.frombuffer(bytes(self._present), dtype=np.uint8).astype(np.int64))
+        return self._np
+
     def signature(self, i: int) -> tuple:
         """What order-preserving alignment compares: the entry's API (or Cell class) and direction,
         plus every record's place, dtype and shape."""
