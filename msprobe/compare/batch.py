@@ -62,13 +62,17 @@ def judge_many(pairs, t_side, g_side, thresholds) -> list:
     diff_l = np.where(present, diff, np.nan).tolist()
     rel_l = np.where(present, rel, np.nan).tolist()
     pres_l = present.tolist()
+    full_l = present.all(axis=1).tolist()
     err_l, code_l, exact_l = err.tolist(), code.tolist(), exact.tolist()
     bad_rows = set(np.nonzero(one_sided.any(axis=1) | ~(ft & fg).all(axis=1))[0].tolist())
     out = []
     for k, (t, g, _, _) in enumerate(pairs):
-        p = pres_l[k]
-        d = [v if p[i] else None for i, v in enumerate(diff_l[k])]
-        r = [v if p[i] else None for i, v in enumerate(rel_l[k])]
+        if full_l[k]:
+            d, r = diff_l[k], rel_l[k]
+        else:
+            p = pres_l[k]
+            d = [v if p[i] else None for i, v in enumerate(diff_l[k])]
+            r = [v if p[i] else None for i, v in enumerate(rel_l[k])]
         metrics = dict(zip(_DIFF_COLS, d))
         metrics.update(zip(_REL_COLS, r))
         messages = []

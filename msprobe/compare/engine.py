@@ -56,7 +56,7 @@ class EntryResult:
     inputs_exact: bool = True     # every input record is bitwise equal (likewise)
 
     def side(self, flow: str) -> List[J.Judged]:
-        return [r for r in self.records if (r.target or r.golden).flow == flow]
+        return [r for r in self.records if r.flow == flow]
 
     @property
     def name(self) -> str:
@@ -114,7 +114,7 @@ class StepComparison:
             for (ti, gi, how), judged in zip(chunk, self._judge_chunk(chunk)):
                 entry = self._entry(ti, gi, how, judged, inputs)
                 if entry.target is not None:
-                    own = [r for r in entry.side("in") if (r.target or r.golden).is_tensor]
+                    own = [r for r in entry.records if r.flow == "in" and r.is_tensor]
                     inputs[entry.target] = (max((r.error for r in own), default=0.0),
                                             all(r.result == J.PASS for r in own),
                                             all(r.exact for r in own))
@@ -198,8 +198,8 @@ def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> Ent
     if how == UNMATCHED:
         return EntryResult(t_name, g_name, how, judged, None, J.UNMATCHED, J.UNMATCHED)
     # tensor inputs only: a different scalar or string argument is part of what the call does
-    ins = [r for r in judged if (r.target or r.golden).flow == "in" and (r.target or r.golden).is_tensor]
-    outs = [r for r in judged if (r.target or r.golden).flow == "out"]
+    ins = [r for r in judged if r.flow == "in" and r.is_tensor]
+    outs = [r for r in judged if r.flow == "out"]
     in_err = max((r.error for r in ins), default=0.0)
     agree = all(r.result == J.PASS for r in ins)
     exact = all(r.exact for r in ins)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-from msprobe.compare.records import STATS, Record
+from msprobe.compare.records import STATS, Record, flow_of
 from msprobe.compare.thresholds import Group, Thresholds
 
 PASS, WARNING, ERROR, UNMATCHED = "pass", "warning", "error", "unmatched"
@@ -25,17 +24,30 @@ def worst(results) -> str:
     return max(results, key=_RANK.__getitem__, default=PASS)
 
 
-@dataclass
 class Judged:
-    """The outcome for one record pair (either side may be None: unmatched)."""
+    """The outcome for one record pair (either side may be None: unmatched).
 
-    target: Optional[Record]
-    golden: Optional[Record]
-    result: str
-    error: float = 0.0                 # the number the thresholds were applied to (inf: one-sided NaN)
-    exact: bool = False                # bitwise equal (statistics and CRC, or the arrays)
-    messages: list = field(default_factory=list)
-    metrics: dict = field(default_factory=dict)
+    Attributes:
+        target, golden: the two :class:`Record` (None: no counterpart). result: pass, warning,
+        error or unmatched. error: the number the thresholds were applied to (inf: one-sided
+        NaN/Inf). exact: bitwise equal (statistics and CRC, or the arrays). messages: why.
+        metrics: the mode's columns. flow: ``in`` or ``out`` (see :attr:`Record.flow`).
+        is_tensor: the record is a tensor.
+    """
+
+    __slots__ = ("target", "golden", "result", "error", "exact", "messages", "metrics", "flow",
+                 "is_tensor")
+
+    def __init__(self, target: Optional[Record], golden: Optional[Record], result: str,
+                 error: float = 0.0, exact: bool = False, messages: Optional[list] = None,
+                 metrics: Optional[dict] = None):
+        self.target, self.golden, self.result = target, golden, result
+        self.error, self.exact = error, exact
+        self.messages = [] if messages is None else messages
+        self.metrics = {} if metrics is None else metrics
+        rec = target if target is not None else golden
+        self.flow = flow_of(rec.key) if rec is not None else "out"
+        self.is_tensor = rec is not None and rec.is_tensor
 
 
 def _rate(err: float, group: Group) -> str:

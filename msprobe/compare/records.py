@@ -17,6 +17,7 @@ from msprobe.dump import iter_bodies
 TENSOR_TYPES = ("mindspore.Tensor", "numpy.ndarray")
 STATS = ("Max", "Min", "Mean", "Norm")
 _NAN = float("nan")
+_NO_EXTRA = (None, None, None)
 _COUNT = re.compile(r"^\d+$")
 
 
@@ -40,8 +41,15 @@ class Record(NamedTuple):
     def flow(self) -> str:
         """``"in"`` for inputs (positional, keyword, parameters of a forward call; the incoming
         gradient of a backward entry), ``"out"`` otherwise."""
-        head = self.key.split(".", 1)[0]
-        return "in" if head in ("input", "kwargs", "parameters") else "out"
+        return flow_of(self.key)
+
+
+_IN_HEADS = ("input", "kwargs", "parameters")
+
+
+def flow_of(key: str) -> str:
+    """``"in"`` or ``"out"`` for a record key (see :attr:`Record.flow`)."""
+    return "in" if key.split(".", 1)[0] in _IN_HEADS else "out"
 
 
 def entry_records(entry: str, body) -> list:
@@ -62,6 +70,13 @@ def entry_records(entry: str, body) -> list:
 def _walk(value, path: str, out: list, single_list: bool = False) -> None:
     if value is None:
         return
+    if value.__class__ is list and not single_list:  # the common case: a list of leaves
+        for i, v in enumerate(value):
+            if v.__class__ is dict and v.get("type").__class__ is str:
+                out.append(_leaf(f"{path}.{i}", v))
+            else:
+                _walk(v, f"{path}.{i}", out)
+        return
     if isinstance(value, dict):
         if isinstance(value.get("type"), str):
             out.append(_leaf(path, value))
@@ -77,21 +92,25 @@ def _walk(value, path: str, out: list, single_list: bool = False) -> None:
 
 
 def _stat(v):
-    if isinstance(v, bool):
+    cls = v.__class__
+    if cls is float:
+        return v
+    if cls is int or cls is bool:
         return float(v)
-    return float(v) if isinstance(v, (int, float)) else None
+    return None
 
 
 def _leaf(path: str, leaf: dict) -> Record:
     kind = leaf["type"]
+    get = leaf.get
     if kind in TENSOR_TYPES or "shape" in leaf:
-        return Record(path, kind, leaf.get("dtype"), tuple(leaf.get("shape") or ()),
-                      tuple(_stat(leaf.get(s)) for s in STATS), leaf.get("md5"),
-                      leaf.get("data_name"), None)
-    value = leaf.get("value")
+        shape = get("shape")
+        return Record(path, kind, get("dtype"), tuple(shape) if shape else (),
+                      (_stat(get("Max")), _stat(get("Min")), _stat(get("Mean")), _stat(get("Norm"))),
+                      get("md5"), get("data_name"), None)
+    value = get("value")
     number = _stat(value)
-    stats = (number,) * 4 if number is not None else (None,) * 4
-    return Record(path, kind, kind, (), stats, leaf.get("md5"), leaf.get("data_name"), value)
+    return Record(path, kind, kind, (), (number,) * 4, get("md5"), get("data_name"), value)
 
 
 class Side:
@@ -130,18 +149,26 @@ class Side:
 
     def _add(self, entry: str, records: list) -> None:
         self.names.append(entry)
+        strings, string_ids, metas, meta_ids = self._strings, self._string_ids, self._metas, self._meta_ids
         for rec in records:
-            n = len(self._key)
-            self._key.append(self._intern(self._strings, self._string_ids, rec.key))
-            self._meta.append(self._intern(self._metas, self._meta_ids, (rec.kind, rec.dtype, rec.shape)))
-            bits = 0
-            for i, v in enumerate(rec.stats):
-                if v is not None:
-                    bits |= 1 << i
-                self._stats.append(_NAN if v is None else v)
-            self._present.append(bits)
+            key = string_ids.get(rec.key)
+            if key is None:
+                key = self._intern(strings, string_ids, rec.key)
+            meta_key = (rec.kind, rec.dtype, rec.shape)
+            meta = meta_ids.get(meta_key)
+            if meta is None:
+                meta = self._intern(metas, meta_ids, meta_key)
+            self._key.append(key)
+            self._meta.append(meta)
+            mx, mn, mean, norm = rec.stats
+            if mx is not None and mn is not None and mean is not None and norm is not None:
+                self._stats.extend(rec.stats)
+                self._present.append(15)
+            else:
+                self._stats.extend(_NAN if v is None else v for v in rec.stats)
+                self._present.append(sum(1 << i for i, v in enumerate(rec.stats) if v is not None))
             if rec.md5 is not None or rec.data_name is not None or rec.value is not None:
-                self._extra[n] = (rec.md5, rec.data_name, rec.value)
+                self._extra[len(self._key) - 1] = (rec.md5, rec.data_name, rec.value)
         self._start.append(len(self._key))
 
     def __len__(self) -> int:
@@ -150,13 +177,16 @@ class Side:
     def records(self, i: int) -> list:
         """The :class:`Record` list of entry number ``i``."""
         out = []
+        keys, meta, metas, strings = self._key, self._meta, self._metas, self._strings
+        stats, present, extra = self._stats, self._present, self._extra
         for n in range(self._start[i], self._start[i + 1]):
-            kind, dtype, shape = self._metas[self._meta[n]]
-            bits = self._present[n]
-            stats = tuple(self._stats[4 * n + k] if bits >> k & 1 else None for k in range(4))
-            md5, data_name, value = self._extra.get(n, (None, None, None))
-            out.append(Record(self._strings[self._key[n]], kind, dtype, shape, stats, md5,
-                              data_name, value))
+            kind, dtype, shape = metas[meta[n]]
+            st = tuple(stats[4 * n:4 * n + 4])
+            bits = present[n]
+            if bits != 15:
+                st = tuple(v if bits >> k & 1 else None for k, v in enumerate(st))
+            md5, data_name, value = extra.get(n, _NO_EXTRA) if extra else _NO_EXTRA
+            out.append(Record(strings[keys[n]], kind, dtype, shape, st, md5, data_name, value))
         return out
 
     def record_start(self, i: int) -> int:
