@@ -107,7 +107,7 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, xlsx
     click.echo(f"summary: {result['summary']}")
 
 
-def _print_finding(f, label: str) -> None:
+def _print_finding(f, label: str, exact: bool = False) -> None:
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
                + (f"  [golden: {f.golden_entry}]" if f.golden_entry and f.golden_entry != f.entry else ""))
@@ -119,11 +119,17 @@ def _print_finding(f, label: str) -> None:
     click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else '(none: top level, or an L1 dump)'}")
     for rec in f.records:
         t, g = rec.get("target"), rec.get("golden")
-        line = f"    {rec['record']:<22} {rec.get('result', 'finite' if rec.get('finite') else 'NaN/Inf')}"
+        if "finite" in rec:
+            state = "finite" if rec["finite"] else "NaN/Inf"
+        elif exact:
+            state = "equal" if rec["bitwise_equal"] else "differs"
+        else:
+            state = rec["result"]
+        line = f"    {rec['record']:<22} {state:<8}"
         if t:
             line += f"  target Max={t['Max']} Min={t['Min']} Mean={t['Mean']} Norm={t['Norm']}"
         if g:
-            line += f"\n    {'':<22} {'':<8} golden Max={g['Max']} Min={g['Min']} Mean={g['Mean']} Norm={g['Norm']}"
+            line += f"\n    {'':<22} {'':<8}  golden Max={g['Max']} Min={g['Min']} Mean={g['Mean']} Norm={g['Norm']}"
         click.echo(line)
     for name, stack in (("target", f.target_stack), ("golden", f.golden_stack)):
         if stack:
@@ -172,7 +178,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, as_
             click.echo("the runs agree within tolerance" + (" (bitwise)" if exact else ""))
         for f in diverged:
             _print_finding(f, {"divergence": "first divergence", "input": "first difference",
-                               "unmatched": "first unmatched entry"}[f.kind])
+                               "unmatched": "first unmatched entry"}[f.kind], exact)
         for side, found in nans.items():
             if not found:
                 click.echo(f"{side}: no NaN/Inf producer")

@@ -74,7 +74,7 @@ def _agrees(judged: J.Judged, exact: bool) -> bool:
 
 def _record_dict(j: J.Judged) -> dict:
     t, g = j.target, j.golden
-    return {"record": (t or g).key, "result": j.result,
+    return {"record": (t or g).key, "result": j.result, "bitwise_equal": j.exact,
             "target": dict(zip(("Max", "Min", "Mean", "Norm"), t.stats)) if t else None,
             "golden": dict(zip(("Max", "Min", "Mean", "Norm"), g.stats)) if g else None,
             "target_dtype": t.dtype if t else None, "golden_dtype": g.dtype if g else None,
