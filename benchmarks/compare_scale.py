@@ -6,7 +6,9 @@ Writes two dumps in msprobe's format (``step0/rank0/dump.json`` + ``stack.json``
 with 100,000 entries each (APIs with two tensor inputs and one output: 300,000 records per side),
 the golden one with relative noise 1e-6 on every statistic and one extra call in the target halfway
 (so alignment has work to do), then runs ``msprobe compare`` on them in a fresh process and reports
-its wall time and peak resident memory (``ru_maxrss`` of that process). Results go to
+its wall time, CPU time (the wall time on a busy machine is mostly waiting for a core: the 1-minute
+load average before and after is recorded too) and peak resident memory (``ru_maxrss`` of that
+process; imports included). Results go to
 ``benchmarks/results/compare_scale.json``.
 """
 from __future__ import annotations
@@ -64,11 +66,12 @@ def write_dump(path: str, entries: int, seed: int, noise: float, extra_at: int =
 _CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 from msprobe.compare import compare_to_files
 summary = compare_to_files(sys.argv[2], sys.argv[3], sys.argv[4])
-elapsed = time.perf_counter() - t0
-print(json.dumps({"seconds": elapsed, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({"seconds": elapsed, "cpu_seconds": cpu,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "records": summary["results"][0]["records"],
                   "entries_by_match": summary["results"][0]["entries_by_match"]}))
 """
@@ -87,6 +90,7 @@ def main(argv=None) -> int:
     write_dump(golden, args.entries, seed=0, noise=1e-6)
     made = time.perf_counter() - t0
     size_mb = os.path.getsize(os.path.join(target, "dump.json")) / 2**20
+    load_before = os.getloadavg()[0]
     proc = subprocess.run([sys.executable, "-c", _CHILD, ROOT, os.path.dirname(os.path.dirname(target)),
                            os.path.dirname(os.path.dirname(golden)), os.path.join(work, "out")],
                           capture_output=True, text=True)
@@ -95,7 +99,8 @@ def main(argv=None) -> int:
         return 1
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result.update(entries=args.entries, dump_json_mb=round(size_mb, 1), generate_seconds=round(made, 1),
-                  python=sys.version.split()[0], cpus=os.cpu_count())
+                  python=sys.version.split()[0], cpus=os.cpu_count(),
+                  load_average_1min=[round(load_before, 1), round(os.getloadavg()[0], 1)])
     print(json.dumps(result, indent=2))
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     if args.entries == 100_000:

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Union
 
 from msprobe.compare.divergence import Finding, nan_producers
 from msprobe.compare.divergence import first_divergence as _first_divergence
-from msprobe.compare.engine import StepComparison, columns, entry_rows
+from msprobe.compare.engine import StepComparison, columns, entry_values
 from msprobe.compare.inputs import InputError, pair, resolve
 from msprobe.compare.judge import MODES
 from msprobe.compare.matching import load_mapping
@@ -113,7 +113,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
                 verdicts[entry.verdict] = verdicts.get(entry.verdict, 0) + 1
                 if first_source is None and entry.verdict == "source":
                     first_source = entry.name
-                writer.write(entry_rows(entry, c.mode, stacks))
+                writer.write(entry_values(entry, c.mode, stacks))
         finally:
             writer.close()
         summary["results"].append({

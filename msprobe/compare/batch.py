@@ -15,6 +15,7 @@ from msprobe.compare.records import STATS
 _RESULTS = (J.PASS, J.WARNING, J.ERROR)
 _DIFF_COLS = ("Max diff", "Min diff", "Mean diff", "L2norm diff")
 _REL_COLS = ("MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr")
+_COLS = _DIFF_COLS + _REL_COLS
 
 
 def judge_many(pairs, t_side, g_side, thresholds) -> list:
@@ -29,18 +30,22 @@ def judge_many(pairs, t_side, g_side, thresholds) -> list:
     T, G = T[t_idx], G[g_idx]
     bits = np.arange(4)
     present = ((Tp[t_idx, None] >> bits) & 1).astype(bool) & ((Gp[g_idx, None] >> bits) & 1).astype(bool)
-    groups = {}
-    params = np.empty((len(pairs), 3))
-    numel = np.empty(len(pairs))
-    names = []
-    for k, (t, g, _, _) in enumerate(pairs):
+    groups, sizes = {}, {}
+    rows, numels, names = [], [], []
+    for t, g, _, _ in pairs:
         key = (t.dtype, g.dtype)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = thresholds.group(t.dtype, g.dtype)
-        params[k] = (group.warning, group.error, group.atol)
-        numel[k] = math.prod(g.shape) if g.shape else 1
-        names.append(group)
+        entry = groups.get(key)
+        if entry is None:
+            group = thresholds.group(t.dtype, g.dtype)
+            entry = groups[key] = (group, (group.warning, group.error, group.atol))
+        names.append(entry[0])
+        rows.append(entry[1])
+        size = sizes.get(g.shape)
+        if size is None:
+            size = sizes[g.shape] = math.prod(g.shape) if g.shape else 1
+        numels.append(size)
+    params = np.array(rows, dtype=np.float64)
+    numel = np.array(numels, dtype=np.float64)
     with np.errstate(all="ignore"):
         ft, fg = np.isfinite(T), np.isfinite(G)
         both = ft & fg & present
@@ -73,12 +78,11 @@ def judge_many(pairs, t_side, g_side, thresholds) -> list:
             p = pres_l[k]
             d = [v if p[i] else None for i, v in enumerate(diff_l[k])]
             r = [v if p[i] else None for i, v in enumerate(rel_l[k])]
-        metrics = dict(zip(_DIFF_COLS, d))
-        metrics.update(zip(_REL_COLS, r))
+        metrics = dict(zip(_COLS, d + r))
         messages = []
         if t.dtype != g.dtype:
             messages.append(f"dtype differs ({t.dtype} vs {g.dtype}): judged as {names[k].name}")
-        if k in bad_rows:
+        if bad_rows and k in bad_rows:
             _non_finite_messages(t, g, messages)
         result = _RESULTS[code_l[k]]
         if result != J.PASS:

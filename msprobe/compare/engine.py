@@ -220,30 +220,38 @@ def _fmt_shape(rec) -> Optional[str]:
     return None if rec is None else str(list(rec.shape))
 
 
-def entry_rows(entry: EntryResult, mode: str, stack: Optional[dict] = None) -> Iterator[dict]:
-    """The CSV rows of one :class:`EntryResult`."""
+_NONE4 = (None, None, None, None)
+
+
+def entry_values(entry: EntryResult, mode: str, stack: Optional[dict] = None) -> Iterator[list]:
+    """The rows of one :class:`EntryResult` as lists in :func:`columns` order (``stack``: target
+    entry name -> frames, for ``NPU_Stack_Info``)."""
     frames = None
     if stack is not None and entry.target is not None:
         frames = "\n".join(stack.get(entry.target, []))
+    metric_cols = MODE_COLUMNS[mode]
+    tail = (entry.match, entry.gain, entry.verdict)
     for j in entry.records:
         t, g = j.target, j.golden
-        row = {
-            "NPU Name": f"{entry.target}.{t.key}" if t is not None else None,
-            "Bench Name": f"{entry.golden}.{g.key}" if g is not None else None,
-            "NPU Dtype": t.dtype if t else None, "Bench Dtype": g.dtype if g else None,
-            "NPU Tensor Shape": _fmt_shape(t), "Bench Tensor Shape": _fmt_shape(g),
-        }
+        values = [f"{entry.target}.{t.key}" if t is not None else None,
+                  f"{entry.golden}.{g.key}" if g is not None else None,
+                  t.dtype if t is not None else None, g.dtype if g is not None else None,
+                  _fmt_shape(t), _fmt_shape(g)]
         if mode == J.MD5:
-            row.update({"NPU MD5": t.md5 if t else None, "BENCH MD5": g.md5 if g else None})
+            values += (t.md5 if t is not None else None, g.md5 if g is not None else None)
         else:
-            for col in MODE_COLUMNS[mode]:
-                row[col] = j.metrics.get(col)
-            for prefix, rec in (("NPU", t), ("Bench", g)):
-                for col, value in zip(("max", "min", "mean", "l2norm"),
-                                      rec.stats if rec is not None else (None,) * 4):
-                    row[f"{prefix} {col}"] = value
-        row.update({"Result": j.result, "Err_message": "; ".join(j.messages),
-                    "Match": entry.match, "Error Gain": entry.gain, "Entry Result": entry.verdict})
+            metrics = j.metrics
+            values += [metrics.get(col) for col in metric_cols]
+            values += t.stats if t is not None else _NONE4
+            values += g.stats if g is not None else _NONE4
+        values += (j.result, "; ".join(j.messages), *tail)
         if stack is not None:
-            row[STACK] = frames
-        yield row
+            values.append(frames)
+        yield values
+
+
+def entry_rows(entry: EntryResult, mode: str, stack: Optional[dict] = None) -> Iterator[dict]:
+    """The rows of one :class:`EntryResult` as dicts keyed by :func:`columns`."""
+    cols = columns(mode, stack is not None)
+    for values in entry_values(entry, mode, stack):
+        yield dict(zip(cols, values))

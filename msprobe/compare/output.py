@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import operator
 import os
 from typing import Iterable, List, Optional
 
@@ -28,7 +27,7 @@ def result_name(rank: str, timestamp: str, step: Optional[int], several_steps: b
 
 
 class ResultWriter:
-    """Writes rows (dicts keyed by ``columns``) to ``{base}.csv`` and, with ``xlsx``, ``{base}.xlsx``;
+    """Writes rows (lists in ``columns`` order) to ``{base}.csv`` and, with ``xlsx``, ``{base}.xlsx``;
     keeps per-result counts for the summary."""
 
     def __init__(self, base: str, columns: List[str], xlsx: bool = False):
@@ -47,14 +46,15 @@ class ResultWriter:
             self._sheet = self._book.create_sheet("compare")
             self._sheet.append(columns)
 
-    def write(self, rows: Iterable[dict]) -> None:
-        get = operator.itemgetter(*self.columns)
+    def write(self, rows: Iterable[list]) -> None:
+        """Write rows given as lists in ``columns`` order."""
         write = self._f.write
         counts = self.counts
+        result_at = self.columns.index("Result")
         for row in rows:
             # None and non-finite floats need a text; a finite float f has f - f == 0
             values = ["N/A" if v is None else v if v.__class__ is not float or v - v == 0.0 else _cell(v)
-                      for v in get(row)]
+                      for v in row]
             # orjson's JSON array of plain strings and numbers is a CSV line with every string quoted
             # (~5x faster than csv.writer on float-heavy rows); rows with characters JSON escapes
             # differently from CSV go through the csv module
@@ -65,7 +65,7 @@ class ResultWriter:
                 write(line[1:-1].decode() + "\n")
             if self._sheet is not None:
                 self._sheet.append([_xlsx_cell(v) for v in values])
-            result = row["Result"]
+            result = row[result_at]
             counts[result] = counts.get(result, 0) + 1
 
     def close(self) -> None:

@@ -47,9 +47,17 @@ class Record(NamedTuple):
 _IN_HEADS = ("input", "kwargs", "parameters")
 
 
+_FLOWS = {}
+
+
 def flow_of(key: str) -> str:
     """``"in"`` or ``"out"`` for a record key (see :attr:`Record.flow`)."""
-    return "in" if key.split(".", 1)[0] in _IN_HEADS else "out"
+    flow = _FLOWS.get(key)
+    if flow is None:
+        flow = "in" if key.split(".", 1)[0] in _IN_HEADS else "out"
+        if len(_FLOWS) < 100_000:
+            _FLOWS[key] = flow
+    return flow
 
 
 def entry_records(entry: str, body) -> list:
