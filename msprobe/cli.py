@@ -201,14 +201,14 @@ def show(dump, entry, step, rank):
     """Show one ENTRY of DUMP: its records, stack and Cell path (first matching step/rank)."""
     from msprobe.compare.divergence import cell_path
     from msprobe.compare.engine import forward_name
-    from msprobe.compare.inputs import resolve
+    from msprobe.compare.inputs import rank_number, resolve
     from msprobe.compare.records import Side
     from msprobe.dump import load_construct, load_stacks
 
     for item in resolve(dump):
         if step is not None and item.step not in step:
             continue
-        if rank is not None and item.rank not in {f"rank{r}" for r in rank}:
+        if rank is not None and rank_number(item.rank) not in rank:
             continue
         side = Side(item.path)
         if entry not in side.index:

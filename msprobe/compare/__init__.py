@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence, Union
 from msprobe.compare.divergence import Finding, nan_producers
 from msprobe.compare.divergence import first_divergence as _first_divergence
 from msprobe.compare.engine import StepComparison, columns, entry_values
-from msprobe.compare.inputs import InputError, pair, resolve
+from msprobe.compare.inputs import InputError, pair, rank_number, resolve
 from msprobe.compare.judge import MODES
 from msprobe.compare.matching import load_mapping
 from msprobe.compare.output import ResultWriter, json_safe, result_name, write_summary
@@ -79,17 +79,12 @@ def nan_producer(dump: str, step: Optional[Sequence[int]] = None,
     for item in resolve(dump):
         if step is not None and item.step not in step:
             continue
-        if rank is not None and _rank_no(item.rank) not in rank:
+        if rank is not None and rank_number(item.rank) not in rank:
             continue
         f = nan_producers(item.path, item.step, item.rank)
         if f is not None:
             out.append(f)
     return out
-
-
-def _rank_no(name: str):
-    digits = name[4:] if name.startswith("rank") else None
-    return int(digits or 0) if digits is not None and (digits.isdigit() or not digits) else None
 
 
 def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = False,

@@ -16,7 +16,7 @@ import jinja2
 
 from msprobe.compare import divergence
 from msprobe.compare.engine import forward_name
-from msprobe.compare.inputs import InputError, resolve
+from msprobe.compare.inputs import InputError, rank_number, resolve
 from msprobe.compare.records import Side
 from msprobe.dump import load_construct, load_stacks
 
@@ -58,7 +58,7 @@ def _pick(dump, golden, options):
     for item in resolve(dump):
         if step is not None and item.step not in step:
             continue
-        if rank is not None and item.rank not in {f"rank{r}" for r in rank}:
+        if rank is not None and rank_number(item.rank) not in rank:
             continue
         return None, item.path, item.step, item.rank
     raise InputError(f"{dump}: no step/rank directory matches --step/--rank")

@@ -67,7 +67,8 @@ def resolve(path: str) -> List[StepRank]:
     return found
 
 
-def _rank_number(name: str) -> Optional[int]:
+def rank_number(name: str) -> Optional[int]:
+    """``3`` for ``rank3``, ``0`` for ``rank``, None for ``proc{pid}``."""
     m = _RANK.match(name)
     return int(m.group(1) or 0) if m else None
 
@@ -110,8 +111,8 @@ def pair(target: str, golden: str, steps: Optional[Sequence[int]] = None,
 def _pair_ranks(step, t_items, g_items, ranks) -> List[PairedDirs]:
     if len(t_items) == 1 and len(g_items) == 1 and ranks is None:
         return [PairedDirs(step, t_items[0].rank, t_items[0].path, g_items[0].path)]
-    t_num = {_rank_number(i.rank): i for i in t_items}
-    g_num = {_rank_number(i.rank): i for i in g_items}
+    t_num = {rank_number(i.rank): i for i in t_items}
+    g_num = {rank_number(i.rank): i for i in g_items}
     if None in t_num or None in g_num:
         raise InputError(f"step {step}: several proc{{pid}} directories on a side cannot be paired; "
                          f"pass two step/rank directories instead")

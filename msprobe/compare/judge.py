@@ -96,7 +96,7 @@ def judge(t: Optional[Record], g: Optional[Record], mode: str, thresholds: Thres
         equal = t.value == g.value and t.kind == g.kind
         out.exact = equal
         if not equal:
-            out.result, out.error = ERROR, math.inf if not out.error else out.error
+            out.result, out.error = ERROR, math.inf
             out.messages.append(f"value differs ({t.value!r} vs {g.value!r})")
         return out
     _stat_metrics(t, g, group, out)
@@ -134,7 +134,7 @@ def _stat_metrics(t: Record, g: Record, group: Group, out: Judged) -> None:
             continue
         same = _same_non_finite(a, b)
         if same is not None:
-            diffs.append(0.0 if same else a - b if not (math.isnan(a) or math.isnan(b)) else math.nan)
+            diffs.append(0.0 if same else a - b)
             rels.append(0.0 if same else math.inf)
             if not same:
                 one_sided.append(f"{name} {a} vs {b}")
