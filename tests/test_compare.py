@@ -275,3 +275,14 @@ def test_streamed_reader_matches_load_at_any_chunk_size(dumps, monkeypatch):
     assert items[0] == (None, whole.header)
     assert [k for k, _ in items[1:]] == list(whole.data)
     assert json.dumps(dict(items[1:])) == json.dumps(whole.data)   # NaN tokens included
+
+
+def test_pynative_and_graph_subtrees_are_paired(dumps, tmp_path):
+    import shutil
+
+    for side, src in (("t", dumps["tanh"]), ("g", dumps["base"])):
+        for tree in ("pynative", "graph"):
+            shutil.copytree(os.path.join(src, "step0"), str(tmp_path / side / tree / "step0"))
+    found = first_divergence(str(tmp_path / "t"), str(tmp_path / "g"))
+    assert sorted(f.rank.split("_")[0] for f in found) == ["graph", "pynative"]
+    assert {f.entry for f in found} == {"Functional.gelu.0.forward"}

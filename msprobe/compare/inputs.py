@@ -1,7 +1,8 @@
 """What ``TARGET`` and ``GOLDEN`` may be, and how their step/rank directories are paired.
 
 Each side is a ``dump.json`` (or ``debug.json``) file, a step/rank directory, a step directory
-(``step{N}``, holding ``rank{R}``/``proc{pid}``) or a whole ``dump_path``. Steps are paired by number;
+(``step{N}``, holding ``rank{R}``/``proc{pid}``) or a whole ``dump_path`` (with its ``pynative/`` and
+``graph/`` subtrees, each paired with the same subtree of the other side). Steps are paired by number;
 within a step, ranks by rank number, or, when a side has one directory per step (``proc{pid}``
 from a single process), that one with the other side's one.
 """
@@ -12,6 +13,7 @@ import re
 from typing import List, NamedTuple, Optional, Sequence
 
 from msprobe.core.writer import JOURNAL
+from msprobe.core.reader import SUBTREES
 from msprobe.dump import iter_step_dirs
 
 _STEP = re.compile(r"^step(\d+)$")
@@ -26,6 +28,7 @@ class StepRank(NamedTuple):
     step: Optional[int]
     rank: str                # directory name: rank0, rank, proc1234
     path: str
+    tree: str = ""           # "pynative" / "graph" for those subtrees of a dump_path
 
 
 class PairedDirs(NamedTuple):
@@ -61,6 +64,9 @@ def resolve(path: str) -> List[StepRank]:
                  for name in sorted(os.listdir(path)) if _is_rank_dir(os.path.join(path, name))]
     else:
         found = [StepRank(s, r, p) for s, r, p in iter_step_dirs(path) if _is_rank_dir(p)]
+        for tree in SUBTREES:  # PyNative networks with mindspore.jit Cells write both subtrees
+            found += [StepRank(s, r, p, tree) for s, r, p in iter_step_dirs(os.path.join(path, tree))
+                      if _is_rank_dir(p)]
     if not found:
         raise InputError(f"{path}: no dump found (expected dump.json, a step{{N}} directory with "
                          f"rank{{R}}/proc{{pid}} directories, or a dump_path with step{{N}} directories)")
@@ -93,14 +99,15 @@ def pair(target: str, golden: str, steps: Optional[Sequence[int]] = None,
     by_step = {}
     for side, items in ((0, t_all), (1, g_all)):
         for item in items:
-            by_step.setdefault(item.step, ([], []))[side].append(item)
-    for step in sorted(by_step, key=lambda s: -1 if s is None else s):
+            by_step.setdefault((item.tree, item.step), ([], []))[side].append(item)
+    for tree, step in sorted(by_step, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
         if steps is not None and step not in steps:
             continue
-        t_items, g_items = by_step[step]
+        t_items, g_items = by_step[tree, step]
         if not t_items or not g_items:
             continue
-        out.extend(_pair_ranks(step, t_items, g_items, ranks))
+        for p in _pair_ranks(step, t_items, g_items, ranks):
+            out.append(p._replace(rank=f"{tree}_{p.rank}") if tree else p)
     if not out:
         raise InputError(f"nothing to compare: no step{'' if steps is None else ' of ' + str(list(steps))}"
                          f"{'' if ranks is None else ' and rank of ' + str(list(ranks))} is present "
