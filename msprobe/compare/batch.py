@@ -64,33 +64,36 @@ def judge_many(pairs, t_side, g_side, thresholds) -> list:
         err = scaled.max(axis=1)
         code = np.where(err > params[:, 1], 2, np.where(err > params[:, 0], 1, 0))
         exact = np.all((diff == 0) | ~present, axis=1)
-    diff_l = np.where(present, diff, np.nan).tolist()
-    rel_l = np.where(present, rel, np.nan).tolist()
-    pres_l = present.tolist()
+    present8 = np.concatenate([present, present], axis=1)
+    values_l = np.where(present8, np.concatenate([diff, rel], axis=1), np.nan).tolist()
+    pres_l = present8.tolist()
     full_l = present.all(axis=1).tolist()
     err_l, code_l, exact_l = err.tolist(), code.tolist(), exact.tolist()
     bad_rows = set(np.nonzero(one_sided.any(axis=1) | ~(ft & fg).all(axis=1))[0].tolist())
     out = []
+    append, Judged, cols, results = out.append, J.Judged, _COLS, _RESULTS
     for k, (t, g, _, _) in enumerate(pairs):
-        if full_l[k]:
-            d, r = diff_l[k], rel_l[k]
-        else:
-            p = pres_l[k]
-            d = [v if p[i] else None for i, v in enumerate(diff_l[k])]
-            r = [v if p[i] else None for i, v in enumerate(rel_l[k])]
-        metrics = dict(zip(_COLS, d + r))
+        values = values_l[k]
+        if not full_l[k]:
+            values = [v if p else None for v, p in zip(values, pres_l[k])]
+        code_k = code_l[k]
+        if code_k == 0 and t.dtype == g.dtype and k not in bad_rows:   # the common case
+            append(Judged(t, g, J.PASS, err_l[k], exact_l[k] and t.md5 == g.md5, [],
+                          dict(zip(cols, values))))
+            continue
         messages = []
         if t.dtype != g.dtype:
             messages.append(f"dtype differs ({t.dtype} vs {g.dtype}): judged as {names[k].name}")
-        if bad_rows and k in bad_rows:
+        if k in bad_rows:
             _non_finite_messages(t, g, messages)
-        result = _RESULTS[code_l[k]]
+        result = results[code_k]
         if result != J.PASS:
             group = names[k]
             limit = group.error if result == J.ERROR else group.warning
             messages.append(f"largest scaled statistic error {err_l[k]:.3g} > {group.name} {result} "
                             f"threshold {limit:g}")
-        out.append(J.Judged(t, g, result, err_l[k], exact_l[k] and t.md5 == g.md5, messages, metrics))
+        append(Judged(t, g, result, err_l[k], exact_l[k] and t.md5 == g.md5, messages,
+                      dict(zip(cols, values))))
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Dict, Iterator, List, Optional
 from msprobe.compare import judge as J
 from msprobe.compare.batch import judge_many
 from msprobe.compare.matching import UNMATCHED, match
-from msprobe.compare.records import Side
+from msprobe.compare.records import Side, load_sides
 from msprobe.compare.thresholds import Thresholds
 
 HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape"]
@@ -91,7 +91,7 @@ class StepComparison:
                  mapping: Optional[Dict[str, str]] = None, thresholds: Optional[Thresholds] = None,
                  step: Optional[int] = None, rank: str = ""):
         self.step, self.rank = step, rank
-        self.target, self.golden = Side(target_dir), Side(golden_dir)
+        self.target, self.golden = load_sides(target_dir, golden_dir)
         self.thresholds = thresholds or Thresholds()
         self.mode = mode or detect_mode(self.target, self.golden)
         if self.mode not in J.MODES:

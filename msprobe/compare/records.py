@@ -8,6 +8,7 @@ record plus the entry names), never as the parsed JSON bodies.
 """
 from __future__ import annotations
 
+import os
 import re
 from array import array
 from typing import NamedTuple, Optional
@@ -243,3 +244,36 @@ def api_name(entry: str) -> str:
     key = api_key(entry)
     return key.rsplit(".", 1)[0] if "." in key else key
 
+
+
+#: both dump files at least this large: the golden side is read in a second process meanwhile
+PARALLEL_MIN_BYTES = 16 << 20
+
+
+def load_sides(target_dir: str, golden_dir: str):
+    """``(Side(target_dir), Side(golden_dir))``; for two large ``dump.json`` files the golden one is
+    read in a spawned worker process while this one reads the target (both cores busy), else (or
+    if the worker cannot run) one after the other."""
+    sizes = [os.path.getsize(p) if p else 0 for p in map(_dump_file, (target_dir, golden_dir))]
+    if min(sizes) >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
+        try:
+            from concurrent.futures import ProcessPoolExecutor
+            import multiprocessing
+
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                future = pool.submit(Side, golden_dir)
+                target = Side(target_dir)
+                return target, future.result()
+        except (OSError, RuntimeError, ImportError) as exc:  # no worker: read it here
+            import logging
+
+            logging.getLogger(__name__).info("reading %s in this process (%s)", golden_dir, exc)
+    return Side(target_dir), Side(golden_dir)
+
+
+def _dump_file(directory: str):
+    for name in ("dump.json", "debug.json"):
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            return path
+    return None
