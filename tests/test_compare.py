@@ -18,6 +18,7 @@ import pytest
 
 from compare_dumps import make_dump
 from msprobe.compare import compare, first_divergence, nan_producer
+from msprobe.compare.divergence import direction as direction_of
 from msprobe.compare.engine import columns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -286,3 +287,39 @@ def test_pynative_and_graph_subtrees_are_paired(dumps, tmp_path):
     found = first_divergence(str(tmp_path / "t"), str(tmp_path / "g"))
     assert sorted(f.rank.split("_")[0] for f in found) == ["graph", "pynative"]
     assert {f.entry for f in found} == {"Functional.gelu.0.forward"}
+
+
+def test_debug_level_dumps(tmp_path):
+    from mindspore import Tensor
+    from msprobe.mindspore import PrecisionDebugger
+
+    from conftest import write_config
+
+    def run(name, scale):
+        dump = str(tmp_path / name)
+        cfg = tmp_path / f"{name}_cfg"
+        cfg.mkdir()
+        debugger = PrecisionDebugger(write_config(cfg, level="debug", dump_path=dump))
+        x = Tensor([1.0, -2.0, 3.0], ms.float32)
+
+        def loss(v):
+            y = v * 2.0
+            debugger.save(y, "y")
+            z = y * scale
+            debugger.save(z, "z")
+            return z.sum()
+
+        debugger.start()
+        ms.grad(loss)(x)
+        debugger.stop()
+        debugger.step()
+        return dump
+
+    a, b = run("a", 3.0), run("b", 3.5)
+    named = by_name(compare(b, a))
+    assert named["y.0.debug"]["Result"] == "pass"
+    assert named["z.0.debug"]["Result"] == "error"
+    assert named["z_grad.0.debug"]["Result"] == "pass"      # d(sum)/dz = 1 in both runs
+    (found,) = first_divergence(b, a)
+    assert (found.entry, found.direction) == ("z.0.debug", "forward")
+    assert direction_of("y_grad.0.debug") == "backward"

@@ -52,8 +52,12 @@ class Finding:
 
 
 def direction(entry: str) -> str:
-    """``forward`` or ``backward`` (parameter gradients and debug entries count as backward/forward)."""
+    """``forward`` or ``backward``: parameter gradients and the debug level's ``{name}_grad.{n}.debug``
+    count as backward, other debug entries as forward."""
     if ".backward" in entry or ".parameters_grad" in entry:
+        return "backward"
+    parts = entry.split(".")
+    if parts[-1] == "debug" and len(parts) >= 3 and parts[-3].endswith("_grad"):  # save()'s gradients
         return "backward"
     return "forward"
 

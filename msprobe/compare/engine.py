@@ -223,6 +223,12 @@ def _fmt_shape(rec) -> Optional[str]:
 _NONE4 = (None, None, None, None)
 
 
+def _row_name(entry: Optional[str], rec) -> Optional[str]:
+    if rec is None:
+        return None
+    return f"{entry}.{rec.key}" if rec.key else entry
+
+
 def entry_values(entry: EntryResult, mode: str, stack: Optional[dict] = None) -> Iterator[list]:
     """The rows of one :class:`EntryResult` as lists in :func:`columns` order (``stack``: target
     entry name -> frames, for ``NPU_Stack_Info``)."""
@@ -233,8 +239,7 @@ def entry_values(entry: EntryResult, mode: str, stack: Optional[dict] = None) ->
     tail = (entry.match, entry.gain, entry.verdict)
     for j in entry.records:
         t, g = j.target, j.golden
-        values = [f"{entry.target}.{t.key}" if t is not None else None,
-                  f"{entry.golden}.{g.key}" if g is not None else None,
+        values = [_row_name(entry.target, t), _row_name(entry.golden, g),
                   t.dtype if t is not None else None, g.dtype if g is not None else None,
                   _fmt_shape(t), _fmt_shape(g)]
         if mode == J.MD5:

@@ -2,7 +2,7 @@
 
 A *record* is one value of an entry (a tensor or a scalar argument), named by its place in the entry
 (``input.0``, ``kwargs.dtype``, ``output.1``, ``parameters.weight``; for parameter gradients the
-parameter name; for the debug level ``debug`` and its nesting path). Records are read through
+parameter name; for the debug level ``""`` (the saved value) or its nesting path, ``0.k``). Records are read through
 :func:`msprobe.dump.iter_bodies` one entry at a time and kept as flat arrays (about 60 bytes per
 record plus the entry names), never as the parsed JSON bodies.
 """
@@ -67,8 +67,8 @@ def entry_records(entry: str, body) -> list:
     if ".parameters_grad." in entry or entry.endswith(".parameters_grad"):
         for pname, value in (body or {}).items():
             _walk(value, pname, out, single_list=True)
-    elif entry.endswith(".debug"):
-        _walk(body, "debug", out)
+    elif entry.endswith(".debug"):  # the saved value itself; nested items by their index path
+        _walk(body, "", out)
     elif isinstance(body, dict):
         for key, value in body.items():
             head = {"input_args": "input", "input_kwargs": "kwargs"}.get(key, key)
@@ -82,22 +82,22 @@ def _walk(value, path: str, out: list, single_list: bool = False) -> None:
     if value.__class__ is list and not single_list:  # the common case: a list of leaves
         for i, v in enumerate(value):
             if v.__class__ is dict and v.get("type").__class__ is str:
-                out.append(_leaf(f"{path}.{i}", v))
+                out.append(_leaf(f"{path}.{i}" if path else str(i), v))
             else:
-                _walk(v, f"{path}.{i}", out)
+                _walk(v, f"{path}.{i}" if path else str(i), out)
         return
     if isinstance(value, dict):
         if isinstance(value.get("type"), str):
             out.append(_leaf(path, value))
             return
         for k, v in value.items():
-            _walk(v, f"{path}.{k}", out)
+            _walk(v, f"{path}.{k}" if path else str(k), out)
     elif isinstance(value, list):
         if single_list and len(value) == 1:
             _walk(value[0], path, out)
             return
         for i, v in enumerate(value):
-            _walk(v, f"{path}.{i}", out)
+            _walk(v, f"{path}.{i}" if path else str(i), out)
 
 
 def _stat(v):
