@@ -16,8 +16,8 @@ install: $(VENV)/.installed
 demo: install
 	rm -rf demo_dump demo_dump_fp16 demo_compare  # the demo's own output, new per run
 	$(PY) examples/lenet_digits.py --dump-path ./demo_dump
-	# the same training in float16; compare its step 0 with float32's, then name the first divergence
-	# (within fp16 tolerance: exit 0 "agree"; bitwise, --exact: the first entry that differs, exit 1)
+	@echo "--- the same training in float16; compare its step 0 with float32's and name the first"
+	@echo "--- divergence (within fp16 tolerance: exit 0, agree; bitwise with --exact: exit 1, first difference)"
 	$(PY) examples/lenet_digits.py --dtype float16 --steps 3 --dump-steps 0 --dump-path ./demo_dump_fp16
 	$(VENV)/bin/msprobe compare -tp ./demo_dump_fp16 -gp ./demo_dump --step 0 -o ./demo_compare
 	$(VENV)/bin/msprobe first-diff ./demo_dump_fp16 ./demo_dump --step 0 || test $$? -eq 1
