@@ -254,6 +254,12 @@ def test_exit_codes_and_help(dumps, tmp_path):
     assert "Cell path: Cell.scale.Scale.forward.0" in proc.stdout
     assert "input.1" in proc.stdout and "2.5" in proc.stdout and "compare_dumps.py" in proc.stdout
     cli("show", dumps["factor"], "No.such.entry", check_code=2)
+    broken = tmp_path / "broken" / "step0" / "rank0"
+    broken.mkdir(parents=True)
+    text = '{"task": "statistics", "data": {"Functional.relu.0.forward": {'
+    (broken / "dump.json").write_text(text)
+    proc = cli("compare", "-tp", str(broken), "-gp", dumps["base"], "-o", str(tmp_path / "o"), check_code=2)
+    assert f"dump.json: invalid or truncated JSON at character {len(text)}" in proc.stderr
 
 
 def test_console_script_is_declared():

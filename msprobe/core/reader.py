@@ -217,16 +217,18 @@ class _ObjectStream:
 
     def __init__(self, f, path: str, parent: "_ObjectStream" = None):
         self.f, self.path = f, path
-        self.buf, self.pos, self.eof = (parent.buf, parent.pos, parent.eof) if parent else ("", 0, False)
+        self.buf, self.pos, self.eof, self.dropped = (
+            (parent.buf, parent.pos, parent.eof, parent.dropped) if parent else ("", 0, False, 0))
         self._expect("{")
 
     def take_over(self, other: "_ObjectStream") -> None:
-        self.buf, self.pos, self.eof = other.buf, other.pos, other.eof
+        self.buf, self.pos, self.eof, self.dropped = other.buf, other.pos, other.eof, other.dropped
 
     def _fill(self) -> bool:
         if self.eof:
             return False
         chunk = self.f.read(self._CHUNK)
+        self.dropped += self.pos
         self.buf = self.buf[self.pos:] + chunk
         self.pos = 0
         self.eof = not chunk
@@ -239,11 +241,12 @@ class _ObjectStream:
             if self.pos < len(self.buf):
                 return self.buf[self.pos]
             if not self._fill():
-                raise DumpFormatError(f"{self.path}: truncated JSON")
+                raise DumpFormatError(f"{self.path}: truncated JSON (ends at character {self.dropped + self.pos})")
 
     def _expect(self, char: str) -> None:
         if self._skip_ws() != char:
-            raise DumpFormatError(f"{self.path}: expected {char!r} at offset {self.pos} of the buffer")
+            raise DumpFormatError(f"{self.path}: invalid JSON: expected {char!r} at character "
+                                  f"{self.dropped + self.pos}")
         self.pos += 1
 
     def value(self):
@@ -257,7 +260,8 @@ class _ObjectStream:
                     return obj
             except json.JSONDecodeError as exc:
                 if self.eof:
-                    raise DumpFormatError(f"{self.path}: {exc}") from None
+                    raise DumpFormatError(f"{self.path}: invalid or truncated JSON at character "
+                                          f"{self.dropped + exc.pos}: {exc.msg}") from None
             self._fill()
 
     def keys(self):
