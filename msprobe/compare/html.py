@@ -103,10 +103,14 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                        "nonfinite": any(r["bad"] for r in records)}
     roots = []
     for name in side.names:
-        parent = construct.get(name)
-        while parent is not None and parent not in nodes:  # a Cell with nothing dumped of its own
+        parent, seen = construct.get(name), {name}
+        while parent is not None and parent not in nodes and parent not in seen:  # an undumped Cell
+            seen.add(parent)
             parent = construct.get(parent)
-        (nodes[parent]["children"] if parent is not None else roots).append(nodes[name])
+        if parent is None or parent in seen:
+            roots.append(nodes[name])
+        else:
+            nodes[parent]["children"].append(nodes[name])
     golden_only = []
     if comparison is not None:
         golden_only = [comparison.golden.names[g] for t, g, how in comparison.pairs if t is None]
