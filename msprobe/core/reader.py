@@ -147,7 +147,8 @@ def iter_entries(directory: str):
 
 def iter_bodies(directory: str):
     """Yield ``(entry, body)`` of one ``step{N}/rank{R}`` directory in written (execution) order,
-    after first yielding ``(None, header)``.
+    after first yielding ``(None, header)`` (for ``dump.json``: the keys written before ``data``, i.e.
+    ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``; :func:`load` has all).
 
     A finished ``dump.json`` is streamed: it is parsed one entry at a time from 1 MiB chunks, so
     memory does not grow with the dump (the JSON libraries that stream do not accept the ``NaN`` /
