@@ -329,3 +329,27 @@ def test_debug_level_dumps(tmp_path):
     (found,) = first_divergence(b, a)
     assert (found.entry, found.direction) == ("z.0.debug", "forward")
     assert direction_of("y_grad.0.debug") == "backward"
+
+
+def test_tensor_mode_loads_one_pair_at_a_time(tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    from msprobe.core import stats
+
+    a = make_dump(tmp_path, "a", task="tensor")
+    b = make_dump(tmp_path, "b", task="tensor", approximate="tanh")
+    original, alive, most = stats.load_npy, [], [0]
+
+    def tracked(path):
+        gc.collect()
+        alive[:] = [r for r in alive if r() is not None]
+        most[0] = max(most[0], len(alive))
+        arr = original(path)
+        alive.append(weakref.ref(arr))
+        return arr
+
+    monkeypatch.setattr(stats, "load_npy", tracked)
+    rows = compare(b, a)
+    assert most[0] <= 1               # when a file is loaded, no earlier pair's array is alive
+    assert sum(1 for r in rows if r["Cosine"] is not None) > 50      # and every tensor was compared
