@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench bench-compare
 
 # pip install -e . also compiles msprobe/core/_stats_kernel.c (the statistics kernel): rebuild when it changes
 $(VENV)/.installed: pyproject.toml msprobe/core/_stats_kernel.c
@@ -15,8 +15,14 @@ $(VENV)/.installed: pyproject.toml msprobe/core/_stats_kernel.c
 install: $(VENV)/.installed
 
 demo: install
-	rm -rf demo_dump  # the demo's own output: a single process writes step{N}/proc{pid}, new per run
+	rm -rf demo_dump demo_dump_fp16 demo_compare  # the demo's own output, new per run
 	$(PY) examples/lenet_digits.py --dump-path ./demo_dump
+	@echo "--- the same training in float16; compare its step 0 with float32's and name the first"
+	@echo "--- divergence (within fp16 tolerance: exit 0, agree; bitwise with --exact: exit 1, first difference)"
+	$(PY) examples/lenet_digits.py --dtype float16 --steps 3 --dump-steps 0 --dump-path ./demo_dump_fp16
+	$(VENV)/bin/msprobe compare -tp ./demo_dump_fp16 -gp ./demo_dump --step 0 -o ./demo_compare
+	$(VENV)/bin/msprobe first-diff ./demo_dump_fp16 ./demo_dump --step 0 || test $$? -eq 1
+	$(VENV)/bin/msprobe first-diff ./demo_dump_fp16 ./demo_dump --step 0 --exact || test $$? -eq 1
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider tests
@@ -24,5 +30,8 @@ test: install
 bench: install
 	$(PY) benchmarks/overhead.py
 
+bench-compare: install
+	$(PY) benchmarks/compare_scale.py
+
 clean:
-	rm -rf $(VENV) demo_dump build msprobe/core/_stats_kernel.*.so
+	rm -rf $(VENV) demo_dump demo_dump_fp16 demo_compare build msprobe/core/_stats_kernel.*.so

@@ -3,6 +3,7 @@
     python examples/lenet_digits.py --dump-path ./demo_dump            # what `make demo` runs
     python examples/lenet_digits.py --no-dump                          # the same training, no tool
     python examples/lenet_digits.py --config my_config.json            # your own msprobe config
+    python examples/lenet_digits.py --dtype float16 --dump-path ./demo_dump_fp16   # same net in fp16
 
 Data: scikit-learn's bundled ``load_digits`` (1797 real 8x8 images), 80/20 split.
 Without ``--config`` the script writes a config.json (task "statistics", level "L1", the dump
@@ -101,6 +102,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--config", default=None, help="msprobe config.json (else one is written)")
     parser.add_argument("--no-dump", action="store_true", help="train without msprobe")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                        help="parameters and images in this dtype (float16: compare with a float32 run)")
     args = parser.parse_args(argv)
 
     ms.set_device("CPU")
@@ -112,6 +115,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     net = models.LeNet()
     train_batches = models.load_digits_dataset(batch_size=32, split="train", seed=args.seed)
     test_batches = models.load_digits_dataset(batch_size=32, split="test")
+    if args.dtype == "float16":
+        for p in net.get_parameters():
+            p.set_dtype(ms.float16)
+        train_batches = [(x.astype("float16"), y) for x, y in train_batches]
+        test_batches = [(x.astype("float16"), y) for x, y in test_batches]
 
     debugger = None
     dump_path = os.path.abspath(args.dump_path)

@@ -145,6 +145,142 @@ def iter_entries(directory: str):
             yield Piece(entry, None, body)
 
 
+def iter_bodies(directory: str):
+    """Yield ``(entry, body)`` of one ``step{N}/rank{R}`` directory in written (execution) order,
+    after first yielding ``(None, header)`` (for ``dump.json``: the keys written before ``data``, i.e.
+    ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``; :func:`load` has all).
+
+    A finished ``dump.json`` is streamed: it is parsed one entry at a time from 1 MiB chunks, so
+    memory does not grow with the dump (the JSON libraries that stream do not accept the ``NaN`` /
+    ``Infinity`` tokens a dump holds). An unfinished step's journal is replayed whole (:func:`load`),
+    since one entry's pieces may be far apart in it.
+
+    Raises:
+        FileNotFoundError: no dump in ``directory``. DumpFormatError: unsupported schema or a
+        ``dump.json`` that is not a JSON object with a ``data`` object.
+    """
+    path = _data_file(directory)
+    if path is None:
+        dump = load(directory)
+        yield None, dump.header
+        yield from dump.data.items()
+        return
+    with open(path, encoding="utf-8") as f:
+        members = _ObjectStream(f, path)
+        header = {}
+        for key in members.keys():
+            if key != "data":
+                header[key] = members.value()
+                continue
+            _check_schema(directory, header)
+            yield None, header
+            inner = _ObjectStream(f, path, members)
+            for entry in inner.keys():
+                yield entry, inner.value()
+            members.take_over(inner)
+            return
+    raise DumpFormatError(f"{path}: no \"data\" object")
+
+
+def load_stacks(directory: str) -> dict:
+    """Entry name -> list of stack frame strings, from ``stack.json`` ({} when absent); an unfinished
+    step's journal is replayed."""
+    if _data_file(directory) is None:
+        return load(directory).stacks
+    return _ungroup(_load_optional(os.path.join(directory, "stack.json")))
+
+
+def load_construct(directory: str) -> dict:
+    """Entry name -> parent Cell entry name or None, from ``construct.json`` ({} when absent)."""
+    if _data_file(directory) is None:
+        return load(directory).construct
+    return _load_optional(os.path.join(directory, "construct.json"))
+
+
+def _data_file(directory: str):
+    """``dump.json`` (or ``debug.json``) of a finished step, or None when a journal is present."""
+    if os.path.exists(os.path.join(directory, JOURNAL)):
+        return None
+    for name in ("dump.json", "debug.json"):
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError(f"no dump.json, debug.json or {JOURNAL} in {directory}")
+
+
+class _ObjectStream:
+    """Members of one JSON object read from a text file in chunks (``json.JSONDecoder.raw_decode``
+    on a sliding buffer). ``parent`` continues a buffer already positioned on the object's ``{``
+    (after the parent's ``key:``)."""
+
+    _CHUNK = 1 << 20
+    _decoder = json.JSONDecoder()
+
+    def __init__(self, f, path: str, parent: "_ObjectStream" = None):
+        self.f, self.path = f, path
+        self.buf, self.pos, self.eof, self.dropped = (
+            (parent.buf, parent.pos, parent.eof, parent.dropped) if parent else ("", 0, False, 0))
+        self._expect("{")
+
+    def take_over(self, other: "_ObjectStream") -> None:
+        self.buf, self.pos, self.eof, self.dropped = other.buf, other.pos, other.eof, other.dropped
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.f.read(self._CHUNK)
+        self.dropped += self.pos
+        self.buf = self.buf[self.pos:] + chunk
+        self.pos = 0
+        self.eof = not chunk
+        return bool(chunk)
+
+    def _skip_ws(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._fill():
+                raise DumpFormatError(f"{self.path}: truncated JSON (ends at character {self.dropped + self.pos})")
+
+    def _expect(self, char: str) -> None:
+        if self._skip_ws() != char:
+            raise DumpFormatError(f"{self.path}: invalid JSON: expected {char!r} at character "
+                                  f"{self.dropped + self.pos}")
+        self.pos += 1
+
+    def value(self):
+        """Decode the next JSON value (the buffer grows until the value is complete)."""
+        self._skip_ws()
+        while True:
+            try:
+                obj, end = self._decoder.raw_decode(self.buf, self.pos)
+                if end < len(self.buf) or self.eof:  # a number at the buffer's end may go on
+                    self.pos = end
+                    return obj
+            except json.JSONDecodeError as exc:
+                if self.eof:
+                    raise DumpFormatError(f"{self.path}: invalid or truncated JSON at character "
+                                          f"{self.dropped + exc.pos}: {exc.msg}") from None
+            self._fill()
+
+    def keys(self):
+        """Yield each member's key; the caller must read its value (:meth:`value`) before the next."""
+        first = True
+        while True:
+            char = self._skip_ws()
+            if char == "}":
+                self.pos += 1
+                return
+            if not first:
+                self._expect(",")
+            first = False
+            key = self.value()
+            self._expect(":")
+            yield key
+
+
 def _check_schema(directory: str, header: dict) -> None:
     schema = header.get("schema", SCHEMA)
     if schema not in SUPPORTED_SCHEMAS:

@@ -1,0 +1,261 @@
+"""The ``msprobe`` command: summary, compare, first-diff, show, report.
+
+Exit codes (every command):
+    0  success; for ``first-diff``: the runs agree within tolerance (one dump: no NaN/Inf producer)
+    1  ``first-diff`` only: the runs diverge (one dump: a NaN/Inf producer was found)
+    2  bad input: a path that is not a dump, dumps that cannot be paired, a bad option value
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Optional
+
+import click
+
+EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _int_list(ctx, param, value: Optional[str]):
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 0,1")
+
+
+def _bad_input(func):
+    """Turn the errors a bad input raises into one message and exit code 2."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from msprobe.dump import DumpFormatError
+
+        try:
+            return func(*args, **kwargs)
+        except (ValueError, FileNotFoundError, DumpFormatError, OSError) as exc:
+            click.echo(f"msprobe: error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+    return wrapper
+
+
+_step_opt = click.option("--step", callback=_int_list, metavar="N[,N...]",
+                         help="Only these steps (default: every step present on both sides).")
+_rank_opt = click.option("--rank", callback=_int_list, metavar="R[,R...]",
+                         help="Only these ranks (default: all).")
+_mapping_opt = click.option("--mapping", "-dm", "mapping", type=click.Path(exists=True, dir_okay=False),
+                            help="YAML/JSON name map {target name or API: golden name or API}.")
+_thresholds_opt = click.option("--thresholds", type=click.Path(exists=True, dir_okay=False),
+                               help="YAML overriding any part of msprobe/compare/thresholds.yaml.")
+_mode_opt = click.option("--mode", type=click.Choice(["statistics", "tensor", "md5"]), default=None,
+                         help="Compare mode (default: tensor for two tensor dumps, md5 when both "
+                              "carry CRC-32, else statistics).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="msprobe-mindspore")
+def main():
+    """msprobe for MindSpore: read, compare and report precision dumps.
+
+    Exit codes: 0 success (first-diff: runs agree), 1 first-diff found a divergence or a NaN/Inf
+    producer, 2 bad input.
+    """
+
+
+@main.command()
+@click.argument("dump", type=click.Path(exists=True))
+@_bad_input
+def summary(dump):
+    """Summarize DUMP (a dump_path): steps, entries, first NaN/Inf entry and producer."""
+    from msprobe.dump import summarize
+
+    click.echo(summarize(dump))
+
+
+@main.command()
+@click.option("-tp", "--target_path", "--target-path", "target", required=True,
+              type=click.Path(exists=True), help="Target dump: dump.json, step/rank dir, step dir or dump_path.")
+@click.option("-gp", "--golden_path", "--golden-path", "golden", required=True,
+              type=click.Path(exists=True), help="Golden (bench) dump, same forms as the target.")
+@click.option("-o", "--output_path", "--output-path", "out_dir", default="./output", show_default=True,
+              type=click.Path(file_okay=False), help="Directory for the result files.")
+@_mode_opt
+@_step_opt
+@_rank_opt
+@_mapping_opt
+@_thresholds_opt
+@click.option("--xlsx", is_flag=True, help="Also write compare_result_*.xlsx.")
+@click.option("-s", "--stack", "stack", is_flag=True, help="Add the target's call stack (NPU_Stack_Info).")
+@_bad_input
+def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, xlsx, stack):
+    """Compare TARGET with GOLDEN record by record.
+
+    Writes compare_result_{rank}_{timestamp}.csv per step/rank pair (with _step{N} when several
+    steps are compared) and compare_summary_{timestamp}.json into OUT_DIR. Exit 0 when written.
+    """
+    from msprobe.compare import compare_to_files
+
+    result = compare_to_files(target, golden, out_dir, xlsx=xlsx, stack=stack, mode=mode, step=step,
+                              rank=rank, mapping=mapping, thresholds=thresholds)
+    for item in result["results"]:
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(item["records"].items()))
+        where = f"step {item['step']} {item['rank']}" if item["step"] is not None else item["rank"]
+        click.echo(f"{where} ({item['mode']}): {counts}; first source entry: "
+                   f"{item['first_source_entry'] or 'none'}")
+        click.echo(f"  {item['csv']}")
+    click.echo(f"summary: {result['summary']}")
+
+
+def _print_finding(f, label: str, exact: bool = False) -> None:
+    where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
+    click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
+               + (f"  [golden: {f.golden_entry}]" if f.golden_entry and f.golden_entry != f.entry else ""))
+    if f.kind == "input":
+        click.echo("  its inputs already differ: the difference comes from outside the dump "
+                   "(data, parameters or code that is not dumped)")
+    if f.kind == "unmatched":
+        click.echo("  present on one side only (the runs executed different calls)")
+    click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else '(none: top level, or an L1 dump)'}")
+    for rec in f.records:
+        t, g = rec.get("target"), rec.get("golden")
+        if "finite" in rec:
+            state = "finite" if rec["finite"] else "NaN/Inf"
+        elif exact:
+            state = "equal" if rec["bitwise_equal"] else "differs"
+        else:
+            state = rec["result"]
+        line = f"    {rec['record']:<22} {state:<8}"
+        if t:
+            line += f"  target Max={t['Max']} Min={t['Min']} Mean={t['Mean']} Norm={t['Norm']}"
+        if g:
+            line += f"\n    {'':<22} {'':<8}  golden Max={g['Max']} Min={g['Min']} Mean={g['Mean']} Norm={g['Norm']}"
+        click.echo(line)
+    for name, stack in (("target", f.target_stack), ("golden", f.golden_stack)):
+        if stack:
+            click.echo(f"  {name} stack (innermost first):")
+            for frame in stack[:6]:
+                click.echo("    " + frame.replace("\n", ""))
+
+
+@main.command("first-diff")
+@click.argument("target", type=click.Path(exists=True))
+@click.argument("golden", type=click.Path(exists=True), required=False)
+@click.option("--exact", is_flag=True, help="Inputs/outputs agree only when bitwise equal.")
+@_mode_opt
+@_step_opt
+@_rank_opt
+@_mapping_opt
+@_thresholds_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@_bad_input
+def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, as_json):
+    """Name the first entry where TARGET diverges from GOLDEN, per step and rank.
+
+    In execution order, forward then backward: the first entry whose inputs agree (within the
+    thresholds, or bitwise with --exact) and whose outputs do not, with its Cell path, both
+    stacks and the numbers. Also the first NaN/Inf producer (inputs finite, output not) of each
+    dump. Without GOLDEN only the NaN/Inf producer of TARGET is searched.
+
+    Exit 0: the runs agree (no producer); 1: they diverge (a producer exists); 2: bad input.
+    """
+    from msprobe.compare import first_divergence, nan_producer
+    from msprobe.compare.output import json_safe
+
+    diverged = []
+    if golden is not None:
+        diverged = first_divergence(target, golden, exact, mode=mode, step=step, rank=rank,
+                                    mapping=mapping, thresholds=thresholds)
+    nans = {"target": nan_producer(target, step, rank)}
+    if golden is not None:
+        nans["golden"] = nan_producer(golden, step, rank)
+    if as_json:
+        click.echo(json.dumps(json_safe({"divergences": [f.to_dict() for f in diverged],
+                                         "nan_producers": {k: [f.to_dict() for f in v]
+                                                           for k, v in nans.items()}}), indent=2))
+    else:
+        if golden is not None and not diverged:
+            click.echo("the runs agree within tolerance" + (" (bitwise)" if exact else ""))
+        for f in diverged:
+            _print_finding(f, {"divergence": "first divergence", "input": "first difference",
+                               "unmatched": "first unmatched entry"}[f.kind], exact)
+        for side, found in nans.items():
+            if not found:
+                click.echo(f"{side}: no NaN/Inf producer")
+            for f in found[:1]:
+                _print_finding(f, f"{side}: first NaN/Inf producer")
+            if len(found) > 1:
+                click.echo(f"  ({side}: NaN/Inf producers in {len(found)} step/rank directories; "
+                           f"--json lists all)")
+    bad = diverged if golden is not None else nans["target"]
+    sys.exit(EXIT_DIVERGED if bad else EXIT_OK)
+
+
+@main.command()
+@click.argument("dump", type=click.Path(exists=True))
+@click.argument("entry")
+@_step_opt
+@_rank_opt
+@_bad_input
+def show(dump, entry, step, rank):
+    """Show one ENTRY of DUMP: its records, stack and Cell path (first matching step/rank)."""
+    from msprobe.compare.divergence import cell_path
+    from msprobe.compare.engine import forward_name
+    from msprobe.compare.inputs import rank_number, resolve
+    from msprobe.compare.records import Side
+    from msprobe.dump import load_construct, load_stacks
+
+    for item in resolve(dump):
+        if step is not None and item.step not in step:
+            continue
+        if rank is not None and rank_number(item.rank) not in rank:
+            continue
+        side = Side(item.path)
+        if entry not in side.index:
+            continue
+        click.echo(f"{entry}  (step {item.step}, {item.rank}: {item.path})")
+        construct = load_construct(item.path)
+        path = cell_path(entry, construct)
+        click.echo(f"Cell path: {' > '.join(path) if path else '(none)'}")
+        for rec in side.records(side.index[entry]):
+            desc = (f"{rec.dtype} {list(rec.shape)} Max={rec.stats[0]} Min={rec.stats[1]} "
+                    f"Mean={rec.stats[2]} Norm={rec.stats[3]}" if rec.is_tensor
+                    else f"{rec.kind} {rec.value!r}")
+            extra = "".join(f" {k}={v}" for k, v in (("md5", rec.md5), ("data_name", rec.data_name)) if v)
+            click.echo(f"  {rec.key:<24} {desc}{extra}")
+        frames = load_stacks(item.path).get(forward_name(entry) or entry, [])
+        click.echo("stack (innermost first):" if frames else "stack: none recorded")
+        for frame in frames:
+            click.echo("  " + frame.replace("\n", ""))
+        return
+    click.echo(f"msprobe: error: entry {entry!r} not found in {dump}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@main.command()
+@click.argument("dump", type=click.Path(exists=True))
+@click.option("--golden", type=click.Path(exists=True), help="Golden dump: colour nodes by compare result.")
+@click.option("-o", "--output", "output", default="report.html", show_default=True,
+              type=click.Path(dir_okay=False), help="HTML file to write.")
+@_mode_opt
+@_step_opt
+@_rank_opt
+@_mapping_opt
+@_thresholds_opt
+@_bad_input
+def report(dump, golden, output, mode, step, rank, mapping, thresholds):
+    """Write a one-file HTML report of DUMP (one step/rank; the first unless --step/--rank).
+
+    The Cell tree from construct.json with each node's statistics (coloured by compare result
+    with --golden), the first divergence and the NaN/Inf producer one click away, and per entry
+    its records, stack and source line. Opens from disk, no server.
+    """
+    from msprobe.compare.html import write_report
+
+    path = write_report(dump, output, golden=golden, mode=mode, step=step, rank=rank,
+                        mapping=mapping, thresholds=thresholds)
+    click.echo(f"report: {path}")
+
+
+if __name__ == "__main__":
+    main()

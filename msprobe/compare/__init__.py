@@ -1,0 +1,122 @@
+"""Comparing two dumps: rows per record, the first divergence, the first NaN/Inf producer.
+
+    from msprobe.compare import compare, first_divergence, nan_producer
+    rows = compare("./dump_fp16", "./dump_fp32")             # list of dicts, reference column names
+    found = first_divergence("./dump_fp16", "./dump_fp32")   # list of Finding, one per step/rank
+    bad = nan_producer("./dump_fp16")                        # list of Finding, one per step/rank with a NaN
+
+``target`` and ``golden`` may each be a ``dump.json``, a step/rank directory, a step directory or a
+whole ``dump_path`` (see :mod:`msprobe.compare.inputs`).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from typing import List, Optional, Sequence, Union
+
+from msprobe.compare.divergence import Finding, nan_producers
+from msprobe.compare.divergence import first_divergence as _first_divergence
+from msprobe.compare.engine import StepComparison, columns, entry_values
+from msprobe.compare.inputs import InputError, pair, rank_number, resolve
+from msprobe.compare.judge import MODES
+from msprobe.compare.matching import load_mapping
+from msprobe.compare.output import ResultWriter, json_safe, result_name, write_summary
+from msprobe.compare.thresholds import Thresholds
+from msprobe.dump import load_stacks
+
+__all__ = ["compare", "first_divergence", "nan_producer", "compare_to_files", "comparisons",
+           "Finding", "InputError", "Thresholds", "StepComparison", "MODES"]
+
+
+def comparisons(target: str, golden: str, *, mode: Optional[str] = None,
+                step: Optional[Sequence[int]] = None, rank: Optional[Sequence[int]] = None,
+                mapping: Union[None, str, dict] = None,
+                thresholds: Union[None, str, dict, Thresholds] = None):
+    """Yield one :class:`StepComparison` per paired step/rank (streamed: one pair in memory at a time).
+
+    Args:
+        mode: ``statistics``, ``tensor``, ``md5`` or None (chosen from the dumps).
+        step, rank: only these step / rank numbers. mapping: a name-map file or dict
+            (:func:`msprobe.compare.matching.load_mapping`). thresholds: file, dict or
+            :class:`Thresholds` overriding ``thresholds.yaml``.
+
+    Raises:
+        InputError: inputs that are not dumps or cannot be paired. ValueError: bad mode, mapping or
+        thresholds.
+    """
+    names = mapping if isinstance(mapping, dict) else load_mapping(mapping)
+    limits = thresholds if isinstance(thresholds, Thresholds) else Thresholds(thresholds)
+    for p in pair(target, golden, step, rank):
+        yield StepComparison(p.target, p.golden, mode, names, limits, p.step, p.rank)
+
+
+def compare(target: str, golden: str, **options) -> List[dict]:
+    """All rows of all paired step/rank directories (keys: :func:`msprobe.compare.engine.columns`
+    plus ``Step`` and ``Rank``). Options as for :func:`comparisons`."""
+    rows = []
+    for c in comparisons(target, golden, **options):
+        for row in c.rows():
+            row.update(Step=c.step, Rank=c.rank)
+            rows.append(row)
+    return rows
+
+
+def first_divergence(target: str, golden: str, exact: bool = False, **options) -> List[Finding]:
+    """Per paired step/rank, the first divergence (:mod:`msprobe.compare.divergence`); pairs that
+    agree are left out, so ``[]`` means the runs agree. Options as for :func:`comparisons`."""
+    found = []
+    for c in comparisons(target, golden, **options):
+        f = _first_divergence(c, exact)
+        if f is not None:
+            found.append(f)
+    return found
+
+
+def nan_producer(dump: str, step: Optional[Sequence[int]] = None,
+                 rank: Optional[Sequence[int]] = None) -> List[Finding]:
+    """Per step/rank of one dump (all ranks), the first NaN/Inf producer, by step then rank."""
+    out = []
+    for item in resolve(dump):
+        if step is not None and item.step not in step:
+            continue
+        if rank is not None and rank_number(item.rank) not in rank:
+            continue
+        f = nan_producers(item.path, item.step, item.rank)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = False,
+                     stack: bool = False, **options) -> dict:
+    """Write ``compare_result_{rank}_{timestamp}.csv`` (``.xlsx`` with ``xlsx``) per paired
+    step/rank and ``compare_summary_{timestamp}.json`` into ``out_dir``; returns the summary.
+    ``stack`` adds the target's stack per row (``NPU_Stack_Info``)."""
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d%H%M%S")
+    pairs = pair(target, golden, options.get("step"), options.get("rank"))
+    several = len({p.step for p in pairs}) > 1
+    summary = {"target": os.path.abspath(target), "golden": os.path.abspath(golden), "results": []}
+    for c in comparisons(target, golden, **options):
+        base = os.path.join(out_dir, result_name(c.rank, stamp, c.step, several))
+        writer = ResultWriter(base, columns(c.mode, stack), xlsx)
+        matches, verdicts, first_source = {}, {}, None
+        stacks = load_stacks(c.target.directory) if stack else None
+        try:
+            for entry in c.entries():
+                matches[entry.match] = matches.get(entry.match, 0) + 1
+                verdicts[entry.verdict] = verdicts.get(entry.verdict, 0) + 1
+                if first_source is None and entry.verdict == "source":
+                    first_source = entry.name
+                writer.write(entry_values(entry, c.mode, stacks))
+        finally:
+            writer.close()
+        summary["results"].append({
+            "step": c.step, "rank": c.rank, "mode": c.mode, "target_dir": c.target.directory,
+            "golden_dir": c.golden.directory, "csv": writer.csv_path, "xlsx": writer.xlsx_path,
+            "records": writer.counts, "entries_by_match": matches, "entries_by_result": verdicts,
+            "first_source_entry": first_source})
+    summary_path = os.path.join(out_dir, f"compare_summary_{stamp}.json")
+    write_summary(summary_path, json_safe(summary))
+    summary["summary"] = summary_path
+    return summary

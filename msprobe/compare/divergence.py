@@ -1,0 +1,180 @@
+"""First divergence of two runs and first NaN/Inf producer of one run.
+
+First divergence: in execution order, forward entries first, then backward (and parameter
+gradients), the first entry whose inputs agree and whose outputs do not (a backward entry's inputs
+include its forward call's inputs). "Agree" is the ``pass``
+result of the thresholds (``exact=True``: bitwise equal statistics/CRC, or arrays in tensor mode).
+When that entry is a Cell, the first qualifying entry inside it (``construct.json``) is named
+instead, innermost first, so a Cell is only blamed when none of its dumped children is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+from msprobe.compare import judge as J
+from msprobe.compare.engine import EntryResult, StepComparison, forward_name
+from msprobe.compare.records import Side
+from msprobe.dump import load_construct, load_stacks
+
+
+@dataclass
+class Finding:
+    """One named entry (a divergence or a NaN/Inf producer) with where to look.
+
+    Attributes:
+        kind: ``divergence`` (inputs agree, outputs do not), ``input`` (the first differing entry
+            already had differing inputs: the difference comes from outside the dump: data,
+            parameters, or code that is not dumped), ``unmatched`` (the first entry present on one
+            side only), ``nan`` (inputs finite, an output NaN/Inf).
+        cell_path: enclosing Cell entries, outermost first (from ``construct.json``).
+        records: per record: name, result, both sides' statistics, message.
+    """
+
+    kind: str
+    step: Optional[int]
+    rank: str
+    entry: str
+    golden_entry: Optional[str] = None
+    direction: str = "forward"
+    cell_path: List[str] = field(default_factory=list)
+    target_stack: List[str] = field(default_factory=list)
+    golden_stack: List[str] = field(default_factory=list)
+    records: List[dict] = field(default_factory=list)
+    gain: Optional[float] = None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        if out["gain"] is not None and math.isinf(out["gain"]):
+            out["gain"] = "inf"
+        return out
+
+
+def direction(entry: str) -> str:
+    """``forward`` or ``backward``: parameter gradients and the debug level's ``{name}_grad.{n}.debug``
+    count as backward, other debug entries as forward."""
+    if ".backward" in entry or ".parameters_grad" in entry:
+        return "backward"
+    parts = entry.split(".")
+    if parts[-1] == "debug" and len(parts) >= 3 and parts[-3].endswith("_grad"):  # save()'s gradients
+        return "backward"
+    return "forward"
+
+
+def cell_path(entry: str, construct: dict) -> List[str]:
+    """Enclosing Cell entries of ``entry``, outermost first."""
+    path, seen, parent = [], set(), construct.get(entry)
+    while parent and parent not in seen:
+        seen.add(parent)
+        path.append(parent)
+        parent = construct.get(parent)
+    return path[::-1]
+
+
+def _agrees(judged: J.Judged, exact: bool) -> bool:
+    return judged.exact if exact else judged.result == J.PASS
+
+
+def _record_dict(j: J.Judged) -> dict:
+    t, g = j.target, j.golden
+    return {"record": (t or g).key, "result": j.result, "bitwise_equal": j.exact,
+            "target": dict(zip(("Max", "Min", "Mean", "Norm"), t.stats)) if t else None,
+            "golden": dict(zip(("Max", "Min", "Mean", "Norm"), g.stats)) if g else None,
+            "target_dtype": t.dtype if t else None, "golden_dtype": g.dtype if g else None,
+            "metrics": {k: v for k, v in j.metrics.items() if v is not None},
+            "message": "; ".join(j.messages)}
+
+
+def first_divergence(comparison: StepComparison, exact: bool = False) -> Optional[Finding]:
+    """The first divergence of one compared step/rank (see the module docstring), None when every
+    entry agrees.
+
+    Forward entries are searched first, then backward ones. In each, an entry present on one side
+    only (``kind="unmatched"``) that runs before the first divergence is named instead: the runs
+    executed different calls there. When no entry has agreeing inputs and differing outputs, the
+    first differing entry is returned with ``kind="input"``."""
+    construct = load_construct(comparison.target.directory)
+    found = {"forward": [], "backward": []}
+    unmatched = {"forward": None, "backward": None}
+    first_input = None
+    for entry in comparison.entries():
+        way = direction(entry.name)
+        if entry.match == "unmatched":
+            if unmatched[way] is None and not found[way]:
+                unmatched[way] = entry
+            continue
+        if all(_agrees(r, exact) for r in entry.records):
+            continue
+        inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
+        if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
+            found[way].append(entry)
+        elif first_input is None:
+            first_input = entry
+    for way in ("forward", "backward"):
+        if unmatched[way] is not None:
+            return _finding("unmatched", comparison, unmatched[way], construct)
+        if found[way]:
+            return _finding("divergence", comparison, _innermost(found[way], construct), construct)
+    if first_input is not None:
+        return _finding("input", comparison, first_input, construct)
+    return None
+
+
+def _innermost(group: List[EntryResult], construct: dict) -> EntryResult:
+    """The first of ``group``; while a later one of ``group`` lies inside it, that one."""
+    best = group[0]
+    for entry in group[1:]:
+        if best.target in cell_path(entry.target, construct):
+            best = entry
+    return best
+
+
+def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construct: dict) -> Finding:
+    name = entry.name
+    t_stacks = load_stacks(comparison.target.directory)
+    g_stacks = load_stacks(comparison.golden.directory)
+    return Finding(kind, comparison.step, comparison.rank, name, entry.golden, direction(name),
+                   cell_path(name, construct), t_stacks.get(_forward_of(entry.target), []),
+                   g_stacks.get(_forward_of(entry.golden), []),
+                   [_record_dict(r) for r in entry.records], entry.gain)
+
+
+def _forward_of(entry: Optional[str]) -> Optional[str]:
+    """Stacks are recorded for forward entries; a backward entry shows its forward call's stack."""
+    return forward_name(entry) or entry
+
+
+def _finite(rec) -> bool:
+    return all(v is None or math.isfinite(v) for v in rec.stats)
+
+
+def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
+                  side: Optional[Side] = None) -> Optional[Finding]:
+    """The first producer of a NaN/Inf in one step/rank directory: in execution order, forward
+    first, the first entry whose input records are all finite and one of whose outputs is not
+    (innermost, as for divergences). None when no output is NaN/Inf."""
+    side = side or Side(directory)
+    construct = load_construct(directory)
+    found = {"forward": [], "backward": []}
+    for i, name in enumerate(side.names):
+        recs = side.records(i)
+        ins = [r for r in recs if r.flow == "in"]
+        outs = [r for r in recs if r.flow == "out"]
+        if all(_finite(r) for r in ins) and not all(_finite(r) for r in outs):
+            found[direction(name)].append(name)
+    for want in ("forward", "backward"):
+        names = found[want]
+        if not names:
+            continue
+        best = names[0]
+        for name in names[1:]:
+            if best in cell_path(name, construct):
+                best = name
+        recs = side.records(side.index[best])
+        stacks = load_stacks(directory)
+        return Finding("nan", step, rank, best, None, want, cell_path(best, construct),
+                       stacks.get(_forward_of(best), []), [],
+                       [{"record": r.key, "finite": _finite(r), "dtype": r.dtype,
+                         "target": dict(zip(("Max", "Min", "Mean", "Norm"), r.stats))} for r in recs])
+    return None

@@ -1,0 +1,262 @@
+"""Comparing one pair of step/rank directories entry by entry, and the output columns.
+
+Column names follow the reference compare tool (``NPU`` = target, ``Bench`` = golden); this tool adds
+``Match`` (how the two entries were paired, see :mod:`msprobe.compare.matching`), ``Error Gain`` and
+``Entry Result`` (see ``thresholds.yaml``: ``source`` blames this entry, ``propagated`` means its
+inputs already carried the error). Inputs are the tensor inputs (positional, keyword, parameters);
+a scalar or string argument that differs is part of what the call computes, so a call whose
+tensor inputs agree and whose ``approximate="tanh"`` became ``"none"`` is the source.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional
+
+from msprobe.compare import judge as J
+from msprobe.compare.batch import judge_many
+from msprobe.compare.matching import UNMATCHED, match
+from msprobe.compare.records import Side, load_sides
+from msprobe.compare.thresholds import Thresholds
+
+HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape"]
+STAT_SIDES = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
+              "Bench l2norm"]
+MODE_COLUMNS = {
+    J.STATISTICS: ["Max diff", "Min diff", "Mean diff", "L2norm diff", "MaxRelativeErr",
+                   "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr"],
+    J.TENSOR: ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
+               "Five Thousandths Err Ratio"],
+    J.MD5: ["NPU MD5", "BENCH MD5"],
+}
+TAIL = ["Result", "Err_message", "Match", "Error Gain", "Entry Result"]
+STACK = "NPU_Stack_Info"
+SOURCE, PROPAGATED = "source", "propagated"
+_CHUNK = 2048   # entry pairs judged together
+
+
+def columns(mode: str, stack: bool = False) -> List[str]:
+    """The CSV columns of ``mode`` (``statistics``, ``tensor``, ``md5``)."""
+    sides = [] if mode == J.MD5 else STAT_SIDES
+    return HEAD + MODE_COLUMNS[mode] + sides + TAIL + ([STACK] if stack else [])
+
+
+@dataclass
+class EntryResult:
+    """One paired (or unmatched) entry with its judged records."""
+
+    target: Optional[str]
+    golden: Optional[str]
+    match: str
+    records: List[J.Judged]
+    gain: Optional[float]
+    result: str                   # pass, warning, error, unmatched: worst record
+    verdict: str                  # pass, source, propagated, unmatched
+    inputs_agree: bool = True     # every tensor input passes (backward: and its forward's inputs)
+    inputs_exact: bool = True     # every input record is bitwise equal (likewise)
+
+    def side(self, flow: str) -> List[J.Judged]:
+        return [r for r in self.records if r.flow == flow]
+
+    @property
+    def name(self) -> str:
+        return self.target or self.golden
+
+
+def detect_mode(target: Side, golden: Side) -> str:
+    """``tensor`` when both dumps are task tensor with tensor files, else ``md5`` when both carry
+    CRC-32 values, else ``statistics``."""
+    tasks = (target.header.get("task"), golden.header.get("task"))
+    if tasks == ("tensor", "tensor") and target.has_tensor_files() and golden.has_tensor_files():
+        return J.TENSOR
+    if target.has_md5() and golden.has_md5():
+        return J.MD5
+    return J.STATISTICS
+
+
+class StepComparison:
+    """The comparison of one target and one golden step/rank directory.
+
+    Args:
+        target_dir, golden_dir: step/rank directories. mode: ``statistics``, ``tensor``, ``md5`` or
+            None (:func:`detect_mode`). mapping: target name -> golden name (see
+            :func:`msprobe.compare.matching.load_mapping`). thresholds: :class:`Thresholds`.
+
+    Raises:
+        ValueError: unknown mode, or ``tensor``/``md5`` asked for dumps without tensors/CRCs.
+        FileNotFoundError, msprobe.dump.DumpFormatError: from the reader.
+    """
+
+    def __init__(self, target_dir: str, golden_dir: str, mode: Optional[str] = None,
+                 mapping: Optional[Dict[str, str]] = None, thresholds: Optional[Thresholds] = None,
+                 step: Optional[int] = None, rank: str = ""):
+        self.step, self.rank = step, rank
+        self.target, self.golden = load_sides(target_dir, golden_dir)
+        self.thresholds = thresholds or Thresholds()
+        self.mode = mode or detect_mode(self.target, self.golden)
+        if self.mode not in J.MODES:
+            raise ValueError(f"mode {self.mode!r}: valid modes are {', '.join(J.MODES)}")
+        if self.mode == J.MD5 and not (self.target.has_md5() and self.golden.has_md5()):
+            raise ValueError("md5 mode needs both dumps written with summary_mode \"md5\"")
+        if self.mode == J.TENSOR and not (self.target.has_tensor_files() and self.golden.has_tensor_files()):
+            raise ValueError("tensor mode needs both dumps written with task \"tensor\"")
+        self.pairs = match(self.target, self.golden, mapping)
+
+    def entries(self) -> Iterator[EntryResult]:
+        """Every entry pair in target execution order (tensor files loaded one pair at a time).
+
+        A backward entry's outputs (input gradients) depend on its forward call's inputs too, and a
+        Cell's parameter gradients on the Cell's forward inputs and backward inputs, so those count
+        as its inputs for the error gain and the verdict (see :func:`upstream_names`)."""
+        inputs = {}
+        for start in range(0, len(self.pairs), _CHUNK):
+            chunk = self.pairs[start:start + _CHUNK]
+            for (ti, gi, how), judged in zip(chunk, self._judge_chunk(chunk)):
+                entry = self._entry(ti, gi, how, judged, inputs)
+                if entry.target is not None:
+                    own = [r for r in entry.records if r.flow == "in" and r.is_tensor]
+                    inputs[entry.target] = (max((r.error for r in own), default=0.0),
+                                            all(r.result == J.PASS for r in own),
+                                            all(r.exact for r in own))
+                yield entry
+
+    def _judge_chunk(self, chunk) -> list:
+        """The judged records of each pair of ``chunk``; statistics of equal-shape tensor pairs are
+        judged together (:mod:`msprobe.compare.batch`)."""
+        lists, vector = [], []
+        for ti, gi, how in chunk:
+            t_recs = self.target.records(ti) if ti is not None else []
+            g_recs = self.golden.records(gi) if gi is not None else []
+            t0 = self.target.record_start(ti) if ti is not None else 0
+            g0 = self.golden.record_start(gi) if gi is not None else 0
+            g_pos = {r.key: k for k, r in enumerate(g_recs)}
+            judged = []
+            for k, rec in enumerate(t_recs):
+                gk = g_pos.pop(rec.key, None)
+                other = g_recs[gk] if gk is not None else None
+                if (self.mode == J.STATISTICS and other is not None and rec.is_tensor
+                        and other.is_tensor and rec.shape == other.shape):
+                    judged.append(None)
+                    vector.append((rec, other, t0 + k, g0 + gk, judged, len(judged) - 1))
+                else:
+                    judged.append(J.judge(rec, other, self.mode, self.thresholds,
+                                          self.target.directory, self.golden.directory))
+            for gk in g_pos.values():
+                judged.append(J.judge(None, g_recs[gk], self.mode, self.thresholds))
+            lists.append(judged)
+        done = judge_many([v[:4] for v in vector], self.target, self.golden, self.thresholds)
+        for (_, _, _, _, judged, slot), result in zip(vector, done):
+            judged[slot] = result
+        return lists
+
+    def entry(self, ti: Optional[int], gi: Optional[int], how: str) -> EntryResult:
+        """One pair judged on its own (its backward/forward context is not taken into account)."""
+        (judged,) = self._judge_chunk([(ti, gi, how)])
+        return self._entry(ti, gi, how, judged, {})
+
+    def _entry(self, ti, gi, how, judged, inputs) -> EntryResult:
+        t_name = self.target.names[ti] if ti is not None else None
+        known = [inputs.get(n) for n in upstream_names(t_name)] if t_name else []
+        known = [k for k in known if k is not None]
+        upstream = (max(k[0] for k in known), all(k[1] for k in known),
+                    all(k[2] for k in known)) if known else None
+        return _entry_result(t_name, self.golden.names[gi] if gi is not None else None, how, judged,
+                             self.thresholds.gain, upstream)
+
+    def rows(self, stack: Optional[dict] = None) -> Iterator[dict]:
+        """One dict per record pair, keyed by :func:`columns` (``None`` for a value not available);
+        ``stack``: target entry name -> frames, for the ``NPU_Stack_Info`` column."""
+        for entry in self.entries():
+            yield from entry_rows(entry, self.mode, stack)
+
+
+def forward_name(entry: Optional[str]) -> Optional[str]:
+    """The forward entry of a backward entry (``X.0.backward`` -> ``X.0.forward``,
+    ``Cell.a.A.backward.0`` -> ``Cell.a.A.forward.0``); None for other entries."""
+    if entry is None:
+        return None
+    if entry.endswith(".backward"):
+        return entry[: -len("backward")] + "forward"
+    if ".backward." in entry:
+        return entry.replace(".backward.", ".forward.")
+    return None
+
+
+def upstream_names(entry: str) -> list:
+    """Entries whose tensor inputs also feed ``entry``: a backward entry's forward call; a Cell's
+    parameter gradients' forward call and backward call."""
+    if ".parameters_grad." in entry:
+        return [entry.replace(".parameters_grad.", ".forward."),
+                entry.replace(".parameters_grad.", ".backward.")]
+    fwd = forward_name(entry)
+    return [fwd] if fwd else []
+
+
+def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> EntryResult:
+    result = J.worst(r.result for r in judged) if judged else (J.UNMATCHED if how == UNMATCHED
+                                                                else J.PASS)
+    if how == UNMATCHED:
+        return EntryResult(t_name, g_name, how, judged, None, J.UNMATCHED, J.UNMATCHED)
+    # tensor inputs only: a different scalar or string argument is part of what the call does
+    ins = [r for r in judged if r.flow == "in" and r.is_tensor]
+    outs = [r for r in judged if r.flow == "out"]
+    in_err = max((r.error for r in ins), default=0.0)
+    agree = all(r.result == J.PASS for r in ins)
+    exact = all(r.exact for r in ins)
+    if upstream is not None:
+        in_err, agree, exact = max(in_err, upstream[0]), agree and upstream[1], exact and upstream[2]
+    out_err = max((r.error for r in outs), default=0.0)
+    gain = None if out_err == 0 else (math.inf if in_err == 0 else out_err / in_err)
+    if all(r.result == J.PASS for r in outs):
+        verdict = J.PASS
+    elif agree or (gain is not None and gain > gain_limit):
+        verdict = SOURCE
+    else:
+        verdict = PROPAGATED
+    return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact)
+
+
+def _fmt_shape(rec) -> Optional[str]:
+    return None if rec is None else str(list(rec.shape))
+
+
+_NONE4 = (None, None, None, None)
+
+
+def _row_name(entry: Optional[str], rec) -> Optional[str]:
+    if rec is None:
+        return None
+    return f"{entry}.{rec.key}" if rec.key else entry
+
+
+def entry_values(entry: EntryResult, mode: str, stack: Optional[dict] = None) -> Iterator[list]:
+    """The rows of one :class:`EntryResult` as lists in :func:`columns` order (``stack``: target
+    entry name -> frames, for ``NPU_Stack_Info``)."""
+    frames = None
+    if stack is not None and entry.target is not None:
+        frames = "\n".join(stack.get(entry.target, []))
+    metric_cols = MODE_COLUMNS[mode]
+    tail = (entry.match, entry.gain, entry.verdict)
+    for j in entry.records:
+        t, g = j.target, j.golden
+        values = [_row_name(entry.target, t), _row_name(entry.golden, g),
+                  t.dtype if t is not None else None, g.dtype if g is not None else None,
+                  _fmt_shape(t), _fmt_shape(g)]
+        if mode == J.MD5:
+            values += (t.md5 if t is not None else None, g.md5 if g is not None else None)
+        else:
+            metrics = j.metrics
+            values += [metrics.get(col) for col in metric_cols]
+            values += t.stats if t is not None else _NONE4
+            values += g.stats if g is not None else _NONE4
+        values += (j.result, "; ".join(j.messages), *tail)
+        if stack is not None:
+            values.append(frames)
+        yield values
+
+
+def entry_rows(entry: EntryResult, mode: str, stack: Optional[dict] = None) -> Iterator[dict]:
+    """The rows of one :class:`EntryResult` as dicts keyed by :func:`columns`."""
+    cols = columns(mode, stack is not None)
+    for values in entry_values(entry, mode, stack):
+        yield dict(zip(cols, values))

@@ -1,0 +1,132 @@
+"""What ``TARGET`` and ``GOLDEN`` may be, and how their step/rank directories are paired.
+
+Each side is a ``dump.json`` (or ``debug.json``) file, a step/rank directory, a step directory
+(``step{N}``, holding ``rank{R}``/``proc{pid}``) or a whole ``dump_path`` (with its ``pynative/`` and
+``graph/`` subtrees, each paired with the same subtree of the other side). Steps are paired by number;
+within a step, ranks by rank number, or, when a side has one directory per step (``proc{pid}``
+from a single process), that one with the other side's one.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import List, NamedTuple, Optional, Sequence
+
+from msprobe.core.writer import JOURNAL
+from msprobe.core.reader import SUBTREES
+from msprobe.dump import iter_step_dirs
+
+_STEP = re.compile(r"^step(\d+)$")
+_RANK = re.compile(r"^rank(\d*)$")
+
+
+class InputError(ValueError):
+    """A compare input that is not a dump, or two inputs that cannot be paired (message says why)."""
+
+
+class StepRank(NamedTuple):
+    step: Optional[int]
+    rank: str                # directory name: rank0, rank, proc1234
+    path: str
+    tree: str = ""           # "pynative" / "graph" for those subtrees of a dump_path
+
+
+class PairedDirs(NamedTuple):
+    step: Optional[int]
+    rank: str                # label used in file names: the target's rank directory name
+    target: str
+    golden: str
+
+
+def _is_rank_dir(path: str) -> bool:
+    return any(os.path.exists(os.path.join(path, f)) for f in ("dump.json", "debug.json", JOURNAL))
+
+
+def resolve(path: str) -> List[StepRank]:
+    """The step/rank directories ``path`` stands for, by step then rank.
+
+    Raises:
+        InputError: ``path`` does not exist or holds no dump.
+    """
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file or directory")
+    if os.path.isfile(path):
+        if os.path.basename(path) not in ("dump.json", "debug.json"):
+            raise InputError(f"{path}: expected a dump.json or debug.json file, or a dump directory")
+        path = os.path.dirname(os.path.abspath(path))
+    path = os.path.abspath(path)
+    if _is_rank_dir(path):
+        parent = _STEP.match(os.path.basename(os.path.dirname(path)))
+        return [StepRank(int(parent.group(1)) if parent else None, os.path.basename(path), path)]
+    step = _STEP.match(os.path.basename(path))
+    if step:
+        found = [StepRank(int(step.group(1)), name, os.path.join(path, name))
+                 for name in sorted(os.listdir(path)) if _is_rank_dir(os.path.join(path, name))]
+    else:
+        found = [StepRank(s, r, p) for s, r, p in iter_step_dirs(path) if _is_rank_dir(p)]
+        for tree in SUBTREES:  # PyNative networks with mindspore.jit Cells write both subtrees
+            found += [StepRank(s, r, p, tree) for s, r, p in iter_step_dirs(os.path.join(path, tree))
+                      if _is_rank_dir(p)]
+    if not found:
+        raise InputError(f"{path}: no dump found (expected dump.json, a step{{N}} directory with "
+                         f"rank{{R}}/proc{{pid}} directories, or a dump_path with step{{N}} directories)")
+    return found
+
+
+def rank_number(name: str) -> Optional[int]:
+    """``3`` for ``rank3``, ``0`` for ``rank``, None for ``proc{pid}``."""
+    m = _RANK.match(name)
+    return int(m.group(1) or 0) if m else None
+
+
+def pair(target: str, golden: str, steps: Optional[Sequence[int]] = None,
+         ranks: Optional[Sequence[int]] = None) -> List[PairedDirs]:
+    """Pair the step/rank directories of two inputs (see the module docstring).
+
+    Args:
+        steps: only these step numbers (None: all steps present on both sides).
+        ranks: only these rank numbers (``rank{R}`` directories; None: all).
+
+    Raises:
+        InputError: an input is not a dump, nothing is left to compare, or a step's ranks cannot be
+            paired (different rank sets).
+    """
+    t_all, g_all = resolve(target), resolve(golden)
+    if len(t_all) == 1 and len(g_all) == 1:  # two single directories: compare them whatever their names
+        (t,), (g,) = t_all, g_all
+        return [PairedDirs(t.step, t.rank, t.path, g.path)]
+    out = []
+    by_step = {}
+    for side, items in ((0, t_all), (1, g_all)):
+        for item in items:
+            by_step.setdefault((item.tree, item.step), ([], []))[side].append(item)
+    for tree, step in sorted(by_step, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
+        if steps is not None and step not in steps:
+            continue
+        t_items, g_items = by_step[tree, step]
+        if not t_items or not g_items:
+            continue
+        for p in _pair_ranks(step, t_items, g_items, ranks):
+            out.append(p._replace(rank=f"{tree}_{p.rank}") if tree else p)
+    if not out:
+        raise InputError(f"nothing to compare: no step{'' if steps is None else ' of ' + str(list(steps))}"
+                         f"{'' if ranks is None else ' and rank of ' + str(list(ranks))} is present "
+                         f"in both {target} and {golden}")
+    return out
+
+
+def _pair_ranks(step, t_items, g_items, ranks) -> List[PairedDirs]:
+    if len(t_items) == 1 and len(g_items) == 1 and ranks is None:
+        return [PairedDirs(step, t_items[0].rank, t_items[0].path, g_items[0].path)]
+    t_num = {rank_number(i.rank): i for i in t_items}
+    g_num = {rank_number(i.rank): i for i in g_items}
+    if None in t_num or None in g_num:
+        raise InputError(f"step {step}: several proc{{pid}} directories on a side cannot be paired; "
+                         f"pass two step/rank directories instead")
+    if set(t_num) != set(g_num) and ranks is None:
+        raise InputError(f"step {step}: ranks differ: target {sorted(t_num)}, golden {sorted(g_num)} "
+                         f"(choose with --rank)")
+    chosen = sorted(set(t_num) & set(g_num))
+    if ranks is not None:
+        chosen = [r for r in chosen if r in ranks]
+    return [PairedDirs(step, t_num[r].rank, t_num[r].path, g_num[r].path) for r in chosen]

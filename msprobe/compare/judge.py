@@ -1,0 +1,230 @@
+"""Judging one pair of records: metrics, pass / warning / error, and the error used for the gain.
+
+Every rule and default threshold is documented in ``thresholds.yaml``; this module applies them.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import numpy as np
+
+from msprobe.compare.records import STATS, Record, flow_of
+from msprobe.compare.thresholds import Group, Thresholds
+
+PASS, WARNING, ERROR, UNMATCHED = "pass", "warning", "error", "unmatched"
+_RANK = {PASS: 0, WARNING: 1, ERROR: 2, UNMATCHED: 3}
+STATISTICS, TENSOR, MD5 = "statistics", "tensor", "md5"
+MODES = (STATISTICS, TENSOR, MD5)
+
+
+def worst(results) -> str:
+    """The most severe of some results (pass < warning < error < unmatched); pass when empty."""
+    return max(results, key=_RANK.__getitem__, default=PASS)
+
+
+class Judged:
+    """The outcome for one record pair (either side may be None: unmatched).
+
+    Attributes:
+        target, golden: the two :class:`Record` (None: no counterpart). result: pass, warning,
+        error or unmatched. error: the number the thresholds were applied to (inf: one-sided
+        NaN/Inf). exact: bitwise equal (statistics and CRC, or the arrays). messages: why.
+        metrics: the mode's columns. flow: ``in`` or ``out`` (see :attr:`Record.flow`).
+        is_tensor: the record is a tensor.
+    """
+
+    __slots__ = ("target", "golden", "result", "error", "exact", "messages", "metrics", "flow",
+                 "is_tensor")
+
+    def __init__(self, target: Optional[Record], golden: Optional[Record], result: str,
+                 error: float = 0.0, exact: bool = False, messages: Optional[list] = None,
+                 metrics: Optional[dict] = None):
+        self.target, self.golden, self.result = target, golden, result
+        self.error, self.exact = error, exact
+        self.messages = [] if messages is None else messages
+        self.metrics = {} if metrics is None else metrics
+        rec = target if target is not None else golden
+        self.flow = flow_of(rec.key) if rec is not None else "out"
+        self.is_tensor = rec is not None and rec.is_tensor
+
+
+def _rate(err: float, group: Group) -> str:
+    if err > group.error:
+        return ERROR
+    if err > group.warning:
+        return WARNING
+    return PASS
+
+
+def _same_non_finite(a: float, b: float) -> Optional[bool]:
+    """None when both finite; True when both are the same NaN/Inf; False otherwise."""
+    fa, fb = math.isfinite(a), math.isfinite(b)
+    if fa and fb:
+        return None
+    if fa != fb:
+        return False
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def _rel(diff: float, base: float) -> float:
+    if diff == 0:
+        return 0.0
+    return abs(diff) / abs(base) if base else math.inf
+
+
+def judge(t: Optional[Record], g: Optional[Record], mode: str, thresholds: Thresholds,
+          t_dir: str = "", g_dir: str = "") -> Judged:
+    """Judge one record pair in ``mode`` (``statistics``, ``tensor`` or ``md5``); ``t_dir`` and
+    ``g_dir`` are the step/rank directories (tensor files are read from their ``dump_tensor_data``)."""
+    if t is None or g is None:
+        return Judged(t, g, UNMATCHED, math.inf, messages=["no counterpart on the other side"])
+    group = thresholds.group(t.dtype, g.dtype)
+    out = Judged(t, g, PASS)
+    if t.dtype != g.dtype:
+        out.messages.append(f"dtype differs ({t.dtype} vs {g.dtype}): judged as {group.name}")
+    if t.is_tensor != g.is_tensor or (t.is_tensor and t.shape != g.shape
+                                      and tuple(d for d in t.shape if d != 1)
+                                      != tuple(d for d in g.shape if d != 1)):
+        out.result, out.error = ERROR, math.inf
+        out.messages.append(f"shape differs ({list(t.shape)} vs {list(g.shape)})")
+        _stat_metrics(t, g, group, out)
+        return out
+    if not t.is_tensor:
+        _stat_metrics(t, g, group, out)
+        equal = t.value == g.value and t.kind == g.kind
+        out.exact = equal
+        if not equal:
+            out.result, out.error = ERROR, math.inf
+            out.messages.append(f"value differs ({t.value!r} vs {g.value!r})")
+        return out
+    _stat_metrics(t, g, group, out)
+    if mode == MD5:
+        out.metrics = {}
+        out.exact = t.md5 == g.md5
+        out.error = 0.0 if out.exact else 1.0
+        out.result = PASS if out.exact else ERROR
+        if not out.exact:
+            out.messages.append("CRC-32 differs")
+        return out
+    if mode == TENSOR:
+        arrays = _load_pair(t, g, t_dir, g_dir, out)
+        if arrays is not None:
+            _tensor_metrics(*arrays, group, out)
+            return out
+        out.messages.append("judged on statistics")
+    out.result = _stat_result(out, group)
+    return out
+
+
+def _stat_metrics(t: Record, g: Record, group: Group, out: Judged) -> None:
+    """Differences and relative errors of the four statistics; sets ``out.error`` (scaled) and
+    ``out.exact``; one-sided NaN/Inf is recorded as an error message."""
+    diffs, rels, scaled = [], [], []
+    numel = math.prod(g.shape) if g.shape else 1
+    g_norm = g.stats[3]
+    rms = abs(g_norm) / math.sqrt(numel) if g_norm is not None and numel and math.isfinite(g_norm) else 0.0
+    one_sided = []
+    for k, name in enumerate(STATS):
+        a, b = t.stats[k], g.stats[k]
+        if a is None or b is None:
+            diffs.append(None)
+            rels.append(None)
+            continue
+        same = _same_non_finite(a, b)
+        if same is not None:
+            diffs.append(0.0 if same else a - b)
+            rels.append(0.0 if same else math.inf)
+            if not same:
+                one_sided.append(f"{name} {a} vs {b}")
+                scaled.append(math.inf)
+            continue
+        diff = a - b
+        diffs.append(diff)
+        rels.append(_rel(diff, b))
+        base = max(abs(b), group.atol) if name == "Norm" else max(abs(b), rms, group.atol)
+        scaled.append(abs(diff) / base)
+    out.metrics.update({"Max diff": diffs[0], "Min diff": diffs[1], "Mean diff": diffs[2],
+                        "L2norm diff": diffs[3], "MaxRelativeErr": rels[0], "MinRelativeErr": rels[1],
+                        "MeanRelativeErr": rels[2], "NormRelativeErr": rels[3]})
+    out.error = max(scaled, default=0.0)
+    out.exact = all(d in (0.0, None) for d in diffs) and t.md5 == g.md5
+    if one_sided:
+        out.messages.append("NaN/Inf on one side only: " + ", ".join(one_sided))
+    if any(v is not None and not math.isfinite(v) for v in t.stats) and not one_sided:
+        out.messages.append("NaN/Inf on both sides")
+
+
+def _stat_result(out: Judged, group: Group) -> str:
+    result = _rate(out.error, group)
+    if result != PASS:
+        limit = group.error if result == ERROR else group.warning
+        out.messages.append(f"largest scaled statistic error {out.error:.3g} > {group.name} {result} "
+                            f"threshold {limit:g}")
+    return result
+
+
+def _load_pair(t: Record, g: Record, t_dir: str, g_dir: str, out: Judged):
+    from msprobe.core.stats import load_npy
+
+    if not t.data_name or not g.data_name:
+        out.messages.append("no tensor file (data_name) on " + ("both sides" if not t.data_name
+                            and not g.data_name else "one side"))
+        return None
+    paths = (os.path.join(t_dir, "dump_tensor_data", t.data_name),
+             os.path.join(g_dir, "dump_tensor_data", g.data_name))
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        out.messages.append(f"tensor file missing: {missing[0]}")
+        return None
+    a, b = (np.asarray(load_npy(p)) for p in paths)
+    if a.dtype.kind == "c" or b.dtype.kind == "c":
+        a, b = np.abs(a), np.abs(b)
+    return np.squeeze(a).astype(np.float64), np.squeeze(b).astype(np.float64)
+
+
+def _tensor_metrics(a: np.ndarray, b: np.ndarray, group: Group, out: Judged) -> None:
+    """Cosine, EucDist, MaxAbsErr, MaxRelativeErr and the error ratios of two arrays (float64)."""
+    if a.shape != b.shape:
+        out.result, out.error = ERROR, math.inf
+        out.messages.append(f"tensor file shapes differ ({list(a.shape)} vs {list(b.shape)})")
+        return
+    out.exact = bool(np.array_equal(a, b, equal_nan=True))
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    same_bad = (~fa & ~fb) & ((np.isnan(a) & np.isnan(b)) | (a == b))
+    one_sided = int(np.count_nonzero(~(fa & fb) & ~same_bad))
+    both = fa & fb
+    x, y = a[both], b[both]
+    diff = np.abs(x - y)
+    nx, ny, nd = (float(np.linalg.norm(v)) for v in (x, y, x - y))
+    cosine = float(np.dot(x, y) / (nx * ny)) if nx and ny else (1.0 if nx == ny else 0.0)
+    rel = diff / np.maximum(np.abs(y), np.finfo(np.float64).tiny)
+    rel[diff == 0] = 0.0
+    n = max(x.size, 1)
+    out.metrics.update({
+        "Cosine": cosine, "EucDist": nd,
+        "MaxAbsErr": float(diff.max()) if diff.size else 0.0,
+        "MaxRelativeErr": float(rel.max()) if rel.size else 0.0,
+        "One Thousandth Err Ratio": float(np.count_nonzero(rel <= 1e-3) / n),
+        "Five Thousandths Err Ratio": float(np.count_nonzero(rel <= 5e-3) / n)})
+    out.error = nd / max(ny, group.atol) if nd else 0.0
+    if one_sided:
+        out.error = math.inf
+        out.messages.append(f"NaN/Inf on one side only at {one_sided} element(s)")
+        out.result = ERROR
+        return
+    if group.error == 0.0:  # integers, booleans: must be equal
+        out.result = PASS if out.exact else ERROR
+        if not out.exact:
+            out.messages.append("values differ (exact dtype)")
+        return
+    result = _rate(out.error, group)
+    if cosine < group.cosine_error:
+        result = ERROR
+    elif cosine < group.cosine_warning and result == PASS:
+        result = WARNING
+    if result != PASS:
+        out.messages.append(f"relative L2 error {out.error:.3g}, cosine {cosine:.6f} "
+                            f"({group.name} {result} thresholds)")
+    out.result = result

@@ -1,0 +1,355 @@
+"""msprobe compare / first-diff on real MindSpore dumps (CPU, PyNative, one training step each).
+
+Scenarios (tests/compare_dumps.py): two seeds, fp16 vs fp32 of the same net, one op changed (gelu's
+``approximate``; the factor of a ``mint.mul`` inside a Cell), one extra call, a NaN injected at a
+known op, and an API swapped for another (name mapping)."""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import mindspore as ms
+import pytest
+
+from compare_dumps import make_dump
+from msprobe.compare import compare, first_divergence, nan_producer
+from msprobe.compare.divergence import direction as direction_of
+from msprobe.compare.engine import columns
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cmp")
+    return {
+        "base": make_dump(root, "base"),
+        "again": make_dump(root, "again"),
+        "seed1": make_dump(root, "seed1", seed=1),
+        "fp16": make_dump(root, "fp16", dtype=ms.float16),
+        "extra": make_dump(root, "extra", extra_relu=True),
+        "tanh": make_dump(root, "tanh", approximate="tanh"),
+        "factor": make_dump(root, "factor", factor=2.5),
+        "nan": make_dump(root, "nan", nan=True),
+        "mint": make_dump(root, "mint", mint_relu=True),
+        "root": str(root),
+    }
+
+
+def cli(*args, check_code=None):
+    """Run ``python -m msprobe.cli`` (what the ``msprobe`` console script calls)."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "msprobe.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+    if check_code is not None:
+        assert proc.returncode == check_code, proc.stdout + proc.stderr
+    return proc
+
+
+def by_name(rows):
+    return {r["NPU Name"]: r for r in rows if r["NPU Name"]}
+
+
+def test_statistics_rows_two_seeds(dumps):
+    rows = compare(dumps["seed1"], dumps["base"])
+    assert list(rows[0]) == columns("statistics") + ["Step", "Rank"]
+    assert columns("statistics")[:24] == [
+        "NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
+        "Max diff", "Min diff", "Mean diff", "L2norm diff", "MaxRelativeErr", "MinRelativeErr",
+        "MeanRelativeErr", "NormRelativeErr", "NPU max", "NPU min", "NPU mean", "NPU l2norm",
+        "Bench max", "Bench min", "Bench mean", "Bench l2norm", "Result", "Err_message"]
+    named = by_name(rows)
+    x = named["Cell.fc1.Dense.forward.0.input.0"]           # same data batch in both runs
+    assert x["Result"] == "pass" and x["Max diff"] == 0.0
+    w = named["Cell.fc1.Dense.forward.0.parameters.weight"]  # different initial weights
+    assert w["Result"] == "error"
+    assert w["Max diff"] == pytest.approx(w["NPU max"] - w["Bench max"])
+    assert w["MaxRelativeErr"] == pytest.approx(abs(w["Max diff"]) / abs(w["Bench max"]))
+    assert {r["Match"] for r in rows} == {"name"}
+    # the weights differ from the start: the first difference comes from outside the dump
+    (found,) = first_divergence(dumps["seed1"], dumps["base"])
+    assert (found.kind, found.entry) == ("input", "Cell.fc1.Dense.forward.0")
+
+
+def test_identical_runs_agree_and_exit_zero(dumps):
+    rows = compare(dumps["again"], dumps["base"])
+    assert rows and {r["Result"] for r in rows} == {"pass"}
+    assert first_divergence(dumps["again"], dumps["base"], exact=True) == []
+    proc = cli("first-diff", dumps["again"], dumps["base"], "--exact", check_code=0)
+    assert "the runs agree" in proc.stdout
+
+
+def test_fp16_vs_fp32_dtype_aware_thresholds(dumps, tmp_path):
+    rows = compare(dumps["fp16"], dumps["base"])
+    fc1 = by_name(rows)["Cell.fc1.Dense.forward.0.output.0"]
+    assert (fc1["NPU Dtype"], fc1["Bench Dtype"]) == ("Float16", "Float32")
+    assert fc1["Max diff"] != 0.0                            # fp16 rounding is visible ...
+    assert Counter(r["Result"] for r in rows) == {"pass": len(rows)}  # ... and within fp16 tolerance
+    assert cli("first-diff", dumps["fp16"], dumps["base"]).returncode == 0
+    assert cli("first-diff", dumps["fp16"], dumps["base"], "--exact").returncode == 1
+    # judged with float32's thresholds instead, the same numbers are errors: the file is read
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("groups:\n  float16: {warning: 1.0e-7, error: 1.0e-6}\n")
+    strict_rows = compare(dumps["fp16"], dumps["base"], thresholds=str(strict))
+    assert by_name(strict_rows)["Cell.fc1.Dense.forward.0.output.0"]["Result"] == "error"
+
+
+def test_one_extra_call_does_not_shift_later_names(dumps):
+    rows = compare(dumps["extra"], dumps["base"])
+    named = by_name(rows)
+    unmatched = {r["NPU Name"] for r in rows if r["Match"] == "unmatched"}
+    assert unmatched == {"Functional.relu.1.forward.input.0", "Functional.relu.1.forward.output.0",
+                         "Functional.relu.1.backward.input.0", "Functional.relu.1.backward.output.0"}
+    # the target's third relu call is the golden's second: paired by order, not by name
+    third = named["Functional.relu.2.forward.output.0"]
+    assert (third["Bench Name"], third["Match"], third["Result"]) == (
+        "Functional.relu.1.forward.output.0", "order", "pass")
+    assert named["Functional.relu.2.backward.output.0"]["Bench Name"] == "Functional.relu.1.backward.output.0"
+    # every later entry is paired by name and agrees (relu is idempotent)
+    assert named["Cell.fc2.Dense.forward.0.output.0"]["Result"] == "pass"
+    assert named["Functional.gelu.0.forward.output.0"]["Match"] == "name"
+    # unmatched rows are never pass
+    assert {r["Result"] for r in rows if r["Match"] == "unmatched"} == {"unmatched"}
+    (found,) = first_divergence(dumps["extra"], dumps["base"])
+    assert (found.kind, found.entry) == ("unmatched", "Functional.relu.1.forward")
+
+
+def test_first_divergence_names_the_changed_op(dumps):
+    (found,) = first_divergence(dumps["tanh"], dumps["base"])
+    assert (found.kind, found.entry, found.direction) == ("divergence", "Functional.gelu.0.forward", "forward")
+    assert found.target_stack and found.golden_stack
+    assert any("compare_dumps.py" in frame for frame in found.target_stack)
+    recs = {r["record"]: r for r in found.records}
+    assert recs["input.0"]["result"] == "pass" and recs["output.0"]["result"] != "pass"
+    assert "approximate" in " ".join(recs)                    # the argument that changed is shown
+    rows = compare(dumps["tanh"], dumps["base"])
+    verdicts = {r["NPU Name"].rsplit(".", 2)[0]: r["Entry Result"] for r in rows}
+    assert verdicts["Functional.gelu.0.forward"] == "source"
+    assert verdicts["Cell.fc2.Dense.forward.0"] == "propagated"  # carries gelu's error, not blamed
+
+
+def test_first_divergence_inside_a_cell_names_the_innermost_call(dumps):
+    (found,) = first_divergence(dumps["factor"], dumps["base"])
+    assert found.entry == "Mint.mul.0.forward"
+    assert found.cell_path == ["Cell.scale.Scale.forward.0"]
+    proc = cli("first-diff", dumps["factor"], dumps["base"], check_code=1)
+    assert "first divergence" in proc.stdout and "Mint.mul.0.forward" in proc.stdout
+    assert "Cell path: Cell.scale.Scale.forward.0" in proc.stdout
+    data = json.loads(cli("first-diff", dumps["factor"], dumps["base"], "--json", check_code=1).stdout)
+    assert data["divergences"][0]["entry"] == "Mint.mul.0.forward"
+
+
+def test_nan_producer_and_one_sided_nan(dumps):
+    (found,) = nan_producer(dumps["nan"])
+    assert (found.entry, found.direction) == ("Functional.sqrt.0.forward", "forward")
+    assert nan_producer(dumps["base"]) == []
+    proc = cli("first-diff", dumps["nan"], check_code=1)
+    assert "first NaN/Inf producer" in proc.stdout and "Functional.sqrt.0.forward" in proc.stdout
+    cli("first-diff", dumps["base"], check_code=0)
+    rows = compare(dumps["nan"], dumps["base"])
+    fc2_in = by_name(rows)["Cell.fc2.Dense.forward.0.input.0"]
+    assert fc2_in["Result"] == "error" and "NaN/Inf on one side only" in fc2_in["Err_message"]
+    # the extra calls (Tensor.__sub__, sqrt) are unmatched, never pass
+    assert by_name(rows)["Functional.sqrt.0.forward.output.0"]["Result"] == "unmatched"
+
+
+def test_mapping_pairs_renamed_api(dumps, tmp_path):
+    rows = compare(dumps["mint"], dumps["base"])
+    assert by_name(rows)["MintFunctional.relu.0.forward.output.0"]["Match"] == "unmatched"
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("MintFunctional.relu.0: Functional.relu.1\n")
+    rows = compare(dumps["mint"], dumps["base"], mapping=str(mapping))
+    for way in ("forward", "backward"):
+        row = by_name(rows)[f"MintFunctional.relu.0.{way}.output.0"]
+        assert (row["Bench Name"], row["Match"], row["Result"]) == (
+            f"Functional.relu.1.{way}.output.0", "mapping", "pass")
+    assert {r["Match"] for r in rows} == {"name", "mapping"}
+
+
+def test_cli_compare_files_and_reference_flags(dumps, tmp_path):
+    out = tmp_path / "out"
+    dump_json = glob.glob(os.path.join(dumps["tanh"], "step0", "*", "dump.json"))[0]
+    proc = cli("compare", "-tp", dump_json, "-gp", dumps["base"], "-o", str(out), "--xlsx", "-s",
+               check_code=0)
+    (csv_path,) = glob.glob(str(out / "compare_result_*_*.csv"))
+    rank = os.path.basename(os.path.dirname(dump_json))
+    assert os.path.basename(csv_path).startswith(f"compare_result_{rank}_")
+    with open(csv_path, newline="") as f:
+        table = list(csv.reader(f))
+    assert table[0] == columns("statistics", stack=True)
+    assert len(table) - 1 == len(compare(dumps["tanh"], dumps["base"]))
+    from openpyxl import load_workbook
+
+    sheet = load_workbook(csv_path[:-4] + ".xlsx", read_only=True).active
+    assert [c.value for c in next(sheet.iter_rows(max_row=1))] == table[0]
+    (summary_path,) = glob.glob(str(out / "compare_summary_*.json"))
+    summary = json.load(open(summary_path))
+    assert summary["results"][0]["first_source_entry"] == "Functional.gelu.0.forward"
+    assert "first source entry: Functional.gelu.0.forward" in proc.stdout
+
+
+def test_steps_are_paired_and_filtered(tmp_path):
+    a = make_dump(tmp_path, "a", steps=2)
+    b = make_dump(tmp_path, "b", steps=2, approximate="tanh")
+    out = tmp_path / "out"
+    cli("compare", "-tp", b, "-gp", a, "-o", str(out), check_code=0)
+    names = sorted(os.path.basename(p) for p in glob.glob(str(out / "*.csv")))
+    assert len(names) == 2 and "_step0_" in names[0] and "_step1_" in names[1]
+    rows = compare(b, a, step=[1])
+    assert {r["Step"] for r in rows} == {1}
+    found = first_divergence(b, a)
+    assert [(f.step, f.entry) for f in found] == [(0, "Functional.gelu.0.forward"),
+                                                  (1, "Functional.gelu.0.forward")]
+
+
+def test_tensor_mode(tmp_path):
+    a = make_dump(tmp_path, "a", task="tensor")
+    b = make_dump(tmp_path, "b", task="tensor", approximate="tanh")
+    rows = compare(b, a)
+    assert list(rows[0])[:12] == ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape",
+                                  "Bench Tensor Shape", "Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr",
+                                  "One Thousandth Err Ratio", "Five Thousandths Err Ratio"]
+    named = by_name(rows)
+    same = named["Cell.fc1.Dense.forward.0.output.0"]
+    assert same["Cosine"] == pytest.approx(1.0) and same["EucDist"] == 0.0 and same["Result"] == "pass"
+    changed = named["Functional.gelu.0.forward.output.0"]
+    assert changed["EucDist"] > 0 and changed["MaxAbsErr"] > 0 and changed["Result"] != "pass"
+    assert 0.0 <= changed["One Thousandth Err Ratio"] <= changed["Five Thousandths Err Ratio"] <= 1.0
+    (found,) = first_divergence(b, a)
+    assert found.entry == "Functional.gelu.0.forward"
+    assert compare(b, a, mode="statistics")[0]["Max diff"] is not None
+
+
+def test_md5_mode(tmp_path):
+    a = make_dump(tmp_path, "a", section={"summary_mode": "md5"})
+    b = make_dump(tmp_path, "b", section={"summary_mode": "md5"}, approximate="tanh")
+    rows = compare(b, a)
+    assert list(rows[0])[:9] == ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape",
+                                 "Bench Tensor Shape", "NPU MD5", "BENCH MD5", "Result"]
+    named = by_name(rows)
+    assert named["Cell.fc1.Dense.forward.0.output.0"]["Result"] == "pass"
+    gelu = named["Functional.gelu.0.forward.output.0"]
+    assert gelu["Result"] == "error" and gelu["NPU MD5"] != gelu["BENCH MD5"]
+    (found,) = first_divergence(b, a, exact=True)
+    assert found.entry == "Functional.gelu.0.forward"
+
+
+def test_exit_codes_and_help(dumps, tmp_path):
+    for command in ([], ["summary"], ["compare"], ["first-diff"], ["show"], ["report"]):
+        proc = cli(*command, "--help", check_code=0)
+        assert "Usage:" in proc.stdout
+    assert "Exit codes" in cli("--help").stdout
+    cli("first-diff", dumps["tanh"], dumps["base"], check_code=1)
+    cli("first-diff", str(tmp_path), dumps["base"], check_code=2)          # exists, holds no dump
+    cli("first-diff", str(tmp_path / "missing"), dumps["base"], check_code=2)
+    cli("compare", "-tp", str(tmp_path), "-gp", dumps["base"], check_code=2)
+    cli("compare", "-tp", dumps["base"], "-gp", dumps["base"], "--step", "x", check_code=2)
+    assert "first producer of a non-finite value" in cli("summary", dumps["base"], check_code=0).stdout
+    proc = cli("show", dumps["factor"], "Mint.mul.0.forward", check_code=0)
+    assert "Cell path: Cell.scale.Scale.forward.0" in proc.stdout
+    assert "input.1" in proc.stdout and "2.5" in proc.stdout and "compare_dumps.py" in proc.stdout
+    cli("show", dumps["factor"], "No.such.entry", check_code=2)
+    broken = tmp_path / "broken" / "step0" / "rank0"
+    broken.mkdir(parents=True)
+    text = '{"task": "statistics", "data": {"Functional.relu.0.forward": {'
+    (broken / "dump.json").write_text(text)
+    proc = cli("compare", "-tp", str(broken), "-gp", dumps["base"], "-o", str(tmp_path / "o"), check_code=2)
+    assert f"dump.json: invalid or truncated JSON at character {len(text)}" in proc.stderr
+
+
+def test_console_script_is_declared():
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert project["scripts"]["msprobe"] == "msprobe.cli:main"
+    from msprobe.cli import main
+
+    assert sorted(main.commands) == ["compare", "first-diff", "report", "show", "summary"]
+
+
+def test_streamed_reader_matches_load_at_any_chunk_size(dumps, monkeypatch):
+    from msprobe.core import reader
+
+    (path,) = glob.glob(os.path.join(dumps["nan"], "step0", "*"))
+    whole = reader.load(path)
+    monkeypatch.setattr(reader._ObjectStream, "_CHUNK", 7)   # values split across many reads
+    items = list(reader.iter_bodies(path))
+    assert items[0] == (None, whole.header)
+    assert [k for k, _ in items[1:]] == list(whole.data)
+    assert json.dumps(dict(items[1:])) == json.dumps(whole.data)   # NaN tokens included
+
+
+def test_pynative_and_graph_subtrees_are_paired(dumps, tmp_path):
+    import shutil
+
+    for side, src in (("t", dumps["tanh"]), ("g", dumps["base"])):
+        for tree in ("pynative", "graph"):
+            shutil.copytree(os.path.join(src, "step0"), str(tmp_path / side / tree / "step0"))
+    found = first_divergence(str(tmp_path / "t"), str(tmp_path / "g"))
+    assert sorted(f.rank.split("_")[0] for f in found) == ["graph", "pynative"]
+    assert {f.entry for f in found} == {"Functional.gelu.0.forward"}
+
+
+def test_debug_level_dumps(tmp_path):
+    from mindspore import Tensor
+    from msprobe.mindspore import PrecisionDebugger
+
+    from conftest import write_config
+
+    def run(name, scale):
+        dump = str(tmp_path / name)
+        cfg = tmp_path / f"{name}_cfg"
+        cfg.mkdir()
+        debugger = PrecisionDebugger(write_config(cfg, level="debug", dump_path=dump))
+        x = Tensor([1.0, -2.0, 3.0], ms.float32)
+
+        def loss(v):
+            y = v * 2.0
+            debugger.save(y, "y")
+            z = y * scale
+            debugger.save(z, "z")
+            return z.sum()
+
+        debugger.start()
+        ms.grad(loss)(x)
+        debugger.stop()
+        debugger.step()
+        return dump
+
+    a, b = run("a", 3.0), run("b", 3.5)
+    named = by_name(compare(b, a))
+    assert named["y.0.debug"]["Result"] == "pass"
+    assert named["z.0.debug"]["Result"] == "error"
+    assert named["z_grad.0.debug"]["Result"] == "pass"      # d(sum)/dz = 1 in both runs
+    (found,) = first_divergence(b, a)
+    assert (found.entry, found.direction) == ("z.0.debug", "forward")
+    assert direction_of("y_grad.0.debug") == "backward"
+
+
+def test_tensor_mode_loads_one_pair_at_a_time(tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    from msprobe.core import stats
+
+    a = make_dump(tmp_path, "a", task="tensor")
+    b = make_dump(tmp_path, "b", task="tensor", approximate="tanh")
+    original, alive, most = stats.load_npy, [], [0]
+
+    def tracked(path):
+        gc.collect()
+        alive[:] = [r for r in alive if r() is not None]
+        most[0] = max(most[0], len(alive))
+        arr = original(path)
+        alive.append(weakref.ref(arr))
+        return arr
+
+    monkeypatch.setattr(stats, "load_npy", tracked)
+    rows = compare(b, a)
+    assert most[0] <= 1               # when a file is loaded, no earlier pair's array is alive
+    assert sum(1 for r in rows if r["Cosine"] is not None) > 50      # and every tensor was compared
