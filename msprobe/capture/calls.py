@@ -57,8 +57,13 @@ class CallRecorder:
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
 
-    def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
-        """Run ``original(*args, **kwargs)`` as API ``api`` (``"{prefix}.{name}"``) and record it."""
+    def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False,
+             mutates: bool = False):
+        """Run ``original(*args, **kwargs)`` as API ``api`` (``"{prefix}.{name}"``) and record it.
+
+        ``inplace``: the call writes its arguments (they are read before it, no input gradients).
+        ``mutates``: the call may write tensors it is not given (a compiled region such as an
+        optimizer assigning Parameters): everything pending is read before it runs."""
         rt = self.rt
         rt.enter()
         try:
@@ -77,7 +82,7 @@ class CallRecorder:
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
                         if rt.track_parents:
                             rt.record_parent(bwd, _backward_name(self._parent()))
-                if inplace and rt.has_pending:
+                if (inplace or mutates) and rt.has_pending:
                     rt.flush()
             except Exception as exc:  # tool failure (or the user's, asynchronous launch): keep training
                 self._tool_error(api, exc, (args, kwargs))

@@ -45,7 +45,9 @@ def install_jit_capture(recorder) -> HandleSet:
         def run(*inputs, **kw):
             return original(self, *head, *inputs, **kw)
 
-        return recorder.call(f"Jit.{_region_name(self)}", run, call_args, kwargs)
+        # a compiled region may assign Parameters (an optimizer's update): tensors recorded so far,
+        # views of Parameters among them, are read before it runs
+        return recorder.call(f"Jit.{_region_name(self)}", run, call_args, kwargs, mutates=True)
 
     handles = HandleSet()
     handles.add(patch_attribute(_JitExecutor, "__call__", __call__))
