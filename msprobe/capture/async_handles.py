@@ -1,4 +1,4 @@
-"""Asynchronous calls that return a work handle (case B26).
+"""Asynchronous calls that return a work handle.
 
 A collective called with ``async_op=True`` (``mint.distributed``, or any custom API) returns a handle —
 alone or inside a tuple such as ``(out, handle)`` — and its result exists only after

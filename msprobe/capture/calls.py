@@ -122,7 +122,7 @@ class CallRecorder:
 
 
 def as_output_list(out):
-    """Forward ``output`` is a list (spec §4.2): a single value becomes a 1-element list, a tuple a
+    """Forward ``output`` is a list: a single value becomes a 1-element list, a tuple a
     list; a namedtuple stays an object keyed by field name (stable paths such as ``output.logits``)."""
     if isinstance(out, (list, tuple)):  # a namedtuple is described as an object by records.py
         return out

@@ -1,4 +1,4 @@
-"""Cell-level (L0) capture (seed "L0级别"; spec §3.3 with its [HEAD-BUG] fixed: inputs and stacks are
+"""Cell-level (L0) capture (seed "L0级别"): inputs and stacks are
 recorded at forward-pre-hook time, before the Cell can modify them).
 
 Per Cell call ``Cell.{path}.{Class}.forward.{k}``: ``input_args``, ``input_kwargs`` (pre-hook),
@@ -29,7 +29,7 @@ def iter_cells(models):
         models: ``list[(index or None, root Cell)]``.
 
     A Cell whose ``construct`` is decorated with ``mindspore.jit`` is yielded (captured as one unit)
-    but its sub-Cells are not: they run inside the compiled graph (spec §3.3), where Python hooks
+    but its sub-Cells are not: they run inside the compiled graph, where Python hooks
     would run at trace time only. A note is logged once per such Cell.
     """
     seen = set()
@@ -84,7 +84,7 @@ class CellCapture:
     def __init__(self, runtime):
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
-        # parameter gradients: not collected when only forward data is asked for (spec §2.5)
+        # parameter gradients: not collected when only forward data is asked for
         self.param_grads = self.bwd_in or self.bwd_out
         #: (models key, [(prefix, weakref to the Cell, pre-hook, post-hook, [(weakref to a Parameter,
         #: hook)])]): user objects are held weakly, so the plan never keeps a network alive
@@ -281,7 +281,7 @@ class CellCapture:
 
     # ------------------------------------------------------------------ Cells with a custom bprop
     def _install_bprop_cell(self, prefix: str, cell) -> Handle:
-        """Capture a Cell defining ``bprop`` (case B13).
+        """Capture a Cell defining ``bprop``.
 
         Forward: the pre-hook works as for other Cells; the output is taken by an instance-level
         ``construct`` wrapper (it runs once per hooked call, inside ``Cell.__call__``). Backward:

@@ -1,5 +1,4 @@
-"""Debug level: ``PrecisionDebugger.save(variable, name, save_backward=True)`` (seed: "save";
-spec §3.7).
+"""Debug level: ``PrecisionDebugger.save(variable, name, save_backward=True)`` (seed: "save").
 
 Each call records ``{name}.{count}.debug`` (``count`` per name, per step) in ``debug.json`` with the
 value walked like any record (dict -> object, list/tuple -> array). With ``save_backward`` the entry

@@ -1,4 +1,4 @@
-"""Primitive capture (L1/mix with ``start(model)``; spec §3.4): Primitive instances held by the
+"""Primitive capture (L1/mix with ``start(model)``): Primitive instances held by the
 model's Cells (``nn.Dense`` -> ``MatMul``, ``BiasAdd``; ``nn.Conv2d`` -> ``Conv2D`` ...).
 
 Python looks ``__call__`` up on the type, so each hooked instance gets its class swapped to a cached

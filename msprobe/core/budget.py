@@ -1,4 +1,4 @@
-"""Disk use of the tensor task (case B36): a byte budget and a size estimate.
+"""Disk use of the tensor task: a byte budget and a size estimate.
 
 * ``tensor_budget_mb`` (``tensor`` section of config.json): once the ``.npy`` data saved in this run
   reaches the budget, the dump switches to statistics for the rest of the run (one WARNING); the

@@ -1,4 +1,4 @@
-"""Typed, validated dump configuration (spec §1.2 and §2.1-§2.5).
+"""Typed, validated dump configuration.
 
 ``load_config`` reads a ``config.json`` (or the packaged default ``msprobe/config.json``),
 applies the keyword-argument overrides of ``PrecisionDebugger(config_path, task, dump_path,
@@ -13,10 +13,10 @@ allowed, e.g.::
 
 Deliberate differences from the reference tool:
 
-* the ``task`` keyword argument overrides the file's task (spec §1.2 step 4 documents the
-  reference behaviour as a bug; the user's guide says arguments take priority);
+* the ``task`` keyword argument overrides the file's task (the seed's ``PrecisionDebugger`` section
+  says arguments take priority over config.json);
 * a process without a rank (non-distributed) counts as rank 0 for the ``rank`` filter, so a
-  single-process run with ``"rank": [0]`` is dumped instead of silently disabled (spec §2.2);
+  single-process run with ``"rank": [0]`` is dumped instead of silently disabled;
 * ``dump_path`` is only normalised here (``os.path.abspath``), never created;
 * summary mode ``'xor'`` is rejected (not available in MindSpore PyNative).
 """
@@ -146,7 +146,7 @@ def _rebuild_config_error(field, value, allowed, reason, kind):
     return ConfigError(field, value, allowed, reason, kind=kind)
 
 
-# --------------------------------------------------------------------------- list syntax (§2.2)
+# --------------------------------------------------------------------------- list syntax
 
 def _check_index(number: int, field: str, kind: str, element: object) -> int:
     if not 0 <= number <= INDEX_MAX:
@@ -185,7 +185,7 @@ def _parse_index_list(value: object, field: str, kind: str) -> Tuple[int, ...]:
 
 
 def parse_index_list(value: object, field: str) -> Tuple[int, ...]:
-    """Parse the ``step``/``rank`` list syntax (spec §2.2).
+    """Parse the ``step``/``rank`` list syntax.
 
     Args:
         value: ``None`` (-> ``()``) or a list whose elements are ints (not bools) in
@@ -319,7 +319,7 @@ def _watch_settings(value: object, kind: str) -> Optional[WatchSettings]:
 
 
 class DumpConfig(pydantic.BaseModel):
-    """The validated, immutable dump configuration (spec §2.1, §2.3).
+    """The validated, immutable dump configuration.
 
     Build it with :func:`load_config`.  Direct construction (``DumpConfig(task=..., dump_path=...)``)
     applies the same validation and raises :class:`ConfigError` as well.  Fields are listed in
@@ -507,7 +507,7 @@ class DumpConfig(pydantic.BaseModel):
     def _v_framework(cls, value: object, info: ValidationInfo) -> str:
         return _choice(value, ("mindspore",), _locate(info), ALLOWED["framework"])
 
-    # -- cross-field rules (spec §2.1 async_dump row) -----------------------------------------
+    # -- cross-field rules --------------------------------------------------------------------
 
     @model_validator(mode="after")
     def _v_async_dump(self) -> "DumpConfig":
@@ -543,17 +543,17 @@ class DumpConfig(pydantic.BaseModel):
 
     @property
     def md5(self) -> bool:
-        """True when CRC-32 ("md5") values are requested (spec §4.7)."""
+        """True when CRC-32 ("md5") values are requested."""
         return _is_md5(self.summary_mode)
 
     @property
     def last_step(self) -> Optional[int]:
-        """The largest step to dump, or None when every step is dumped (spec §2.2)."""
+        """The largest step to dump, or None when every step is dumped."""
         return max(self.step) if self.step else None
 
     def allows(self, direction: str, io: str) -> bool:
         """Whether data of ``direction`` ('forward'|'backward') and ``io`` ('input'|'output')
-        is dumped under ``data_mode`` (spec §2.5).
+        is dumped under ``data_mode``.
 
         ``('all',)`` allows everything; otherwise the given set, widened to both directions when
         neither 'forward' nor 'backward' is listed and to both io kinds when neither 'input' nor
@@ -570,15 +570,15 @@ class DumpConfig(pydantic.BaseModel):
         return directions_ok and io_ok
 
     def dumps_step(self, step: int) -> bool:
-        """Whether ``step`` is dumped: the step list is empty or contains it (spec §2.2)."""
+        """Whether ``step`` is dumped: the step list is empty or contains it."""
         return not self.step or step in self.step
 
     def dumps_rank(self, rank: Optional[int]) -> bool:
         """Whether the process with ``rank`` dumps: the rank list is empty or contains it.
 
         ``rank=None`` (a non-distributed process) is treated as rank 0.  This differs from the
-        reference tool, which disables dumping for such a process whenever the list is non-empty
-        (spec §2.2); a single process is rank 0 for every practical purpose.
+        reference tool, which disables dumping for such a process whenever the list is non-empty;
+        a single process is rank 0 for every practical purpose.
         """
         if not self.rank:
             return True
@@ -586,7 +586,7 @@ class DumpConfig(pydantic.BaseModel):
 
 
 def _check_regex_entry(entry: str, where: Tuple[str, str]) -> None:
-    """L2 ``list`` entries ``name-regex(<re>)`` must compile (spec §2.3)."""
+    """L2 ``list`` entries ``name-regex(<re>)`` must compile."""
     match = _REGEX_ENTRY.match(entry)
     if not match:
         return
@@ -647,7 +647,7 @@ def _read_json(path: Path) -> Dict[str, Any]:
 
 
 def _section(data: Dict[str, Any], task: object) -> Tuple[str, Dict[str, Any]]:
-    """(name, content) of the task section to read; missing section -> empty (spec §2.3)."""
+    """(name, content) of the task section to read; missing section -> empty."""
     name = task if isinstance(task, str) and task in TASKS else "statistics"
     content = data.get(name)
     if content is None:
@@ -696,7 +696,7 @@ def _warn_unknown(keys, known, where: str, source: str = "config.json") -> None:
 def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
                 task: Optional[str] = None, dump_path: Optional[str] = None,
                 level: Optional[str] = None, step: Optional[list] = None) -> DumpConfig:
-    """Load, merge and validate the dump configuration (spec §1.2 steps 2-6, §2).
+    """Load, merge and validate the dump configuration.
 
     Args:
         config_path: path (str or os.PathLike) of a ``.json`` config file; ``None`` uses the
@@ -705,7 +705,7 @@ def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
             'statistics', 'tensor', 'structure', 'exception_dump').
         dump_path: overrides the file's ``dump_path`` (made absolute, not created).
         level: overrides the file's ``level`` ('L0', 'L1', 'L2', 'mix', 'debug').
-        step: overrides the file's ``step`` (list syntax of spec §2.2).
+        step: overrides the file's ``step`` (list syntax: integers, "3-5" ranges).
         ``None`` means "not given" for every keyword argument.
 
     Returns:
@@ -715,7 +715,9 @@ def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
         ConfigError: ``config_path`` is not a str/PathLike, does not end in ``.json``, does not
             exist, is not valid JSON (the message gives line and column) or its top level is not
             an object; or any field or keyword argument is invalid (the message names it, shows
-            the value and what is allowed); or a cross-field rule of spec §2.1 is violated.
+            the value and what is allowed); or a cross-field rule is violated (``async_dump`` with
+            task ``tensor`` and no ``list``, or with ``md5``; ``watch`` outside task statistics at
+            L0/L1/mix).
 
     Logs (logger ``'msprobe'``): a warning when task 'structure' forces level 'mix', when
     ``tensor_list`` is dropped for level 'debug', and when ``async_dump`` is on; unknown

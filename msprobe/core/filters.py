@@ -1,4 +1,4 @@
-"""Which entries are recorded: ``scope`` and ``list`` of config.json (spec §2.4, end-bound bugs fixed).
+"""Which entries are recorded: ``scope`` and ``list`` of config.json.
 
 * ``list``: an item matches an entry when it is a substring of the entry's full name (``"relu"``
   matches ``Functional.relu.0.forward``). In ``mix``, a Cell whose name matches is *expanded*: every API
@@ -101,7 +101,7 @@ class Selector:
         self._bwd_cells.add(cell_prefix)
 
     def selects_param_grad(self, cell_prefix: str, entry: str) -> bool:
-        """Parameter gradients of a Cell (spec §2.4): recorded when the Cell's backward data was
+        """Parameter gradients of a Cell: recorded when the Cell's backward data was
         selected in this step, or (no scope) when a ``list`` item matches the entry name. Does not
         change the scope state (it is asked during the backward pass)."""
         if cell_prefix in self._bwd_cells:

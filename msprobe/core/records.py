@@ -1,4 +1,4 @@
-"""Records: plain data describing the values an API or Cell saw (spec §4.5).
+"""Records: plain data describing the values an API or Cell saw.
 
 :func:`describe` walks an argument structure and returns a JSON-shaped structure in which every
 tensor is a :class:`TensorSlot`: a reference to the tensor plus what is already known without touching

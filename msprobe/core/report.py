@@ -1,4 +1,4 @@
-"""Per-step reports written next to ``dump.json`` (cases B08, B11, B28, B42-B44 of the shared list).
+"""Per-step reports written next to ``dump.json``.
 
 * ``anomalies.json`` — only when some recorded value is non-finite (NaN/±Inf): every *producer* in
   execution order (an entry whose recorded inputs are all finite and whose output is not), the

@@ -330,7 +330,7 @@ class Runtime:
 
     def data_flags(self) -> tuple:
         """``(forward input, forward output, backward input, backward output)``: what ``data_mode``
-        lets capture record (spec §2.5); backward needs a task that records data."""
+        lets capture record; backward needs a task that records data."""
         cfg = self.config
         return (cfg.allows("forward", "input"), cfg.allows("forward", "output"),
                 cfg.allows("backward", "input") and self.records_data,

@@ -304,7 +304,7 @@ class StepWriter:
             dump["data"] = data
             if self.abnormal:
                 dump["abnormal"] = self.abnormal
-            if not data:  # B42: an empty step is written with its reason, never left missing
+            if not data:  # an empty step is written with its reason, never left missing
                 dump["empty_reason"] = self._empty_reason()
             _atomic_write_json(os.path.join(self.directory, self.data_file), dump, self._non_finite[0])
             if self.extra_info:
