@@ -81,7 +81,7 @@ class CallRecorder:
                     if rt.selector.selects(bwd):
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
                         if rt.track_parents:
-                            rt.record_parent(bwd, _backward_name(self._parent()))
+                            rt.record_parent(bwd, naming.backward_of(self._parent()))
                 if (inplace or mutates) and rt.has_pending:
                     rt.flush()
             except Exception as exc:  # tool failure (or the user's, asynchronous launch): keep training
@@ -127,12 +127,6 @@ def as_output_list(out):
     if isinstance(out, (list, tuple)):  # a namedtuple is described as an object by records.py
         return out
     return [out]
-
-
-def _backward_name(forward_cell_entry):
-    if forward_cell_entry is None:
-        return None
-    return forward_cell_entry.replace(".forward.", ".backward.")
 
 
 def written_output(api: str, args: tuple, kwargs: dict, out):

@@ -184,7 +184,7 @@ class CellCapture:
                     if self.param_grads and self._param_loop != rt.loop:
                         self._hook_parameters()
                     bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
-                    rt.record_parent(bwd, parent.replace(".forward.", ".backward.") if parent else None)
+                    rt.record_parent(bwd, naming.backward_of(parent))
                     if rt.selector.selects(bwd):
                         rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)

@@ -34,6 +34,20 @@ def cell_entry(cell_prefix: str, direction: str, count: int) -> str:
     return f"{cell_prefix}.{direction}.{count}"
 
 
+def backward_of(entry: str | None) -> str | None:
+    """The backward entry of a forward one (``X.3.forward`` -> ``X.3.backward``,
+    ``Cell.a.B.forward.2`` -> ``Cell.a.B.backward.2``); ``None`` for ``None`` or another name."""
+    if entry is None:
+        return None
+    head, _, last = entry.rpartition(".")
+    if last == FORWARD:
+        return f"{head}.{BACKWARD}"
+    head2, _, direction = head.rpartition(".")
+    if direction == FORWARD and last.isdigit():
+        return f"{head2}.{BACKWARD}.{last}"
+    return None
+
+
 def forward_of(entry: str) -> str | None:
     """The forward entry a backward entry pairs with (``X.3.backward`` -> ``X.3.forward``,
     ``Cell.a.B.backward.2`` -> ``Cell.a.B.forward.2``); ``None`` for any other name."""
