@@ -1,4 +1,4 @@
-"""Cell-level (L0) capture inside compiled graphs, on CPU (issue 5 items 1 and 2; spec §3.5).
+"""Cell-level (L0) capture inside compiled graphs, on CPU.
 
 Python hooks do not run inside a compiled graph (GRAPH_MODE, or a ``mindspore.jit`` Cell called
 from PyNative), and ``ops.TensorDump`` runs on Ascend only. What does run at every step on CPU is
@@ -18,6 +18,10 @@ same entry names (``Cell.{path}.{Class}.forward.{k}``, ``….backward.{k}``,
 copied into host ``mindspore.Tensor`` objects, so ``dump.json`` says ``"type": "mindspore.Tensor"``
 and the MindSpore dtype name, as in PyNative.
 
+Forward probes are ``side_effect_io`` ops, kept in program order even where their result is unused;
+each gradient probe runs after its forward probe (``ops.depend`` in the bprop). A graph call
+returns before the graph runs, so :meth:`GraphDump.wait` (called by ``start``/``stop``) waits for it.
+
 Call numbering: probes run in execution order; the input probe of a call takes the next forward
 number of its Cell and opens the call, the output probe closes it (parents for ``construct.json``
 come from the stack of open calls). Backward runs in reverse: the output probe's bprop takes the
@@ -26,13 +30,14 @@ output gradient was seen.
 
 Parameter gradients: inside a compiled graph a parameter read (``self.weight`` in the original
 construct) cannot be intercepted, so the gradients are taken where they are consumed: the
-``construct`` of every ``nn.Optimizer`` that updates parameters of the model gets a probe on its
-``gradients`` argument (same values as the gradient of each parameter in a single-process run;
+``construct`` of every outermost ``nn.Optimizer`` that updates parameters of the model gets a probe
+on its ``gradients`` argument (same values as the gradient of each parameter in a single-process run;
 with loss scaling or gradient accumulation the optimizer sees the processed gradients).
 
 Limits (documented in the README): non-Tensor positional arguments and keyword arguments are not
-recorded (``input_kwargs`` is ``{}``); only top-level Tensor items of a tuple output are probed; a
-boundary with more than :data:`~msprobe.capture.graph_probes.MAX_ARITY` tensors is not probed; a
+recorded (``input_kwargs`` is ``{}``); only top-level Tensor items of a tuple output are probed; of
+a boundary with more than :data:`~msprobe.capture.graph_probes.MAX_ARITY` tensors only the first
+:data:`~msprobe.capture.graph_probes.MAX_ARITY` are (a WARNING says so when the graph compiles); a
 Cell with a custom ``bprop`` has forward data only; the instrumentation is compiled into the graph,
 so ``start(model)`` must come before the first step (a graph compiled earlier is reused by
 MindSpore without the probes) and the probes stay in the graph until the process ends (while the
@@ -49,6 +54,7 @@ from collections import defaultdict
 
 import numpy as np
 from mindspore import Tensor, nn, ops
+from mindspore.ops import constexpr
 
 from msprobe.capture import graph_probes
 from msprobe.capture.cell import is_jit_cell
@@ -285,7 +291,8 @@ class GraphCellCapture:
             _make_probe(lambda a, p=prefix, c=cell: self._exit(p, c, a), n,
                         (lambda a, p=prefix: self._output_grads(p, a)) if (self.bwd_in or self.bwd_out) else None)
             for n in arities)
-        return _set_construct(cell, graph_probes.make_construct(probes_in, probes_out))
+        return _set_construct(cell, graph_probes.make_construct(
+            probes_in, probes_out, _too_many(prefix, "input"), _too_many(prefix, "output")))
 
     def _instrument_optimizers(self, models, cells, undo: list) -> None:
         """Probe the gradients entering each optimizer of the models' parameters (GRAPH_MODE)."""
@@ -322,6 +329,24 @@ class GraphCellCapture:
             for start in range(0, len(params), size))
         construct = graph_probes.make_grads_construct(chunk_probes, len(params))
         return _set_construct(optimizer, construct)
+
+
+_NOTED_BOUNDARIES: set = set()  # (prefix, side) already warned about (each graph compile calls again)
+
+
+def _too_many(prefix: str, side: str):
+    """The compile-time note (``mindspore.ops.constexpr``) of a boundary with too many tensors,
+    a WARNING once per Cell and side."""
+    @constexpr
+    def too_many(n):
+        if (prefix, side) in _NOTED_BOUNDARIES:
+            return n
+        _NOTED_BOUNDARIES.add((prefix, side))
+        logger.warning("msprobe: %s has %d Tensor %ss in a compiled graph; a graph probe takes %d, so "
+                       "only the first %d are recorded", prefix, n, side, graph_probes.MAX_ARITY,
+                       graph_probes.MAX_ARITY)
+        return n
+    return too_many
 
 
 def _set_construct(cell, construct):

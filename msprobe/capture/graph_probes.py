@@ -252,14 +252,19 @@ def replace_tensors(values, new):
     return result
 
 
-def through(probes, values):
-    """Pass the Tensor items of the tuple ``values`` through ``probes[n]`` (n = their number)."""
+def through(probes, values, too_many):
+    """Pass the Tensor items of the tuple ``values`` through ``probes[n]`` (n = their number); of
+    more than :data:`MAX_ARITY` items only the first :data:`MAX_ARITY`, after ``too_many(n)`` (a
+    ``mindspore.ops.constexpr`` function: it runs once, when the graph is compiled)."""
     found = tensors_of(values)
     n = len(found)
-    if n == 0 or n > MAX_ARITY:
+    if n == 0:
         return values
     if n == 1:
         return replace_tensors(values, (probes[1](found[0]),))
+    if n > MAX_ARITY:
+        too_many(n)
+        return replace_tensors(values, probes[MAX_ARITY](*found[:MAX_ARITY]) + found[MAX_ARITY:])
     return replace_tensors(values, probes[n](*found))
 
 
@@ -267,7 +272,7 @@ def through(probes, values):
 INNER = "_msprobe_inner_construct"
 
 
-def make_construct(probes_in, probes_out):
+def make_construct(probes_in, probes_out, too_many_in, too_many_out):
     """An instance ``construct`` running the Cell's previous construct between an input and an
     output probe.
 
@@ -277,15 +282,15 @@ def make_construct(probes_in, probes_out):
     as a method of the Cell; a function called as ``f(self, ...)`` loses such updates (``nn.Adam``
     and ``nn.AdaMax`` keep ``beta1_power`` that way) and runs them as Python fallback code, which
     cannot hold a probe. The wrapper's first parameter is literally ``self`` (graph compilation
-    requires it).
+    requires it). ``too_many_in``/``too_many_out``: see :func:`through`.
     """
     def construct(self, *args, **kwargs):
-        args = through(probes_in, args)
+        args = through(probes_in, args, too_many_in)
         out = self._msprobe_inner_construct(*args, **kwargs)
         if isinstance(out, Tensor):
             return probes_out[1](out)
         if isinstance(out, tuple):
-            return through(probes_out, out)
+            return through(probes_out, out, too_many_out)
         return out
     return construct
 

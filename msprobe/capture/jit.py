@@ -1,5 +1,5 @@
 """Calls of ``mindspore.jit``-compiled functions and Cells at L1/mix (seed: jit notes under
-"动态图场景"; spec §3.4 "Jit").
+"动态图场景").
 
 A compiled region runs as one graph: hooks inside it never fire. While the dump runs:
 
