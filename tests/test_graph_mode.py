@@ -243,3 +243,51 @@ def test_boundary_with_more_than_16_tensors(tmp_path):
     assert len(fwd["input_args"]) == len(fwd["output"]) == len(bwd["input"]) == len(bwd["output"]) == 16
     assert [leaf["Max"] for leaf in bwd["input"]] == [1.0] * 16 and bwd["output"][0]["Max"] == 2.0
     assert fwd["output"][15]["Max"] == 2 * fwd["input_args"][15]["Max"]
+
+
+KEYWORD_GRADIENTS_SCRIPT = r"""
+import sys
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Tensor
+ms.set_device("CPU")
+ms.set_context(mode=ms.GRAPH_MODE)
+from msprobe.mindspore import PrecisionDebugger
+
+class Step(nn.Cell):
+    def __init__(self, net, opt):
+        super().__init__()
+        self.net, self.opt = net, opt
+        self.grad = ops.GradOperation(get_by_list=True)
+        self.weights = opt.parameters
+    def construct(self, x):
+        loss = self.net(x).sum()
+        grads = self.grad(self.net, self.weights)(x)
+        return ops.depend(loss, self.opt(gradients=grads))
+
+ms.set_seed(0)
+net = nn.SequentialCell(nn.Dense(3, 4), nn.ReLU())
+step = Step(net, nn.SGD(net.trainable_params(), 0.1))
+debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L0")
+for _ in range(2):
+    debugger.start(net)
+    print(float(step(Tensor(np.ones((2, 3), np.float32))).asnumpy()))
+    debugger.step()
+"""
+
+
+def test_optimizer_called_with_keyword_gradients_warns(tmp_path):
+    """optimizer(gradients=grads) cannot be probed: one WARNING saying so; the Cells are dumped."""
+    script = tmp_path / "kw.py"
+    script.write_text(KEYWORD_GRADIENTS_SCRIPT)
+    dump = str(tmp_path / "dump")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(HERE)}
+    proc = subprocess.run([sys.executable, str(script), dump], capture_output=True, text=True, timeout=240,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("SGD is called in a compiled graph without a tuple of its 2 gradients as first "
+                             "positional argument: the gradients it receives there are not recorded") == 1
+    for step in (0, 1):
+        _, d, _ = _step(dump, step)
+        assert sorted(d["data"]) == ["Cell.0.Dense.backward.0", "Cell.0.Dense.forward.0",
+                                     "Cell.1.ReLU.backward.0", "Cell.1.ReLU.forward.0"]

@@ -327,7 +327,8 @@ class GraphCellCapture:
             _make_probe(lambda a, o=owners[start:start + size]: self._param_grads(o, a),
                         len(params[start:start + size]))
             for start in range(0, len(params), size))
-        construct = graph_probes.make_grads_construct(chunk_probes, len(params))
+        construct = graph_probes.make_grads_construct(chunk_probes, len(params),
+                                                      _unprobed_optimizer(type(optimizer).__name__, len(params)))
         return _set_construct(optimizer, construct)
 
 
@@ -347,6 +348,21 @@ def _too_many(prefix: str, side: str):
                        graph_probes.MAX_ARITY)
         return n
     return too_many
+
+
+def _unprobed_optimizer(name: str, size: int):
+    """The compile-time note (``mindspore.ops.constexpr``) of an optimizer call the gradient probe
+    cannot take, a WARNING once per optimizer class."""
+    @constexpr
+    def unprobed(n):
+        if (name, "gradients") in _NOTED_BOUNDARIES:
+            return n
+        _NOTED_BOUNDARIES.add((name, "gradients"))
+        logger.warning("msprobe: %s is called in a compiled graph without a tuple of its %d gradients as "
+                       "first positional argument: the gradients it receives there are not recorded "
+                       "(parameters_grad)", name, size)
+        return n
+    return unprobed
 
 
 def _set_construct(cell, construct):

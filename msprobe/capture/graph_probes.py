@@ -295,14 +295,16 @@ def make_construct(probes_in, probes_out, too_many_in, too_many_out):
     return construct
 
 
-def make_grads_construct(chunk_probes, size):
+def make_grads_construct(chunk_probes, size, unprobed):
     """An optimizer ``construct(self, gradients, ...)`` whose gradients first pass through
     ``chunk_probes`` (one probe per run of :data:`MAX_ARITY` gradients, exact arity each), then
     go to the previous construct, a bound method as in :func:`make_construct`. A call whose first
-    argument is not a tuple of ``size`` gradients (one per parameter of the optimizer) passes
-    unprobed (decided at compile time)."""
+    positional argument is not a tuple of ``size`` gradients (one per parameter of the optimizer;
+    ``gradients=`` given by keyword, for instance) passes unprobed, after ``unprobed(0)`` (a
+    ``mindspore.ops.constexpr`` function, run when the graph is compiled)."""
     def construct(self, *args, **kwargs):
         if not args or not isinstance(args[0], tuple) or len(args[0]) != size:
+            unprobed(0)
             return self._msprobe_inner_construct(*args, **kwargs)
         grads = args[0]
         new = ()
