@@ -1,4 +1,4 @@
-"""L0 inside compiled graphs on CPU (issue 5 items 1 and 2): GRAPH_MODE networks and mindspore.jit
+"""L0 inside compiled graphs on CPU: GRAPH_MODE networks and mindspore.jit
 Cells in PyNative, through ops.Custom pyfunc probes (msprobe/capture/graph_cell.py).
 
 ``set_context(mode=...)`` is process-global, so every run is a subprocess of
@@ -26,6 +26,7 @@ RUNS = {
     "graph_off": ("graph", "off", []),
     "pynative": ("pynative", "on", []),
     "graph_model": ("graph", "on", ["--driver", "model"]),
+    "graph_unread_async": ("graph", "on", ["--driver", "unread", "--async"]),
     "graph_tensor_fwd": ("graph", "on", ["--task", "tensor", "--data-mode", "forward"]),
     "graph_bwd": ("graph", "on", ["--data-mode", "backward"]),
     "jit_L0": ("pynative", "on", ["--driver", "jit"]),
@@ -100,6 +101,18 @@ def test_graph_mode_l0_matches_pynative_l0(runs):
         assert _max_rel_diff(g["data"], p["data"]) <= 1e-6
 
 
+def test_graph_mode_result_not_read_before_stop(runs):
+    """A graph call returns before the graph runs: with no result read before stop() and step()
+    (and asynchronous launch), every step's dump is still complete and equal to the loop's."""
+    assert runs["graph_unread_async"]["losses"] == runs["graph_off"]["losses"]
+    for step in (0, 1):
+        _, u, uc = _step(runs["graph_unread_async"]["dump"], step)
+        _, g, gc = _step(runs["graph"]["dump"], step)
+        assert "abnormal" not in u
+        assert sorted(u["data"]) == sorted(g["data"]) and uc == gc
+        assert _max_rel_diff(u["data"], g["data"]) == 0.0
+
+
 def test_graph_mode_model_train_with_msprobe_step(runs):
     assert runs["graph_model"]["losses"] == runs["graph_off"]["losses"]
     for step in (0, 1):
@@ -157,7 +170,7 @@ def test_jit_cell_children_in_graph_subtree(runs, name):
 
 
 def test_graph_mode_resume_with_msprobe_init_step(tmp_path):
-    """Issue 5 item 5: GRAPH_MODE Model.train resumed at step 5 with MsprobeInitStep dumps step5, step6."""
+    """GRAPH_MODE Model.train resumed at step 5 with MsprobeInitStep dumps step5, step6."""
     dump = str(tmp_path / "dump")
     out = subprocess.run([sys.executable, WORKER, "graph", "on", dump, "--driver", "model", "--resume", "5"],
                          capture_output=True, text=True, timeout=240)
@@ -167,3 +180,114 @@ def test_graph_mode_resume_with_msprobe_init_step(tmp_path):
     for name in steps:
         rank_dir = os.path.join(dump, name, os.listdir(os.path.join(dump, name))[0])
         assert any(k.startswith("Cell.") for k in msprobe.dump.load(rank_dir).data)
+
+
+MANY_SCRIPT = r"""
+import json, sys
+import numpy as np
+import mindspore as ms
+from mindspore import nn, Tensor
+ms.set_device("CPU")
+ms.set_context(mode=ms.GRAPH_MODE)
+from msprobe.mindspore import PrecisionDebugger
+
+class Many(nn.Cell):
+    def construct(self, *xs):
+        out = ()
+        for x in xs:
+            out = out + (x * 2,)
+        return out
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 3)
+        self.many = Many()
+    def construct(self, x):
+        h = self.fc(x)
+        xs = ()
+        for i in range(17):
+            xs = xs + (h + i,)
+        total = 0
+        for y in self.many(*xs):
+            total = total + y.sum()
+        return total
+
+ms.set_seed(0)
+net = Net()
+debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L0")
+debugger.start(net)
+grad = ms.grad(net)(Tensor(np.ones((2, 3), np.float32)))
+debugger.step()
+print(json.dumps(grad.asnumpy().tolist()))
+"""
+
+
+def test_boundary_with_more_than_16_tensors(tmp_path):
+    """A Cell with 17 Tensor inputs and outputs in a graph: a WARNING names it when the graph
+    compiles, the first 16 of each side are recorded, forward and backward, the rest of the dump too."""
+    script = tmp_path / "many.py"
+    script.write_text(MANY_SCRIPT)
+    dump = str(tmp_path / "dump")
+    proc = subprocess.run([sys.executable, str(script), dump], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": os.path.dirname(HERE)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for side in ("input", "output"):  # once each, although two graphs are compiled (forward, grad)
+        assert proc.stderr.count(f"Cell.many.Many has 17 Tensor {side}s in a compiled graph; a graph "
+                                 "probe takes 16, so only the first 16 are recorded") == 1
+    _, d, _ = _step(dump, 0)
+    assert "abnormal" not in d
+    assert sorted(d["data"]) == ["Cell.fc.Dense.backward.0", "Cell.fc.Dense.forward.0",
+                                 "Cell.many.Many.backward.0", "Cell.many.Many.forward.0"]
+    fwd, bwd = d["data"]["Cell.many.Many.forward.0"], d["data"]["Cell.many.Many.backward.0"]
+    assert len(fwd["input_args"]) == len(fwd["output"]) == len(bwd["input"]) == len(bwd["output"]) == 16
+    assert [leaf["Max"] for leaf in bwd["input"]] == [1.0] * 16 and bwd["output"][0]["Max"] == 2.0
+    assert fwd["output"][15]["Max"] == 2 * fwd["input_args"][15]["Max"]
+
+
+KEYWORD_GRADIENTS_SCRIPT = r"""
+import sys
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Tensor
+ms.set_device("CPU")
+ms.set_context(mode=ms.GRAPH_MODE)
+from msprobe.mindspore import PrecisionDebugger
+
+class Step(nn.Cell):
+    def __init__(self, net, opt):
+        super().__init__()
+        self.net, self.opt = net, opt
+        self.grad = ops.GradOperation(get_by_list=True)
+        self.weights = opt.parameters
+    def construct(self, x):
+        loss = self.net(x).sum()
+        grads = self.grad(self.net, self.weights)(x)
+        return ops.depend(loss, self.opt(gradients=grads))
+
+ms.set_seed(0)
+net = nn.SequentialCell(nn.Dense(3, 4), nn.ReLU())
+step = Step(net, nn.SGD(net.trainable_params(), 0.1))
+debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L0")
+for _ in range(2):
+    debugger.start(net)
+    print(float(step(Tensor(np.ones((2, 3), np.float32))).asnumpy()))
+    debugger.step()
+"""
+
+
+def test_optimizer_called_with_keyword_gradients_warns(tmp_path):
+    """optimizer(gradients=grads) cannot be probed: one WARNING saying so; the Cells are dumped."""
+    script = tmp_path / "kw.py"
+    script.write_text(KEYWORD_GRADIENTS_SCRIPT)
+    dump = str(tmp_path / "dump")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(HERE)}
+    proc = subprocess.run([sys.executable, str(script), dump], capture_output=True, text=True, timeout=240,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("SGD is called in a compiled graph without a tuple of its 2 gradients as first "
+                             "positional argument: the gradients it receives there are not recorded") == 1
+    for step in (0, 1):
+        _, d, _ = _step(dump, step)
+        assert sorted(d["data"]) == ["Cell.0.Dense.backward.0", "Cell.0.Dense.forward.0",
+                                     "Cell.1.ReLU.backward.0", "Cell.1.ReLU.forward.0"]

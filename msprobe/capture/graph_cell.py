@@ -1,4 +1,4 @@
-"""Cell-level (L0) capture inside compiled graphs, on CPU (issue 5 items 1 and 2; spec §3.5).
+"""Cell-level (L0) capture inside compiled graphs, on CPU.
 
 Python hooks do not run inside a compiled graph (GRAPH_MODE, or a ``mindspore.jit`` Cell called
 from PyNative), and ``ops.TensorDump`` runs on Ascend only. What does run at every step on CPU is
@@ -18,6 +18,10 @@ same entry names (``Cell.{path}.{Class}.forward.{k}``, ``….backward.{k}``,
 copied into host ``mindspore.Tensor`` objects, so ``dump.json`` says ``"type": "mindspore.Tensor"``
 and the MindSpore dtype name, as in PyNative.
 
+Forward probes are ``side_effect_io`` ops, kept in program order even where their result is unused;
+each gradient probe runs after its forward probe (``ops.depend`` in the bprop). A graph call
+returns before the graph runs, so :meth:`GraphDump.wait` (called by ``start``/``stop``) waits for it.
+
 Call numbering: probes run in execution order; the input probe of a call takes the next forward
 number of its Cell and opens the call, the output probe closes it (parents for ``construct.json``
 come from the stack of open calls). Backward runs in reverse: the output probe's bprop takes the
@@ -26,13 +30,14 @@ output gradient was seen.
 
 Parameter gradients: inside a compiled graph a parameter read (``self.weight`` in the original
 construct) cannot be intercepted, so the gradients are taken where they are consumed: the
-``construct`` of every ``nn.Optimizer`` that updates parameters of the model gets a probe on its
-``gradients`` argument (same values as the gradient of each parameter in a single-process run;
+``construct`` of every outermost ``nn.Optimizer`` that updates parameters of the model gets a probe
+on its ``gradients`` argument (same values as the gradient of each parameter in a single-process run;
 with loss scaling or gradient accumulation the optimizer sees the processed gradients).
 
 Limits (documented in the README): non-Tensor positional arguments and keyword arguments are not
-recorded (``input_kwargs`` is ``{}``); only top-level Tensor items of a tuple output are probed; a
-boundary with more than :data:`~msprobe.capture.graph_probes.MAX_ARITY` tensors is not probed; a
+recorded (``input_kwargs`` is ``{}``); only top-level Tensor items of a tuple output are probed; of
+a boundary with more than :data:`~msprobe.capture.graph_probes.MAX_ARITY` tensors only the first
+:data:`~msprobe.capture.graph_probes.MAX_ARITY` are (a WARNING says so when the graph compiles); a
 Cell with a custom ``bprop`` has forward data only; the instrumentation is compiled into the graph,
 so ``start(model)`` must come before the first step (a graph compiled earlier is reused by
 MindSpore without the probes) and the probes stay in the graph until the process ends (while the
@@ -41,6 +46,7 @@ dump is off they only pass values through, ~30 µs each).
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import os
 import threading
@@ -48,6 +54,7 @@ from collections import defaultdict
 
 import numpy as np
 from mindspore import Tensor, nn, ops
+from mindspore.ops import constexpr
 
 from msprobe.capture import graph_probes
 from msprobe.capture.cell import is_jit_cell
@@ -66,19 +73,32 @@ def _same_shape(*shapes):
     return shapes[0] if len(shapes) == 1 else shapes
 
 
-def _make_probe(callback, arity: int, grad_callback=None):
+def _make_probe(callback, arity: int, grad_callback=None, side_effect: bool = True):
     """An identity ``ops.Custom`` pyfunc op of ``arity`` tensors calling ``callback(arrays)``; with
     ``grad_callback`` its bprop passes ``dout`` through a second identity probe calling it, else
-    the bprop returns ``dout`` as it is."""
+    the bprop returns ``dout`` as it is.
+
+    With ``side_effect`` the op is marked ``side_effect_io`` (as ``ops.Print`` is): the graph
+    compiler then keeps it, in program order, even where nothing uses its result (the outputs of a
+    network differentiated by ``mindspore.grad``, a Cell whose output only feeds unused code);
+    without the mark such a probe is removed as dead code and the call is silently missing.
+    Gradient probes are not marked: a gradient nothing needs is not computed, as in PyNative.
+    """
     def forward(arrays):
         callback(arrays)
         return arrays[0] if len(arrays) == 1 else arrays
 
     # a bprop is always given (a Custom op without one fails to compile under a gradient)
-    grad = graph_probes.pass_through if grad_callback is None else _make_probe(grad_callback, arity)
+    if grad_callback is None:
+        grad = graph_probes.pass_through
+    else:
+        grad = _make_probe(grad_callback, arity, side_effect=False)
     bprop = graph_probes._BPROPS[arity](grad)
-    return ops.Custom(graph_probes._FORWARDERS[arity](forward), out_shape=_same_shape,
-                      out_dtype=_same_shape, func_type="pyfunc", bprop=bprop)
+    op = ops.Custom(graph_probes._FORWARDERS[arity](forward), out_shape=_same_shape,
+                    out_dtype=_same_shape, func_type="pyfunc", bprop=bprop)
+    if side_effect:
+        op.add_prim_attr("side_effect_io", True)
+    return op
 
 
 def graph_cells(models, inside=None):
@@ -253,10 +273,7 @@ class GraphCellCapture:
                 capture._hook_params(prefix, cell, hooks)
             undo.append(hooks.remove)
         elif self.param_grads:
-            for optimizer in _optimizers_of(models):
-                restore = self._instrument_optimizer(optimizer, cells)
-                if restore is not None:
-                    undo.append(restore)
+            self._instrument_optimizers(models, cells, undo)
 
         def remove():
             for fn in reversed(undo):
@@ -265,7 +282,6 @@ class GraphCellCapture:
         return Handle(remove, "graph-mode Cell probes")
 
     def _instrument(self, prefix: str, cell):
-        original = _current_construct(cell)
         arities = range(1, graph_probes.MAX_ARITY + 1)
         probes_in = (None,) + tuple(
             _make_probe(lambda a, p=prefix: self._enter(p, a), n,
@@ -275,7 +291,25 @@ class GraphCellCapture:
             _make_probe(lambda a, p=prefix, c=cell: self._exit(p, c, a), n,
                         (lambda a, p=prefix: self._output_grads(p, a)) if (self.bwd_in or self.bwd_out) else None)
             for n in arities)
-        return _set_construct(cell, graph_probes.make_construct(original, probes_in, probes_out))
+        return _set_construct(cell, graph_probes.make_construct(
+            probes_in, probes_out, _too_many(prefix, "input"), _too_many(prefix, "output")))
+
+    def _instrument_optimizers(self, models, cells, undo: list) -> None:
+        """Probe the gradients entering each optimizer of the models' parameters (GRAPH_MODE)."""
+        optimizers = _optimizers_of(models)
+        if not optimizers:
+            logger.warning("msprobe: no mindspore.nn.Optimizer holding the model's parameters exists at "
+                           "start(); in GRAPH_MODE parameter gradients are taken where an optimizer "
+                           "receives them, so no parameters_grad entries are written")
+        for optimizer in optimizers:
+            if not _takes_gradients(optimizer):
+                logger.warning("msprobe: %s.construct does not take the gradients as its first argument: "
+                               "the gradients it receives are not recorded (parameters_grad)",
+                               type(optimizer).__name__)
+                continue
+            restore = self._instrument_optimizer(optimizer, cells)
+            if restore is not None:
+                undo.append(restore)
 
     def _instrument_optimizer(self, optimizer, cells):
         owners_by_id = {}
@@ -293,27 +327,62 @@ class GraphCellCapture:
             _make_probe(lambda a, o=owners[start:start + size]: self._param_grads(o, a),
                         len(params[start:start + size]))
             for start in range(0, len(params), size))
-        construct = graph_probes.make_grads_construct(_current_construct(optimizer), chunk_probes)
+        construct = graph_probes.make_grads_construct(chunk_probes, len(params),
+                                                      _unprobed_optimizer(type(optimizer).__name__, len(params)))
         return _set_construct(optimizer, construct)
 
 
-def _current_construct(cell):
-    """The plain function currently serving as ``cell.construct`` (instance override or class)."""
-    previous = vars(cell).get("construct")
-    return getattr(previous, "__func__", None) or type(cell).construct
+_NOTED_BOUNDARIES: set = set()  # (prefix, side) already warned about (each graph compile calls again)
+
+
+def _too_many(prefix: str, side: str):
+    """The compile-time note (``mindspore.ops.constexpr``) of a boundary with too many tensors,
+    a WARNING once per Cell and side."""
+    @constexpr
+    def too_many(n):
+        if (prefix, side) in _NOTED_BOUNDARIES:
+            return n
+        _NOTED_BOUNDARIES.add((prefix, side))
+        logger.warning("msprobe: %s has %d Tensor %ss in a compiled graph; a graph probe takes %d, so "
+                       "only the first %d are recorded", prefix, n, side, graph_probes.MAX_ARITY,
+                       graph_probes.MAX_ARITY)
+        return n
+    return too_many
+
+
+def _unprobed_optimizer(name: str, size: int):
+    """The compile-time note (``mindspore.ops.constexpr``) of an optimizer call the gradient probe
+    cannot take, a WARNING once per optimizer class."""
+    @constexpr
+    def unprobed(n):
+        if (name, "gradients") in _NOTED_BOUNDARIES:
+            return n
+        _NOTED_BOUNDARIES.add((name, "gradients"))
+        logger.warning("msprobe: %s is called in a compiled graph without a tuple of its %d gradients as "
+                       "first positional argument: the gradients it receives there are not recorded "
+                       "(parameters_grad)", name, size)
+        return n
+    return unprobed
 
 
 def _set_construct(cell, construct):
-    """Bind ``construct`` as the instance's ``construct``; returns the function that undoes it."""
-    had = "construct" in vars(cell)
-    previous = vars(cell).get("construct")
+    """Make ``construct`` the instance's ``construct``, with the current one (instance override or
+    the class's, bound) kept as ``cell._msprobe_inner_construct`` for it to call; returns the
+    function that undoes both."""
+    state = vars(cell)
+    if graph_probes.INNER in state:  # probed already (by another debugger): keep the first probes
+        logger.warning("msprobe: %s is probed already; it is not probed a second time", type(cell).__name__)
+        return lambda: None
+    saved = {name: state[name] for name in ("construct", graph_probes.INNER) if name in state}
+    object.__setattr__(cell, graph_probes.INNER, cell.construct)
     object.__setattr__(cell, "construct", construct.__get__(cell))
 
     def restore():
-        if had:
-            object.__setattr__(cell, "construct", previous)
-        else:
-            vars(cell).pop("construct", None)
+        for name in ("construct", graph_probes.INNER):
+            if name in saved:
+                object.__setattr__(cell, name, saved[name])
+            else:
+                state.pop(name, None)
 
     return restore
 
@@ -338,7 +407,9 @@ def _own_parameter_values(cell) -> dict:
 
 
 def _optimizers_of(models) -> list:
-    """``nn.Optimizer`` instances updating parameters of ``models`` (found once, at install)."""
+    """The outermost ``nn.Optimizer`` instances updating parameters of ``models`` (found once, at
+    install). An optimizer held by another one (as ``nn.LARS`` holds its inner optimizer) is left
+    out: the outer one receives the parameters' gradients, the inner one what the outer passes on."""
     wanted = {id(p) for _, root in models for p in root.get_parameters()}
     found = []
     for obj in gc.get_objects():
@@ -347,7 +418,19 @@ def _optimizers_of(models) -> list:
                 found.append(obj)
         except ReferenceError:  # a dead weak proxy among the tracked objects
             continue
-    return found
+    inner = {id(cell) for opt in found for name, cell in opt.cells_and_names() if name}
+    return [opt for opt in found if id(opt) not in inner]
+
+
+def _takes_gradients(optimizer) -> bool:
+    """Whether ``optimizer.construct`` takes the gradients as its first positional argument (as
+    every ``mindspore.nn`` optimizer does: ``construct(self, gradients)``)."""
+    try:
+        params = list(inspect.signature(optimizer.construct).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD,
+                                               params[0].VAR_POSITIONAL)
 
 
 def _allow_graph_parsing() -> None:
@@ -404,9 +487,23 @@ class GraphDump:
             rt.config = rt.config.model_copy(update={"dump_path": os.path.join(base, "pynative")})
         self._handle = None
 
+    def wait(self) -> None:
+        """Wait until the compiled graphs launched so far have run, so their probes have reported.
+
+        A graph call returns before the graph runs (also under ``mindspore.runtime.launch_blocking``);
+        the PyNative executor's ``sync`` waits for it (``mindspore.runtime.synchronize`` does not
+        on CPU). An exception the graph raised propagates, as at the user's next read of a result.
+        """
+        if self._handle is not None:
+            from msprobe.core.stats import pynative_executor
+
+            pynative_executor().sync()
+
     def begin_step(self) -> None:
-        """Called by ``start()`` once the service's step is open: open the graph tree's step (same
+        """Called by ``start()`` once the service's step is open: let graphs launched before it
+        finish (their probes must not report into this step), open the graph tree's step (same
         number and rank) and install the probes (first time only)."""
+        self.wait()
         rt, sink = self.service.runtime, self.sink
         if sink is not rt:
             if sink.writer is not None and not sink.writer.closed and sink.step != rt.step:

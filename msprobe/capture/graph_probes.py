@@ -5,7 +5,9 @@ Why fixed arity: ``ops.Custom(func_type="pyfunc")`` counts the inputs of its Pyt
 signature and reads its source (``inspect.getsource``), and a Primitive ``bprop`` must name every input
 plus ``out`` and ``dout`` explicitly (``*args`` is refused by graph compilation). So one forwarder and
 one bprop factory per arity, 1..:data:`MAX_ARITY`, written out below (mechanically expanded; keep them
-in sync with :data:`MAX_ARITY`).
+in sync with :data:`MAX_ARITY`). Each bprop waits for its probe's forward output (``ops.depend``):
+the graph runs independent kernels concurrently, and a gradient probe that ran before the forward
+probe of its call would find no forward call to pair with.
 
 The functions at the end (:func:`through`, :func:`make_construct`, :func:`make_grads_construct`) are
 parsed by MindSpore's graph compiler (GRAPH_MODE and ``mindspore.jit``): only constructs it supports
@@ -13,7 +15,7 @@ are used (``isinstance`` and ``len`` on compile-time values, tuple building, loo
 """
 from __future__ import annotations
 
-from mindspore import Tensor
+from mindspore import Tensor, ops
 
 #: most tensors passed through one probe (a Cell boundary with more is not probed)
 MAX_ARITY = 16
@@ -27,7 +29,7 @@ def _forward_1(fn):
 
 def _bprop_1(grad):
     def bprop(x0, out, dout):
-        return (grad(dout),)
+        return (grad(ops.depend(dout, out)),)
     return bprop
 
 
@@ -39,7 +41,7 @@ def _forward_2(fn):
 
 def _bprop_2(grad):
     def bprop(x0, x1, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -51,7 +53,7 @@ def _forward_3(fn):
 
 def _bprop_3(grad):
     def bprop(x0, x1, x2, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -63,7 +65,7 @@ def _forward_4(fn):
 
 def _bprop_4(grad):
     def bprop(x0, x1, x2, x3, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -75,7 +77,7 @@ def _forward_5(fn):
 
 def _bprop_5(grad):
     def bprop(x0, x1, x2, x3, x4, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -87,7 +89,7 @@ def _forward_6(fn):
 
 def _bprop_6(grad):
     def bprop(x0, x1, x2, x3, x4, x5, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -99,7 +101,7 @@ def _forward_7(fn):
 
 def _bprop_7(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -111,7 +113,7 @@ def _forward_8(fn):
 
 def _bprop_8(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -123,7 +125,7 @@ def _forward_9(fn):
 
 def _bprop_9(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -135,7 +137,7 @@ def _forward_10(fn):
 
 def _bprop_10(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -147,7 +149,7 @@ def _forward_11(fn):
 
 def _bprop_11(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -159,7 +161,7 @@ def _forward_12(fn):
 
 def _bprop_12(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -171,7 +173,7 @@ def _forward_13(fn):
 
 def _bprop_13(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -183,7 +185,7 @@ def _forward_14(fn):
 
 def _bprop_14(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -195,7 +197,7 @@ def _forward_15(fn):
 
 def _bprop_15(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
 
 
@@ -207,8 +209,14 @@ def _forward_16(fn):
 
 def _bprop_16(grad):
     def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, out, dout):
-        return grad(*dout)
+        return grad(*after(dout, out))
     return bprop
+
+
+def after(values, anchor):
+    """``values`` (a tuple) with its first item made to wait for ``anchor``: a probe's bprop runs
+    after the probe itself, so the backward record of a call always finds its forward call."""
+    return (ops.depend(values[0], anchor),) + values[1:]
 
 
 _FORWARDERS = (None, _forward_1, _forward_2, _forward_3, _forward_4, _forward_5, _forward_6, _forward_7, _forward_8, _forward_9, _forward_10, _forward_11, _forward_12, _forward_13, _forward_14, _forward_15, _forward_16)
@@ -244,38 +252,60 @@ def replace_tensors(values, new):
     return result
 
 
-def through(probes, values):
-    """Pass the Tensor items of the tuple ``values`` through ``probes[n]`` (n = their number)."""
+def through(probes, values, too_many):
+    """Pass the Tensor items of the tuple ``values`` through ``probes[n]`` (n = their number); of
+    more than :data:`MAX_ARITY` items only the first :data:`MAX_ARITY`, after ``too_many(n)`` (a
+    ``mindspore.ops.constexpr`` function: it runs once, when the graph is compiled)."""
     found = tensors_of(values)
     n = len(found)
-    if n == 0 or n > MAX_ARITY:
+    if n == 0:
         return values
     if n == 1:
         return replace_tensors(values, (probes[1](found[0]),))
+    if n > MAX_ARITY:
+        too_many(n)
+        return replace_tensors(values, probes[MAX_ARITY](*found[:MAX_ARITY]) + found[MAX_ARITY:])
     return replace_tensors(values, probes[n](*found))
 
 
-def make_construct(original, probes_in, probes_out):
-    """An instance ``construct`` running ``original`` between an input and an output probe.
+#: instance attribute holding the construct a probe wrapper calls (see :func:`make_construct`)
+INNER = "_msprobe_inner_construct"
 
-    ``original`` is the Cell's own construct as a plain function (first parameter ``self``); the
-    wrapper's first parameter is literally ``self`` (graph compilation requires it).
+
+def make_construct(probes_in, probes_out, too_many_in, too_many_out):
+    """An instance ``construct`` running the Cell's previous construct between an input and an
+    output probe.
+
+    The previous construct is reached as the bound method ``self._msprobe_inner_construct``
+    (:data:`INNER`), not as a plain function called with ``self``: the graph compiler turns
+    ``self.attr = value`` inside a construct into a Parameter update only when that construct runs
+    as a method of the Cell; a function called as ``f(self, ...)`` loses such updates (``nn.Adam``
+    and ``nn.AdaMax`` keep ``beta1_power`` that way) and runs them as Python fallback code, which
+    cannot hold a probe. The wrapper's first parameter is literally ``self`` (graph compilation
+    requires it). ``too_many_in``/``too_many_out``: see :func:`through`.
     """
     def construct(self, *args, **kwargs):
-        args = through(probes_in, args)
-        out = original(self, *args, **kwargs)
+        args = through(probes_in, args, too_many_in)
+        out = self._msprobe_inner_construct(*args, **kwargs)
         if isinstance(out, Tensor):
             return probes_out[1](out)
         if isinstance(out, tuple):
-            return through(probes_out, out)
+            return through(probes_out, out, too_many_out)
         return out
     return construct
 
 
-def make_grads_construct(original, chunk_probes):
+def make_grads_construct(chunk_probes, size, unprobed):
     """An optimizer ``construct(self, gradients, ...)`` whose gradients first pass through
-    ``chunk_probes`` (one probe per run of :data:`MAX_ARITY` gradients, exact arity each)."""
+    ``chunk_probes`` (one probe per run of :data:`MAX_ARITY` gradients, exact arity each), then
+    go to the previous construct, a bound method as in :func:`make_construct`. A call whose first
+    positional argument is not a tuple of ``size`` gradients (one per parameter of the optimizer;
+    ``gradients=`` given by keyword, for instance) passes unprobed, after ``unprobed(0)`` (a
+    ``mindspore.ops.constexpr`` function, run when the graph is compiled)."""
     def construct(self, *args, **kwargs):
+        if not args or not isinstance(args[0], tuple) or len(args[0]) != size:
+            unprobed(0)
+            return self._msprobe_inner_construct(*args, **kwargs)
         grads = args[0]
         new = ()
         for c in range(len(chunk_probes)):
@@ -284,5 +314,5 @@ def make_grads_construct(original, chunk_probes):
                 new = new + (chunk_probes[c](part[0]),)
             else:
                 new = new + chunk_probes[c](*part)
-        return original(self, new, *args[1:], **kwargs)
+        return self._msprobe_inner_construct(new, *args[1:], **kwargs)
     return construct

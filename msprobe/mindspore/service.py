@@ -294,12 +294,16 @@ class DumpService:
         rt = self.runtime
         if not self.active:
             return
-        self.active = False
-        rt.running = False
-        self._installed.remove()
-        rt.write_files()
-        if self._graph:
-            self._graph.write_files()
+        try:  # compiled graphs run asynchronously: their probes report while the dump is still on
+            if self._graph:
+                self._graph.wait()
+        finally:
+            self.active = False
+            rt.running = False
+            self._installed.remove()
+            rt.write_files()
+            if self._graph:
+                self._graph.write_files()
 
     def set_init_step(self, step: int) -> None:
         """Number the current step ``step`` (``set_init_step``/``MsprobeInitStep``).
@@ -337,8 +341,10 @@ class DumpService:
         release_pending(rt)  # B26: async handles never waited are released with a warning
         directory = rt.writer.directory if rt.writer is not None and not rt.writer.closed else None
         step = rt.step
-        if self.active:  # step() while recording: stop() was skipped, usually by an exception
-            exc = sys.exc_info()[1]
+        exc = sys.exc_info()[1]
+        # step() while recording: stop() was skipped, usually by an exception; in GRAPH_MODE the
+        # seed's own examples end the step with step() alone
+        if self.active and (exc is not None or not (self._graph and self._graph.graph_mode)):
             self.note_abnormal(f"step() called without stop(){': ' + repr(exc) if exc else ''} "
                                "(an exception in the step?); records up to that point are kept")
         self._stop()

@@ -5,7 +5,8 @@ MindSpore mode (set_context mode is process-global) and prints the losses as JSO
 
 MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optimizer), ``model``
 (``Model.train`` + ``MsprobeStep``), ``jit`` (PyNative network whose ``features`` Cell has a
-``mindspore.jit`` construct).
+``mindspore.jit`` construct), ``unread`` (the loop, reading the loss only after ``stop()`` and
+``step()``). ``--async``: MindSpore's default asynchronous launch.
 """
 from __future__ import annotations
 
@@ -59,14 +60,16 @@ def main():
     ap.add_argument("--task", default="statistics")
     ap.add_argument("--level", default="L0")
     ap.add_argument("--data-mode", default="all")
-    ap.add_argument("--driver", default="loop", choices=["loop", "model", "jit"])
+    ap.add_argument("--driver", default="loop", choices=["loop", "model", "jit", "unread"])
+    ap.add_argument("--async", dest="async_launch", action="store_true",
+                    help="MindSpore's default asynchronous launch instead of launch_blocking()")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--resume", type=int, default=0,
                     help="model driver: resume at this step number (MsprobeInitStep)")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where, then ends the run
 
-    configure_cpu()
+    configure_cpu(blocking=not args.async_launch)
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
     set_seed(1234)
     net = JitLeNet() if args.driver == "jit" else LeNet()
@@ -123,10 +126,13 @@ def main():
                 debugger.start(net)
             loss, grads = grad_fn(Tensor(x), Tensor(y))
             opt(grads)
-            losses.append(float(loss.asnumpy()))
+            if args.driver != "unread":  # unread: no result is read before stop() and step()
+                losses.append(float(loss.asnumpy()))
             if debugger is not None:
                 debugger.stop()
                 debugger.step()
+            if args.driver == "unread":
+                losses.append(float(loss.asnumpy()))
             times.append(time.perf_counter() - t0)
     print(json.dumps({"losses": [repr(v) for v in losses], "times": times}))
 
