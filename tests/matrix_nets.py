@@ -453,4 +453,34 @@ SPECS = [
     NetSpec("raise_shape", ShapeErrorNet, _x(4, 6), graph=False),
 ]
 
+
+class Special(nn.Cell):
+    """Outputs of every kind the statistics must handle: 0-d and 1-element (negative), empty,
+    integer (both signs), bool, float16 (large values: their squares overflow float16) and bfloat16."""
+
+    def construct(self, x):
+        zero_d = x.sum() * 0.0 - 3.5
+        one = x[0:1, 0:1] - 10.0
+        empty = ops.relu(x[0:0])
+        ints = ops.cast(x * 10.0, ms.int32)
+        neg_int = ops.neg(ops.abs(ints))
+        flags = ops.logical_not(x > 0)
+        half = ops.cast(x * 300.0, ms.float16) * -1.0
+        bf = ops.cast(x, ms.bfloat16) * -2.0
+        return zero_d, one, empty, neg_int, ops.cast(zero_d, ms.int64), flags, half, bf
+
+
+class SpecialNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(6, 6)
+        self.special = Special()
+
+    def construct(self, x):
+        zero_d, one, _, _, _, flags, half, bf = self.special(self.fc(x))
+        floats = ops.cast(half, ms.float32).mean() * 1e-3 + ops.cast(bf, ms.float32).mean()
+        return zero_d + one.sum() + floats + ops.cast(flags, ms.float32).mean()
+
+
+SPECS.append(NetSpec("special_values", SpecialNet, _x(4, 6), _plain, graph=False))
 BY_NAME = {s.name: s for s in SPECS}

@@ -3,7 +3,7 @@ tool-off and tool-on (every level x optimizer) in one MindSpore mode and prints,
 line, the failures of every case.
 
     python matrix_worker.py pynative|graph OUT_DIR NET [NET ...] [--levels L0,L1,mix]
-        [--opts sgd,momentum,adam] [--steps 2] [--tensor]
+        [--opts sgd,momentum,adam] [--steps 2] [--tensor] [--async-launch]
 
 A case is ``{level}-{optimizer}`` (``tensor-mix-{optimizer}``: task tensor with the statistics check).
 Run it by hand to reproduce one failure, e.g. ``python tests/scripts/matrix_worker.py pynative /tmp/m branch``.
@@ -26,7 +26,9 @@ import numpy as np  # noqa: E402
 from mindspore import nn  # noqa: E402
 
 ms.set_device("CPU")
-ms.runtime.launch_blocking()
+if "--async-launch" not in sys.argv:
+    ms.runtime.launch_blocking()
+ms.device_context.cpu.op_tuning.threads_num(1)  # conv weight gradients vary in the last bit otherwise
 
 import matrix_checks as checks  # noqa: E402
 from matrix_nets import BY_NAME  # noqa: E402
@@ -142,7 +144,7 @@ def run_net(name, mode, out_dir, levels, opts, steps, tensor) -> dict:
         if graph_mode and ref["exc"] is not None:
             result["unsupported"] = f"tool-off run raises {ref['exc'][0]}: {ref['exc'][1][:300]}"
             return result
-        if opt == opts[0]:
+        if opt == opts[0] and not graph_mode:  # (GRAPH_MODE: one compile less; same kernels)
             again = train(spec, opt, steps)
             if compare(ref, again):
                 result["nondeterministic"] = compare(ref, again)
@@ -185,8 +187,9 @@ def main():
     ap.add_argument("--opts", default="sgd,momentum,adam")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tensor", action="store_true", help="also a task-tensor mix run (statistics check)")
+    ap.add_argument("--async-launch", action="store_true", help="MindSpore's default asynchronous launch")
     args = ap.parse_args()
-    faulthandler.dump_traceback_later(280, exit=True)
+    faulthandler.dump_traceback_later(1200, exit=True)  # a hang shows where, then ends the run
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
     out = {}
     for name in args.nets:
