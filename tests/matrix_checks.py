@@ -230,12 +230,17 @@ def expected_statistics(arr: np.ndarray, dtype: str) -> dict:
             "Norm": float(np.sqrt(np.sum(a * a)))}
 
 
-def _same(x, y) -> bool:
+#: Norm: the tool's float64 sum of squares and numpy's (pairwise) differ in the last bits (measured:
+#: at most 3.1e-16 relative, on 766 of 6090 leaves); Max, Min and Mean must be equal
+NORM_REL_TOL = 1e-15
+
+
+def _same(x, y, key) -> bool:
     if x is None or y is None or isinstance(x, bool) or isinstance(y, bool):
         return x is y or (x == y and type(x) is type(y))
     if math.isnan(x) or math.isnan(y):
         return math.isnan(x) and math.isnan(y)
-    return math.isclose(x, y, rel_tol=1e-12, abs_tol=0.0) or x == y
+    return x == y or (key == "Norm" and math.isclose(x, y, rel_tol=NORM_REL_TOL, abs_tol=0.0))
 
 
 def check_statistics(dump_path: str) -> tuple:
@@ -258,7 +263,7 @@ def check_statistics(dump_path: str) -> tuple:
                 if list(arr.shape) != list(leaf.get("shape", [])):
                     fails.append(f"{entry}{where}: shape {leaf.get('shape')} but .npy {list(arr.shape)}")
                 for key, value in want.items():
-                    if not _same(leaf.get(key), value):
+                    if not _same(leaf.get(key), value, key):
                         fails.append(f"{entry}{where} ({leaf.get('dtype')}, shape {list(arr.shape)}): "
                                      f"{key} {leaf.get(key)!r}, float64 recomputation {value!r}")
     return fails, checked, dict(dtypes)
