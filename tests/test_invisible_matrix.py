@@ -130,8 +130,10 @@ PARAMS = [_param(mode, net, case) for mode, nets in MODES.items() for net in net
 def matrix(tmp_path_factory):
     base = tmp_path_factory.mktemp("matrix")
 
-    def run(chunk):
-        mode, nets = chunk
+    def run(numbered):
+        i, (mode, nets) = numbered
+        cwd = base / f"cwd{i}"  # MindSpore writes rank_0/om/analyze_fail.ir into the cwd
+        cwd.mkdir()
         args = [sys.executable, WORKER, "graph" if mode == "graph" else "pynative", str(base / mode), *nets,
                 "--opts", ",".join(OPTS[mode])]
         if mode == "pynative":
@@ -139,7 +141,7 @@ def matrix(tmp_path_factory):
         if mode == "pynative_async":
             args.append("--async-launch")
         proc = subprocess.run(args, capture_output=True, text=True, timeout=1500,
-                              cwd=str(base))  # MindSpore writes rank_0/om/analyze_fail.ir into the cwd
+                              cwd=str(cwd))
         if proc.returncode != 0:  # every case of the chunk fails with the worker's error
             crash = f"worker {' '.join(args[2:])} exited with {proc.returncode}: {proc.stderr[-3000:]}"
             return {(mode, net): {"crash": crash} for net in nets}
@@ -147,7 +149,7 @@ def matrix(tmp_path_factory):
 
     results = {}
     with ThreadPoolExecutor(2) as pool:
-        for part in pool.map(run, _chunks()):
+        for part in pool.map(run, enumerate(_chunks())):
             results.update(part)
     with open(base / "results.json", "w") as f:  # the whole matrix, for reports
         json.dump({f"{mode}:{net}": r for (mode, net), r in results.items()}, f, indent=1)
