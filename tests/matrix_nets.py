@@ -1,0 +1,486 @@
+"""Tiny networks for the invisibility matrix (tests/test_invisible_matrix.py), built from MindSpore's own
+``nn`` layers. Each :class:`NetSpec` builds a seeded network, its inputs and its loss; the worker
+(tests/scripts/matrix_worker.py) trains it tool-off and tool-on and compares.
+
+Every network covers one pattern whose capture could change what MindSpore computes: tensors with
+several consumers, residuals, BatchNorm/Dropout in training mode, shared Cells, tuple/dict outputs,
+in-place ops, recurrent layers, attention, recompute, jit Cells, list-input APIs, same-dtype casts,
+constant tables, Cells whose output takes no gradient, 0-d losses, and user exceptions.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+from mindspore.ops import operations as P
+
+
+# ---------------------------------------------------------------------------------------------- cells
+class BranchBlock(nn.Cell):
+    """``dense1(x) + dense2(batchnorm(x))``: ``x`` has two consumers."""
+
+    def __init__(self, width=6):
+        super().__init__()
+        self.dense1 = nn.Dense(width, width)
+        self.bn = nn.BatchNorm1d(width)
+        self.dense2 = nn.Dense(width, width)
+
+    def construct(self, x):
+        return self.dense1(x) + self.dense2(self.bn(x))
+
+
+class BranchNet(nn.Cell):
+    """The first block's output feeds both the loss and the second block."""
+
+    def __init__(self):
+        super().__init__()
+        self.block1 = BranchBlock()
+        self.block2 = BranchBlock()
+
+    def construct(self, x):
+        h = self.block1(x)
+        return h.sum() * 0.5 + self.block2(h).sum()
+
+
+class ResidualBlock(nn.Cell):
+    def __init__(self, width=6):
+        super().__init__()
+        self.norm = nn.LayerNorm((width,))
+        self.fc = nn.Dense(width, width, activation="relu")
+
+    def construct(self, x):
+        return x + self.fc(self.norm(x))
+
+
+class ResidualNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.SequentialCell([ResidualBlock(), ResidualBlock()])
+        self.head = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.head(self.layers(x))
+
+
+class ConvBNNet(nn.Cell):
+    """Conv2d -> BatchNorm2d (training mode) -> ReLU -> MaxPool -> Flatten -> Dense."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, pad_mode="same", has_bias=True)
+        self.bn = nn.BatchNorm2d(3)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2, 2)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(12, 3)
+
+    def construct(self, x):
+        return self.fc(self.flatten(self.pool(self.relu(self.bn(self.conv(x))))))
+
+
+class DropoutNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 8)
+        self.drop = nn.Dropout(p=0.5)
+        self.fc2 = nn.Dense(8, 3)
+
+    def construct(self, x):
+        return self.fc2(self.drop(ops.relu(self.fc1(x))))
+
+
+class SharedNet(nn.Cell):
+    """One Dense and one sub-block each called several times."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Dense(6, 6)
+        self.block = ResidualBlock()
+        self.head = nn.Dense(6, 2)
+
+    def construct(self, x):
+        h = self.shared(x)
+        h = self.shared(ops.tanh(h))
+        h = self.block(self.block(h))
+        return self.head(self.shared(h))
+
+
+class TupleOut(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Dense(6, 4)
+        self.b = nn.Dense(6, 4)
+
+    def construct(self, x):
+        return self.a(x), self.b(x), x.shape[0]
+
+
+class DictOut(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 4)
+
+    def construct(self, p, q):
+        return {"sum": self.fc(p + q), "prod": p * q}
+
+
+class TupleDictNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.pair = TupleOut()
+        self.mix = DictOut()
+
+    def construct(self, x):
+        p, q, _ = self.pair(x)
+        d = self.mix(p, q)
+        return d["sum"].mean() + d["prod"].sum() * 0.1
+
+
+class InplaceNet(nn.Cell):
+    """In-place Tensor methods and item assignment on intermediate tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 6)
+        self.fc2 = nn.Dense(6, 3)
+
+    def construct(self, x):
+        h = self.fc1(x) * 1.0
+        h.add_(1.0)
+        h.mul_(0.5)
+        h[:, 0] = 0.0
+        return self.fc2(h)
+
+
+class LSTMNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(4, 5, num_layers=1, batch_first=True)
+        self.fc = nn.Dense(5, 2)
+
+    def construct(self, x):
+        out, (h, c) = self.rnn(x)
+        return self.fc(out[:, -1]) + c[0].sum() * 0.1
+
+
+class GRUNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(4, 5, num_layers=1, batch_first=True, bidirectional=True)
+        self.fc = nn.Dense(10, 2)
+
+    def construct(self, x):
+        out, h = self.rnn(x)
+        return self.fc(out.mean(1)) + h.sum() * 0.1
+
+
+class MHANet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.fc = nn.Dense(8, 2)
+
+    def construct(self, x):
+        out, weights = self.attn(x, x, x)
+        return self.fc(out.mean(1)) + weights.sum() * 0.01
+
+
+class TransformerNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+        self.fc = nn.Dense(8, 2)
+
+    def construct(self, x):
+        return self.fc(self.layer(x).mean(1))
+
+
+class RecomputeNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.block = ResidualBlock()
+        self.block.recompute()
+        self.head = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.head(self.block(x))
+
+
+class JitBlock(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(6, 6)
+        self.relu = nn.ReLU()
+
+    @ms.jit
+    def construct(self, x):
+        return self.relu(self.fc(x)) * 2.0
+
+
+class JitNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Dense(6, 6)
+        self.jit_block = JitBlock()
+        self.head = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.head(self.jit_block(self.pre(x)))
+
+
+class ListApiNet(nn.Cell):
+    """``ops.concat``, ``ops.stack``, ``ops.addn`` on a list of Cell outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Dense(6, 3)
+        self.b = nn.Dense(6, 3)
+        self.head = nn.Dense(6, 2)
+
+    def construct(self, x):
+        a, b = self.a(x), self.b(x)
+        c = ops.concat([a, b], axis=1)
+        s = ops.stack([a, b, a])
+        n = ops.addn([a, b, a * 2.0])
+        return self.head(c) + s.sum(0).mean() + n.mean()
+
+
+class CastNet(nn.Cell):
+    """Casts to the dtype the tensor already has (MindSpore may return the input itself)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 6)
+        self.cast = P.Cast()
+        self.fc2 = nn.Dense(6, 3)
+
+    def construct(self, x):
+        h = self.fc1(x)
+        h = ops.cast(h, ms.float32)
+        h = self.cast(h, ms.float32) + h
+        h = h.astype(ms.float32)
+        return self.fc2(h)
+
+
+class Table(nn.Cell):
+    """Returns a constant table (not a Parameter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = Tensor(np.linspace(-1.0, 1.0, 18).reshape(3, 6).astype(np.float32))
+
+    def construct(self):
+        return self.table
+
+
+class ConstTableNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.table = Table()
+        self.fc = nn.Dense(6, 3)
+
+    def construct(self, x):
+        t = self.table()
+        return self.fc(x * t[0:1] + t[1]) + t[2, :3]
+
+
+class DropoutOnes(nn.Cell):
+    """``nn.Dropout`` on ``ops.ones(shape)``: a Cell whose output takes no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(p=0.25)
+
+    def construct(self, shape):
+        return self.drop(ops.ones(shape, ms.float32))
+
+
+class DropoutOnesNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.mask = DropoutOnes()
+        self.fc = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.fc(x * self.mask(x.shape))
+
+
+class ScalarNet(nn.Cell):
+    """The network returns a 0-d tensor; the loss is computed on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(6, 1)
+
+    def construct(self, x):
+        return self.fc(x).sum()
+
+
+class Half(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(6, 6).to_float(ms.float16)
+
+    def construct(self, x):
+        return ops.cast(self.fc(x), ms.float32)
+
+
+class Fp16Net(nn.Cell):
+    """A float16 sub-Cell (``Cell.to_float``) between float32 Cells."""
+
+    def __init__(self):
+        super().__init__()
+        self.half = Half()
+        self.head = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.head(self.half(x))
+
+
+class RaiseAtSecondCall(nn.Cell):
+    """Raises a user ValueError from inside a sub-Cell on its second call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(6, 3)
+        self.calls = 0
+
+    def construct(self, x):
+        self.calls += 1
+        if self.calls == 2:
+            raise ValueError("user error in step 1")
+        return self.fc(x)
+
+
+class RaiseNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.inner = RaiseAtSecondCall()
+
+    def construct(self, x):
+        return self.inner(x)
+
+
+class ShapeErrorNet(nn.Cell):
+    """A MindSpore op raising on a shape mismatch (every step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return ops.matmul(self.fc(x), x)
+
+
+# ---------------------------------------------------------------------------------------------- specs
+def _mean_square(out, label):
+    return ((out - label) ** 2).mean()
+
+
+def _ce(out, label):
+    return ops.cross_entropy(out, label)
+
+
+def _scalar(out, label):
+    return ops.square(out - label)
+
+
+def _plain(out, label):
+    return out
+
+
+@dataclasses.dataclass
+class NetSpec:
+    """A network of the matrix.
+
+    Attributes:
+        name: matrix key.
+        cls: the network class (built after seeding).
+        inputs: ``rng -> (data, label)``.
+        loss: ``(network output, label) -> 0-d loss``.
+        graph: whether the network is tried in GRAPH_MODE too.
+        train: ``set_train(True)`` (BatchNorm batch statistics, active Dropout).
+    """
+
+    name: str
+    cls: Callable
+    inputs: Callable
+    loss: Callable = _mean_square
+    graph: bool = True
+    train: bool = True
+
+
+def _x(*shape):
+    return lambda r: (Tensor(r.randn(*shape).astype(np.float32)),
+                      Tensor(r.randn(*shape[:-1], 3).astype(np.float32)))
+
+
+def _xs(shape, label_shape):
+    return lambda r: (Tensor(r.randn(*shape).astype(np.float32)),
+                      Tensor(r.randn(*label_shape).astype(np.float32)))
+
+
+def _cls_inputs(shape, classes):
+    return lambda r: (Tensor(r.randn(*shape).astype(np.float32)),
+                      Tensor(r.randint(0, classes, shape[0]).astype(np.int32)))
+
+
+SPECS = [
+    NetSpec("branch", BranchNet, _x(4, 6), _plain),
+    NetSpec("residual", ResidualNet, _x(4, 6)),
+    NetSpec("conv_bn", ConvBNNet, _cls_inputs((4, 2, 4, 4), 3), _ce),
+    NetSpec("dropout", DropoutNet, _x(4, 6)),
+    NetSpec("shared", SharedNet, _xs((4, 6), (4, 2))),
+    NetSpec("tuple_dict", TupleDictNet, _x(4, 6), _plain),
+    NetSpec("inplace", InplaceNet, _x(4, 6)),
+    NetSpec("lstm", LSTMNet, _xs((3, 5, 4), (3, 2))),
+    NetSpec("gru", GRUNet, _xs((3, 5, 4), (3, 2))),
+    NetSpec("mha", MHANet, _xs((2, 3, 8), (2, 2))),
+    NetSpec("transformer", TransformerNet, _xs((2, 3, 8), (2, 2))),
+    NetSpec("recompute", RecomputeNet, _x(4, 6)),
+    NetSpec("jit_cell", JitNet, _x(4, 6), graph=False),
+    NetSpec("list_apis", ListApiNet, _xs((4, 6), (4, 2))),
+    NetSpec("casts", CastNet, _x(4, 6)),
+    NetSpec("const_table", ConstTableNet, _x(4, 6)),
+    NetSpec("dropout_ones", DropoutOnesNet, _x(4, 6)),
+    NetSpec("scalar_loss", ScalarNet, lambda r: (Tensor(r.randn(4, 6).astype(np.float32)),
+                                                 Tensor(np.float32(0.5))), _scalar),
+    NetSpec("fp16", Fp16Net, _x(4, 6)),
+    NetSpec("raise_user", RaiseNet, _x(4, 6), graph=False),
+    NetSpec("raise_shape", ShapeErrorNet, _x(4, 6), graph=False),
+]
+
+
+class Special(nn.Cell):
+    """Outputs of every kind the statistics must handle: 0-d and 1-element (negative), empty,
+    integer (both signs), bool, float16 (large values: their squares overflow float16) and bfloat16."""
+
+    def construct(self, x):
+        zero_d = x.sum() * 0.0 - 3.5
+        one = x[0:1, 0:1] - 10.0
+        empty = ops.relu(x[0:0])
+        ints = ops.cast(x * 10.0, ms.int32)
+        neg_int = ops.neg(ops.abs(ints))
+        flags = ops.logical_not(x > 0)
+        half = ops.cast(x * 300.0, ms.float16) * -1.0
+        bf = ops.cast(x, ms.bfloat16) * -2.0
+        return zero_d, one, empty, neg_int, ops.cast(zero_d, ms.int64), flags, half, bf
+
+
+class SpecialNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(6, 6)
+        self.special = Special()
+
+    def construct(self, x):
+        zero_d, one, _, _, _, flags, half, bf = self.special(self.fc(x))
+        floats = ops.cast(half, ms.float32).mean() * 1e-3 + ops.cast(bf, ms.float32).mean()
+        return zero_d + one.sum() + floats + ops.cast(flags, ms.float32).mean()
+
+
+SPECS.append(NetSpec("special_values", SpecialNet, _x(4, 6), _plain, graph=False))
+BY_NAME = {s.name: s for s in SPECS}
