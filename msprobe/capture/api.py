@@ -15,7 +15,8 @@ import os
 
 import yaml
 
-from msprobe.capture.calls import CallRecorder, is_inplace
+from msprobe.capture.calls import CallRecorder
+from msprobe.capture.semantics import is_inplace
 
 SUPPORT_WRAP_OPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")
 

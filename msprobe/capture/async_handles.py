@@ -22,6 +22,8 @@ import weakref
 
 from mindspore import Tensor
 
+from msprobe.capture.semantics import as_output_list, written_output
+
 logger = logging.getLogger("msprobe")
 
 _registries: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -58,7 +60,6 @@ class PendingHandles:
         handle = _find_handle(out)
         if handle is None:
             return False
-        from msprobe.capture.calls import as_output_list, written_output
 
         if handle is out:  # the result is the written argument (collectives) or nothing
             value = as_output_list(written_output(api, args, kwargs, None))

@@ -15,7 +15,7 @@ import logging
 import weakref
 
 from msprobe.capture.backward import BackwardProbe, grad_enabled, grad_inputs, watermark
-from msprobe.capture.calls import as_output_list
+from msprobe.capture.semantics import as_output_list
 from msprobe.core import naming
 from msprobe.core.handles import Handle, HandleSet
 

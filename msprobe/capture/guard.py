@@ -13,7 +13,7 @@ import functools
 import mindspore
 from mindspore import Tensor
 
-from msprobe.capture.calls import COLLECTIVE_WRITES, is_inplace
+from msprobe.capture.semantics import COLLECTIVE_WRITES, is_inplace
 from msprobe.core.handles import AttributePatches
 
 

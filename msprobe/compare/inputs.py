@@ -12,8 +12,7 @@ import os
 import re
 from typing import List, NamedTuple, Optional, Sequence
 
-from msprobe.core.writer import JOURNAL
-from msprobe.core.reader import SUBTREES
+from msprobe.dump import JOURNAL, SUBTREES
 from msprobe.dump import iter_step_dirs
 
 _STEP = re.compile(r"^step(\d+)$")

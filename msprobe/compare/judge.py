@@ -166,7 +166,7 @@ def _stat_result(out: Judged, group: Group) -> str:
 
 
 def _load_pair(t: Record, g: Record, t_dir: str, g_dir: str, out: Judged):
-    from msprobe.core.stats import load_npy
+    from msprobe.dump import load_npy
 
     if not t.data_name or not g.data_name:
         out.messages.append("no tensor file (data_name) on " + ("both sides" if not t.data_name
