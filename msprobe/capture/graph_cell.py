@@ -275,7 +275,7 @@ class GraphCellCapture:
             _make_probe(lambda a, p=prefix, c=cell: self._exit(p, c, a), n,
                         (lambda a, p=prefix: self._output_grads(p, a)) if (self.bwd_in or self.bwd_out) else None)
             for n in arities)
-        return _set_construct(cell, graph_probes.make_construct(original, probes_in, probes_out))
+        return _set_construct(cell, graph_probes.make_construct(original.__get__(cell), probes_in, probes_out))
 
     def _instrument_optimizer(self, optimizer, cells):
         owners_by_id = {}
@@ -293,7 +293,7 @@ class GraphCellCapture:
             _make_probe(lambda a, o=owners[start:start + size]: self._param_grads(o, a),
                         len(params[start:start + size]))
             for start in range(0, len(params), size))
-        construct = graph_probes.make_grads_construct(_current_construct(optimizer), chunk_probes)
+        construct = graph_probes.make_grads_construct(_current_construct(optimizer).__get__(optimizer), chunk_probes)
         return _set_construct(optimizer, construct)
 
 

@@ -258,12 +258,16 @@ def through(probes, values):
 def make_construct(original, probes_in, probes_out):
     """An instance ``construct`` running ``original`` between an input and an output probe.
 
-    ``original`` is the Cell's own construct as a plain function (first parameter ``self``); the
-    wrapper's first parameter is literally ``self`` (graph compilation requires it).
+    ``original`` is the Cell's own construct bound to the Cell (a method): the graph compiler then
+    parses it with ``self`` known, so conditions on Cell attributes (``if self.flag:``) are constants
+    and a name assigned in one branch only compiles as it does without the probes. (Called as a
+    plain function with ``self`` passed, such a construct fails: "The local variable ... is not
+    defined in false branch".) The wrapper's first parameter is literally ``self`` (graph
+    compilation requires it).
     """
     def construct(self, *args, **kwargs):
         args = through(probes_in, args)
-        out = original(self, *args, **kwargs)
+        out = original(*args, **kwargs)
         if isinstance(out, Tensor):
             return probes_out[1](out)
         if isinstance(out, tuple):
@@ -274,7 +278,8 @@ def make_construct(original, probes_in, probes_out):
 
 def make_grads_construct(original, chunk_probes):
     """An optimizer ``construct(self, gradients, ...)`` whose gradients first pass through
-    ``chunk_probes`` (one probe per run of :data:`MAX_ARITY` gradients, exact arity each)."""
+    ``chunk_probes`` (one probe per run of :data:`MAX_ARITY` gradients, exact arity each);
+    ``original`` is the optimizer's construct bound to it (see :func:`make_construct`)."""
     def construct(self, *args, **kwargs):
         grads = args[0]
         new = ()
@@ -284,5 +289,5 @@ def make_grads_construct(original, chunk_probes):
                 new = new + (chunk_probes[c](part[0]),)
             else:
                 new = new + chunk_probes[c](*part)
-        return original(self, new, *args[1:], **kwargs)
+        return original(new, *args[1:], **kwargs)
     return construct
