@@ -180,6 +180,14 @@ def test_no_tool_error_and_nothing_left_patched(llama, mode, spec):
 
 
 # ------------------------------------------------------------------------------------ completeness
+def _coverage(step_dump) -> dict:
+    path = os.path.join(step_dump.directory, "coverage.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def _cell_key(entry: str, direction: str) -> str:
     """``Cell.model.layers.0.Class.forward.0`` -> ``model.layers.0.Class``."""
     return entry.split(".", 1)[1].rsplit(f".{direction}.", 1)[0]
@@ -195,7 +203,13 @@ def test_every_cell_call_has_an_entry(llama, mode, spec):
                                    if e.startswith("Cell.") and ".forward." in e)
         missing = {k: v - seen.get(k, 0) for k, v in expected.items() if seen.get(k, 0) < v}
         extra = {k: v - expected.get(k, 0) for k, v in seen.items() if expected.get(k, 0) < v}
-        assert not missing and not extra, f"step {step}: missing {missing}, extra {extra}"
+        # GRAPH_MODE: a Cell computed from constants only (the RoPE table FreqsMgr) is evaluated by
+        # the compiler, so its probes never run; such a Cell must be listed in coverage.json
+        explained = {_cell_key(item["cell"] + ".forward.0", "forward")
+                     for d in parts for item in _coverage(d).get("not_recorded_in_graph", [])}
+        unexplained = {k: v for k, v in missing.items() if k not in explained}
+        assert not unexplained and not extra, f"step {step}: missing {unexplained}, extra {extra}"
+        assert explained <= set(missing), f"listed as not recorded but recorded: {explained - set(missing)}"
 
 
 def _api_key(entry: str) -> str | None:
@@ -230,9 +244,7 @@ def test_graph_mode_api_level_lists_the_compiled_region(llama, mode, spec):
     for parts in step_dumps(llama, mode, spec):
         jit = [e for d in parts for e in d.data if e.startswith("Jit.")]
         assert jit, [list(d.data)[:5] for d in parts]
-        notes = [json.load(open(os.path.join(d.directory, "coverage.json"), encoding="utf-8"))
-                 for d in parts if os.path.exists(os.path.join(d.directory, "coverage.json"))]
-        regions = [r["entry"] for n in notes for r in n.get("compiled_regions", [])]
+        regions = [r["entry"] for d in parts for r in _coverage(d).get("compiled_regions", [])]
         assert set(jit) <= set(regions)
 
 

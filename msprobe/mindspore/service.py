@@ -263,6 +263,8 @@ class DumpService:
         self.active = False
         rt.running = False
         self._installed.remove()
+        if self._graph:
+            self._graph.note_unrecorded()
         rt.write_files()
         if self._graph:
             self._graph.write_files()
