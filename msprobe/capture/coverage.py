@@ -240,8 +240,9 @@ def inline_primitives(models) -> list:
                                   "api": f"Primitive.{prim.__name__}",
                                   "call_as": f"a Primitive held by the Cell (self.<name> = {prim.__name__}() "
                                              "in __init__)",
-                                  "reason": f"{where} creates a new {prim.__name__} Primitive at each "
-                                            "call; no Cell holds it, so its calls are not recorded. "
+                                  "reason": f"{where} creates a new {prim.__name__} Primitive each "
+                                            "time that line runs; no Cell holds it, so its calls are "
+                                            "not recorded. "
                                             f"Create it once in __init__ (self.<name> = {prim.__name__}"
                                             "()) to have it captured"})
             _inline_cache[cls] = items

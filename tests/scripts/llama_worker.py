@@ -15,7 +15,8 @@ k, raw arrays) and, with the dump on, ``dump/`` (the dump path).
 ``--census`` (PyNative only) first runs one training step without the dump and writes
 ``OUT/census.json``: every sub-Cell call (forward pre-hooks) and every call that model code (mindformers
 functions and the ``construct`` of the model's Cells) makes into MindSpore (``sys.setprofile``),
-classified as a listed API (``support_wrap_ops.yaml``), a Primitive held by a Cell, or other.
+classified as a listed API (``support_wrap_ops.yaml``), a Primitive held by a Cell, or other, and
+every Primitive that model code creates during the step.
 
 The stand-in ``hyper_parallel`` package (``stand_ins/``) is put on ``sys.path``; mindformers is imported
 from ``OUT`` because importing it creates ``./output/log``.
@@ -188,6 +189,7 @@ def census(out: str) -> None:
             cell.register_forward_pre_hook(lambda c, args, key=f"{name}.{type(cell).__name__}":
                                            cell_calls.update([key]))
     listed, primitives, other = collections.Counter(), collections.Counter(), collections.Counter()
+    created = collections.Counter()
 
     def is_model_frame(frame) -> bool:
         if frame is None:
@@ -204,11 +206,14 @@ def census(out: str) -> None:
                 return
             code = frame.f_code
             me = frame.f_locals.get("self")
-            if code.co_name == "__call__" and isinstance(me, Primitive):
+            where = f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_lineno}"
+            if code.co_name in ("__init__", "deco") and isinstance(me, Primitive):
+                created[f"{type(me).__name__} ({where})"] += 1  # a Primitive made during the step
+            elif code.co_name == "__call__" and isinstance(me, Primitive):
                 if id(me) in held:
                     primitives[f"Primitive.{type(me).__name__}"] += 1
                 else:
-                    other[f"unheld Primitive {type(me).__name__} ({caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_lineno})"] += 1
+                    other[f"unheld Primitive {type(me).__name__} ({where})"] += 1
             elif code in codes:
                 names = codes[code]
                 listed[sorted(names)[0] if len(names) == 1 else "|".join(sorted(names))] += 1
@@ -233,6 +238,7 @@ def census(out: str) -> None:
     opt(grads)
     with open(os.path.join(out, "census.json"), "w", encoding="utf-8") as f:
         json.dump({"cells": cell_calls, "listed": listed, "primitives": primitives, "other": other,
+                   "created_primitives": created,
                    "parameters": len(opt.parameters), "loss": float(loss.asnumpy())}, f, indent=1)
 
 
