@@ -72,11 +72,8 @@ def ensure_venv(venv: str = VENV, repo: str = ROOT) -> tuple[str, float]:
     began = time.perf_counter()
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([_base_python(), "-m", "venv", venv], check=True)
-    _pip(venv, *PINS)
-    _pip(venv, "--no-deps", MINDFORMERS)
-    _pip(venv, *PINS, *MINDFORMERS_REQUIREMENTS)
-    _pip(venv, *PINS, *MSPROBE_REQUIREMENTS)
-    _pip(venv, "--no-deps", "-e", repo)
+    _pip(venv, *PINS, *MINDFORMERS_REQUIREMENTS, *MSPROBE_REQUIREMENTS)  # one resolution
+    _pip(venv, "--no-deps", MINDFORMERS, "-e", repo)
     with open(os.path.join(venv, MARKER), "w", encoding="utf-8") as f:
         f.write(f"{MINDFORMERS} {' '.join(PINS)}\n")
     return python_of(venv), time.perf_counter() - began
