@@ -181,6 +181,14 @@ def test_no_tool_error_and_nothing_left_patched(llama, mode, spec):
     assert r["left_patched"] == []
 
 
+@pytest.mark.parametrize("mode,spec", cases())
+def test_the_model_is_not_kept_alive(llama, mode, spec):
+    """After the run the worker drops the model, optimizer and debugger: the model is freed unless
+    MindSpore itself keeps it (GRAPH_MODE: its compiled graph, tool off too)."""
+    on, off = result(llama, mode, spec), result(llama, mode, off_spec(spec))
+    assert on["model_released"] == off["model_released"]
+
+
 # ------------------------------------------------------------------------------------ completeness
 def _coverage(step_dump) -> dict:
     path = os.path.join(step_dump.directory, "coverage.json")

@@ -46,7 +46,7 @@ class DumpService:
         self.config = config
         self.runtime = Runtime(config)
         self.recorder = CallRecorder(self.runtime)
-        self.models: list | None = None
+        self._models: list | None = None  # [(index, weakref to the root Cell)]
         self.finished = False
         self.active = False
         self._installed = HandleSet()
@@ -70,12 +70,25 @@ class DumpService:
     def set_model(self, model) -> None:
         """Remember the model(s) to hook: a Cell, or a list/tuple of Cells (names get the index)."""
         if isinstance(model, nn.Cell):
-            self.models = [(None, model)]
+            self._models = [(None, weakref.ref(model))]
         elif isinstance(model, (list, tuple)) and model and all(isinstance(m, nn.Cell) for m in model):
-            self.models = [(i, m) for i, m in enumerate(model)]
+            self._models = [(i, weakref.ref(m)) for i, m in enumerate(model)]
         else:
             raise TypeError("start(model=...): model must be a mindspore.nn.Cell or a list/tuple of "
                             f"mindspore.nn.Cell, got {type(model).__name__}")
+
+    @property
+    def models(self) -> list | None:
+        """``[(index, root Cell)]`` given to the last ``start(model)``, or ``None``. Held weakly: the
+        dump keeps nothing of the user's alive (a model dropped by the user is not kept after
+        ``step()``); once a model is gone this is ``None`` until ``start(model)`` gives another."""
+        if self._models is None:
+            return None
+        roots = [(index, ref()) for index, ref in self._models]
+        if any(root is None for _, root in roots):
+            self._models = None
+            return None
+        return roots
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> bool:
@@ -150,7 +163,9 @@ class DumpService:
 
     def _primitive_targets(self) -> list:
         """Primitives held by the model's Cells, read at the first ``start(model)`` of a model."""
-        key = [(index, id(root)) for index, root in self.models]
+        # weak references compare like their (alive) referents: an id of a dropped model reused by a
+        # new one does not match
+        key = [(index, weakref.ref(root)) for index, root in self.models]
         if self._primitives is None or self._primitives[0] != key:
             cells = [cell for _, root in self.models for _, cell in root.cells_and_names()]
             self._primitives = (key, primitive_targets(cells, self.runtime.selector.may_record_api))
