@@ -1,8 +1,9 @@
 """Every public name of a listed API is captured: ``mindspore.ops.functional`` (``F.cast``, as
-mindformers and MindSpore's own layers call it), ``mindspore.ops.function.*`` modules and ``mint``
-re-exports are the same function objects as the ``mindspore.ops``/``mint`` names in
-support_wrap_ops.yaml. Names that still escape (a module whose attributes are not wrapped, a
-Primitive created at each call) are listed in coverage.json. Real MindSpore calls, PyNative."""
+mindformers and MindSpore's own layers call it) and the ``mindspore.ops.function.*`` modules hold the
+same function objects as the ``mindspore.ops`` names in support_wrap_ops.yaml. Names that still
+escape (a module whose attributes are not wrapped, a ``mint`` re-export of a function listed for
+``ops`` only, a Primitive created at each call) are listed in coverage.json. Real MindSpore calls,
+PyNative."""
 from __future__ import annotations
 
 import mindspore as ms
@@ -35,11 +36,13 @@ class ThroughAliases(nn.Cell):
 
 
 class EscapingCalls(nn.Cell):
-    """A listed function through a module whose attributes are not wrapped, and a Primitive made at
-    each call: both are reported, neither is recorded."""
+    """A listed function through a module whose attributes are not wrapped, a ``mint`` re-export of
+    a function listed for ``ops`` only, and a Primitive made at each call: all are reported, none is
+    recorded."""
 
     def construct(self, x):
         y = gen_ops_def.cast(x, ms.float32)
+        y = mint.cumprod(y, 0)
         return P.Reshape()(y, (-1,))
 
 
@@ -68,7 +71,8 @@ def test_functional_and_function_module_names_are_recorded(make_debugger, dump_d
     assert data["Functional.shape.0.forward"]["output"][0]["value"] == 2
     # nothing ThroughAliases calls escaped (this module's other Cell is reported, see below)
     reported = [i["name"] for i in read_report(d, "coverage.json")["not_captured"]]
-    assert all(name.startswith(("gen_ops_def.", "Reshape() in EscapingCalls")) for name in reported)
+    assert all(name.startswith(("gen_ops_def.", "mint.cumprod", "Reshape() in EscapingCalls"))
+               for name in reported)
     # the wrappers are gone after stop(): every name is MindSpore's own object again
     assert F.cast is ops.cast and array_func.zeros_like is ops.zeros_like and F.shape is ops.shape
     assert not hasattr(F.cast, "__wrapped__")
@@ -104,13 +108,19 @@ def test_mindspore_internal_calls_through_module_globals_are_not_recorded(make_d
 
 
 def test_every_public_binding_of_a_listed_function_is_a_target():
+    """Within a namespace family (Functional: ops, ops.functional, ops.function.*; Mint;
+    MintFunctional) every name of a function listed for that family is wrapped."""
     targets = resolve_targets(load_api_list())
     wrapped = {(id(owner), attr) for owner, attr, _ in targets + alias_targets(targets)}
-    listed = {id(getattr(owner, attr)) for owner, attr, _ in targets if not isinstance(owner, type)}
+    listed = {}  # family prefix -> ids of the functions listed for it
+    for owner, attr, api in targets:
+        if not isinstance(owner, type):
+            listed.setdefault(api.partition(".")[0], set()).add(id(getattr(owner, attr)))
     missing = []
-    for module in (F, ops, mint, mint.nn.functional, array_func):
+    for module, family in ((F, "Functional"), (ops, "Functional"), (array_func, "Functional"),
+                           (mint, "Mint"), (mint.nn.functional, "MintFunctional")):
         for attr, value in vars(module).items():
-            if not attr.startswith("_") and id(value) in listed and (id(module), attr) not in wrapped:
+            if not attr.startswith("_") and id(value) in listed[family] and (id(module), attr) not in wrapped:
                 missing.append(f"{module.__name__}.{attr}")
     assert missing == []
     aliases = {(owner.__name__, attr): api for owner, attr, api in alias_targets(targets)}
@@ -128,12 +138,16 @@ def test_escaping_calls_are_listed_in_coverage(make_debugger, dump_dir):
     debugger.step()
     d = only_step_dir(dump_dir, 0)
     data = msprobe.dump.load(d).data
-    assert not any(k.startswith(("Functional.cast", "Primitive.")) for k in data)  # the gaps are real
+    assert not any(k.startswith(("Functional.cast", "Functional.cumprod", "Mint.", "Primitive."))
+                   for k in data)  # the gaps are real
     items = {i["name"]: i for i in read_report(d, "coverage.json")["not_captured"]}
     cast = items["gen_ops_def.cast"]
     assert cast["api"] == "Functional.cast" and cast["call_as"] == "mindspore.ops.cast"
     assert cast["module"] == __name__ and "not wrapped" in cast["reason"]
+    cumprod = items["mint.cumprod"]
+    assert mint.cumprod is ops.cumprod and cumprod["call_as"] == "mindspore.ops.cumprod"
+    assert "not in that namespace's list" in cumprod["reason"]
     (reshape,) = [i for name, i in items.items() if name.startswith("Reshape() in EscapingCalls.construct")]
     assert reshape["api"] == "Primitive.Reshape" and "__init__" in reshape["reason"]
-    line = EscapingCalls.construct.__code__.co_firstlineno + 2
+    line = EscapingCalls.construct.__code__.co_firstlineno + 3
     assert f"test_api_aliases.py:{line})" in reshape["name"]

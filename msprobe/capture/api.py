@@ -11,8 +11,8 @@ MindSpore exports one function object under several public names: ``mindspore.op
 ``mindspore.ops.functional.cast`` (``F.cast`` in mindformers and in MindSpore's own layers), is
 ``mindspore.ops.function.array_func.zeros_like``'s ``ops`` twin, and ``mint`` re-exports ``ops``
 functions. Patching one module attribute leaves the others calling the original, so every public
-binding of a listed function in :data:`ALIAS_MODULES` is wrapped too (:func:`alias_targets`) and
-recorded under the listed API's name. Calls that MindSpore's own code in the defining module makes
+binding of a listed function in :data:`ALIAS_MODULES` of the namespace it is listed for is wrapped
+too (:func:`alias_targets`) and recorded under the listed API's name. Calls that MindSpore's own code in the defining module makes
 through its module globals (``array_func`` functions calling each other) are internal steps, not API
 calls, and are not recorded.
 """
@@ -118,9 +118,13 @@ def alias_modules() -> list:
 
 def alias_targets(targets: list) -> list:
     """``[(module, attribute, api)]``: every public attribute of :func:`alias_modules` holding the
-    same function as a module-level entry of ``targets`` (from :func:`resolve_targets`) without being
-    one of them. ``api`` is the listed API of that function (the listed name with the module's own
-    prefix when there are several), so the list and its ``list`` filter decide for all its names."""
+    same function as a module-level entry of ``targets`` (from :func:`resolve_targets`) listed for
+    the module's own namespace family (``Functional``: ``mindspore.ops``, ``ops.functional``,
+    ``ops.function.*``; ``Mint``; ``MintFunctional``), without being one of them. ``api`` is that
+    listed API, so the yaml list and the ``list`` filter decide for all its names in the family. A
+    re-export listed for another namespace only (``mint.cumprod`` is ``ops.cumprod``, not in the
+    ``mint.ops`` list) is not wrapped: removing a name from one namespace's list stops it there;
+    :mod:`msprobe.capture.coverage` reports such a name when the user's code calls it."""
     listed = {}  # id(function) -> (function, [api, ...])
     taken = set()
     for owner, attr, api in targets:
@@ -135,8 +139,10 @@ def alias_targets(targets: list) -> list:
             hit = listed.get(id(value))
             if hit is None or hit[0] is not value or attr.startswith("_") or (id(module), attr) in taken:
                 continue
-            apis = hit[1]
-            out.append((module, attr, next((a for a in apis if a.partition(".")[0] == prefix), apis[0])))
+            api = next((a for a in hit[1] if a.partition(".")[0] == prefix), None)
+            if api is None:  # listed for another namespace only (mint.cumprod is ops.cumprod)
+                continue
+            out.append((module, attr, api))
             taken.add((id(module), attr))
     return out
 

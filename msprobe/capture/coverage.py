@@ -10,7 +10,9 @@ user's modules are scanned: the ``__main__`` module and the modules defining the
   a script — still points to MindSpore's own function;
 * *unwrapped module attributes*: a MindSpore module bound to a name (``import
   mindspore.ops.auto_generate.gen_ops_def as G``) whose attribute the module's code uses (``G.cast``)
-  is a listed function, but that module is not one whose attributes are wrapped;
+  is a listed function, but that attribute is not wrapped: the module is not one whose attributes
+  are wrapped, or the function is listed for another namespace only (``mint.cumprod`` is
+  ``ops.cumprod``; only ``ops`` lists it);
 * *Primitives created per call*: ``P.Reshape()(x, shape)`` in a Cell's ``construct`` or ``bprop``
   makes a new Primitive at each call, which no Cell holds, so it is not hooked (found in the
   bytecode: a Primitive class called with constant arguments only).
@@ -136,8 +138,12 @@ def _module_attribute_chains(module) -> list:
 
 
 def _unwrapped_attributes(module, originals: dict, wrapped: set) -> list:
-    """Items for ``G.attr`` uses in ``module`` that reach a listed function through a module
-    whose attributes are not wrapped."""
+    """Items for ``G.attr`` uses in ``module`` that reach a listed function through an attribute
+    that is not wrapped (a module whose attributes are not wrapped, or a re-export of a function
+    listed for another namespace only, such as ``mint.cumprod``)."""
+    from msprobe.capture.api import alias_modules
+
+    wrapped_modules = {m.__name__ for m, _ in alias_modules()}
     out, seen = [], set()
     for names, file, line in _module_attribute_chains(module):
         owner = vars(module).get(names[0])
@@ -148,10 +154,13 @@ def _unwrapped_attributes(module, originals: dict, wrapped: set) -> list:
             if hit is not None and hit[0] is value and (id(owner), attr) not in wrapped and dotted not in seen:
                 seen.add(dotted)
                 _, api, qualified = hit
+                why = (f"{owner.__name__}.{attr} is not in that namespace's list in support_wrap_ops.yaml"
+                       if owner.__name__ in wrapped_modules else
+                       f"the attributes of {owner.__name__} are not wrapped")
                 out.append({"name": dotted, "module": module.__name__, "api": api, "call_as": qualified,
-                            "reason": f"'{dotted}' ({file}:{line}) is {qualified}, but the attributes of "
-                                      f"{owner.__name__} are not wrapped: its calls are not recorded as "
-                                      f"{api}; call it as {qualified} to have it captured"})
+                            "reason": f"'{dotted}' ({file}:{line}) is {qualified}, but {why}: its calls "
+                                      f"are not recorded as {api}; call it as {qualified} to have it "
+                                      "captured"})
             if value is None:
                 break
             owner = value
