@@ -1,7 +1,7 @@
 """GRAPH_MODE L0 on Cells as third-party model code writes them (mindformers' LLaMA): a construct
-that compiles only because conditions on Cell attributes are constants, and a Cell computed from
-constants only, which the compiler evaluates itself (its probes never run): it is listed in
-coverage.json instead of silently missing. Subprocesses (GRAPH_MODE is process-wide)."""
+that compiles only because conditions on Cell attributes are constants, a Cell without Tensor inputs
+(a constant table sliced by an int), and a Cell that is never called, which is listed in coverage.json
+instead of silently missing. Subprocesses (GRAPH_MODE is process-wide)."""
 from __future__ import annotations
 
 import glob
@@ -30,6 +30,8 @@ def test_graph_mode_cells_compile_train_identically_and_constant_cells_are_liste
         (d,) = glob.glob(str(tmp_path / "dump" / f"step{step}" / "*"))
         data = msprobe.dump.load(d).data
         assert "Cell.branchy.Branchy.forward.0" in data and "Cell.branchy.dense.Dense.backward.0" in data
-        assert not any(k.startswith("Cell.table.") for k in data)
+        table = data["Cell.table.Table.forward.0"]  # no Tensor input: opened by its output probe
+        assert table["input_args"] == [] and table["output"][0]["shape"] == [2, 4]
+        assert table["output"][0]["Max"] == 7 / 32
         (item,) = read_report(d, "coverage.json")["not_recorded_in_graph"]
-        assert item["cell"] == "Cell.table.Table" and "constant" in item["note"]
+        assert item["cell"] == "Cell.unused.Dense" and "not called" in item["note"]

@@ -13,7 +13,7 @@ one process (both modes run at the same time). What is checked, per configuratio
   API or to a Primitive held by a Cell has its forward entry (PyNative L1, mix), counted independently
   of the tool (forward pre-hooks and ``sys.setprofile`` in a separate tool-off step);
 * Primitives that model code creates at each call (not hooked: no Cell holds them) are listed in
-  coverage.json, as are GRAPH_MODE Cells the compiler computed from constants;
+  coverage.json, as are GRAPH_MODE Cells whose probes never ran;
 * in tensor mode, the statistics of the saved tensors equal a float64 recomputation.
 """
 from __future__ import annotations
@@ -213,8 +213,7 @@ def test_every_cell_call_has_an_entry(llama, mode, spec):
                                    if e.startswith("Cell.") and ".forward." in e)
         missing = {k: v - seen.get(k, 0) for k, v in expected.items() if seen.get(k, 0) < v}
         extra = {k: v - expected.get(k, 0) for k, v in seen.items() if expected.get(k, 0) < v}
-        # GRAPH_MODE: a Cell computed from constants only (the RoPE table FreqsMgr) is evaluated by
-        # the compiler, so its probes never run; such a Cell must be listed in coverage.json
+        # GRAPH_MODE: a Cell whose probes never ran must be listed in coverage.json
         explained = {_cell_key(item["cell"] + ".forward.0", "forward")
                      for d in parts for item in _coverage(d).get("not_recorded_in_graph", [])}
         unexplained = {k: v for k, v in missing.items() if k not in explained}

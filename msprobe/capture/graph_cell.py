@@ -171,8 +171,8 @@ class GraphCellCapture:
             if not self._recording():
                 return
             frames = self.open[prefix]
-            if not frames:  # the inputs held no tensor: the call was not opened
-                return
+            if not frames:  # the inputs held no tensor (no input probe ran): open the call now
+                self._enter(prefix, ())
             fwd, selected, parent = frames.pop()
             if self.stack and self.stack[-1] == fwd:
                 self.stack.pop()
@@ -435,10 +435,10 @@ class GraphDump:
             return
         missing = [prefix for prefix, _ in self._cells if prefix not in capture.entered]
         writer.add_note("not_recorded_in_graph", [
-            {"cell": prefix, "note": "no probe of this Cell ran in the compiled graph: it was not called "
-                                     "in this step, or the graph compiler computed it at compile time "
-                                     "(outputs that depend on constants only, such as a slice of a "
-                                     "constant table); a compiled Cell's data exist only if it runs"}
+            {"cell": prefix, "note": "no probe of this Cell ran in the compiled graph in this step: it "
+                                     "was not called (a container such as CellList, a branch not "
+                                     "taken) or the compiler removed it; a compiled Cell's data exist "
+                                     "only if it runs"}
             for prefix in missing])
 
     def write_files(self) -> None:

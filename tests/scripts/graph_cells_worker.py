@@ -1,7 +1,8 @@
 """Worker for tests/test_graph_cells.py: GRAPH_MODE L0 on a network whose sub-Cells compile only
-with ``self`` known (a name assigned in one branch of ``if self.flag:``) and one of which is computed
-from constants only (a slice of a constant table, as mindformers' RoPE ``FreqsMgr``). Trains 2 steps
-and prints ``{"losses": [...hex...], "grads": [...hex...]}`` as the last line.
+with ``self`` known (a name assigned in one branch of ``if self.flag:``), one of which has no Tensor
+input (a slice of a constant table by an int, as mindformers' RoPE ``FreqsMgr``) and one of which is
+never called. Trains 2 steps and prints ``{"losses": [...hex...], "grads": [...hex...]}`` as the last
+line.
 
     python graph_cells_worker.py on|off DUMP_PATH
 """
@@ -56,6 +57,7 @@ class Net(nn.Cell):
         super().__init__()
         self.table = Table()
         self.branchy = Branchy()
+        self.unused = nn.Dense(4, 4)
 
     def construct(self, x):
         return (self.branchy(x) * self.table(x.shape[0])).sum()
