@@ -18,6 +18,8 @@ functions and the ``construct`` of the model's Cells) makes into MindSpore (``sy
 classified as a listed API (``support_wrap_ops.yaml``), a Primitive held by a Cell, or other, and
 every Primitive that model code creates during the step.
 
+``LLAMA_WORKER_REFERRERS=1`` prints what still refers to a model that was not released.
+
 The stand-in ``hyper_parallel`` package (``stand_ins/``) is put on ``sys.path``; mindformers is imported
 from ``OUT`` because importing it creates ``./output/log``.
 """
