@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 from mindspore import Tensor, nn
+from mindspore.common.recompute import _RecomputeCell, _WrapCell
 from mindspore.ops import Primitive
 
 from msprobe.capture.api import load_api_list, resolve_targets
@@ -51,6 +52,8 @@ class CallCounter:
     def __init__(self, net):
         self.paths = {}
         for name, cell in net.cells_and_names():
+            if isinstance(cell, (_RecomputeCell, _WrapCell)):  # MindSpore's recompute wrappers, not layers
+                continue
             if name and id(cell) not in self.paths:
                 self.paths[id(cell)] = (name, type(cell).__name__)
         self.net = net
@@ -107,6 +110,29 @@ class CallCounter:
 
         nn.Cell.__call__ = cell_call
         self._undo.append(lambda: setattr(nn.Cell, "__call__", original_call))
+
+        # Cell.recompute(): the forward MindSpore re-runs inside the backward counts as the calls it
+        # repeats (their numbers again), not as new calls
+        saved = []
+        construct, bprop = _RecomputeCell.construct, _RecomputeCell.bprop
+
+        def rc_construct(cell, *args, **kwargs):
+            saved.append((collections.Counter(counter.cells), collections.Counter(counter.apis)))
+            return construct(cell, *args, **kwargs)
+
+        def rc_bprop(cell, *args):
+            if not saved:
+                return bprop(cell, *args)
+            real = counter.cells, counter.apis
+            counter.cells, counter.apis = saved.pop()
+            try:
+                return bprop(cell, *args)
+            finally:
+                counter.cells, counter.apis = real
+
+        _RecomputeCell.construct, _RecomputeCell.bprop = rc_construct, rc_bprop
+        self._undo.append(lambda: (setattr(_RecomputeCell, "construct", construct),
+                                   setattr(_RecomputeCell, "bprop", bprop)))
 
         for owner, attr, api in self.targets:
             raw = vars(owner).get(attr) if isinstance(owner, type) else None
