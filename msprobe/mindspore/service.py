@@ -154,6 +154,7 @@ class DumpService:
         self._token = 0
         self.active = True
         rt.running = self.token_range is None
+        _UNFINISHED.add(self)  # an open step is finished at step() or exit, debugger variable or not
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.writer.directory)
         return True
 
@@ -290,6 +291,8 @@ class DumpService:
 
             self._kernel_dump = KernelDump(self.config)
             self._installed_kernel = self._kernel_dump.install()
+            _UNFINISHED.add(self)  # the kernel files are collected at close (exit), also if the
+            # user's debugger variable is gone by then (a debugger made inside a function)
         return True
 
     def stop(self) -> None:
@@ -368,6 +371,8 @@ class DumpService:
             rt.budget.estimate_after_step(directory, step, len(self.config.step))
         if self.config.last_step is not None and rt.step > self.config.last_step:
             self._finish()
+        if self._kernel_dump is None:
+            _UNFINISHED.discard(self)
         rt.raise_user_error(final=True)
 
     def _finish(self) -> None:
@@ -390,6 +395,7 @@ class DumpService:
         self.runtime.close_writer()
         self.runtime.close_timer()
         self._process_state.restore()
+        _UNFINISHED.discard(self)
 
 
 def _model_gone(service_ref, refs) -> None:
@@ -401,6 +407,10 @@ def _model_gone(service_ref, refs) -> None:
 
 
 _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
+#: services with work to finish (an open step, an L2 kernel dump to collect): held until step() or
+#: close() so the exit handler finishes them although the user's debugger object is gone. A service
+#: holds nothing of the user's (models weakly), so this keeps no network alive.
+_UNFINISHED: set = set()
 
 
 class _ProcessState:
