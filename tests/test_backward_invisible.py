@@ -16,6 +16,7 @@ from mindspore.ops import operations as P
 
 import msprobe.dump
 from msprobe.mindspore import PrecisionDebugger
+from tests.matrix_nets import BranchBlock  # dense1(x) + dense2(batchnorm(x)): x has three consumers
 
 
 def _debugger(tmp_path, level, task="statistics", name="dump"):
@@ -33,27 +34,14 @@ def _step_dir(dump_path, step):
 
 
 # ---------------------------------------------------------------------------------------------- nets
-class _Branchy(nn.Cell):
-    """``dense1(x) + dense2(batchnorm(x))``: x has three consumers, two of them inside sub-Cells."""
-
-    def __init__(self, width):
-        super().__init__()
-        self.dense1 = nn.Dense(width, width)
-        self.bn = nn.BatchNorm1d(width)
-        self.dense2 = nn.Dense(width, width)
-
-    def construct(self, x):
-        return self.dense1(x) + self.dense2(self.bn(x))
-
-
 class MultiConsumerNet(nn.Cell):
     """The first block's output feeds both the loss and a second block."""
 
     def __init__(self):
         super().__init__()
-        self.b1 = _Branchy(8)
+        self.b1 = BranchBlock(8)
         self.norm = nn.LayerNorm((8,))
-        self.b2 = _Branchy(8)
+        self.b2 = BranchBlock(8)
 
     def construct(self, x):
         h = self.b1(x)
@@ -229,7 +217,7 @@ def test_parameter_gradients_when_backward_runs_after_stop(tmp_path):
     for a, b in zip(reference, grads):
         assert a.asnumpy().tobytes() == b.asnumpy().tobytes()
     data = msprobe.dump.load(_step_dir(dump_path, 0)).data
-    assert "Cell.b1._Branchy.backward.0" in data
+    assert "Cell.b1.BranchBlock.backward.0" in data
     assert "Cell.b1.dense1.Dense.parameters_grad.0" in data
 
 

@@ -37,26 +37,24 @@ def cell_entry(cell_prefix: str, direction: str, count: int) -> str:
 def backward_of(entry: str | None) -> str | None:
     """The backward entry of a forward one (``X.3.forward`` -> ``X.3.backward``,
     ``Cell.a.B.forward.2`` -> ``Cell.a.B.backward.2``); ``None`` for ``None`` or another name."""
+    return _other_direction(entry, FORWARD, BACKWARD)
+
+
+def forward_of(entry: str | None) -> str | None:
+    """The forward entry a backward entry pairs with (``X.3.backward`` -> ``X.3.forward``,
+    ``Cell.a.B.backward.2`` -> ``Cell.a.B.forward.2``); ``None`` for any other name."""
+    return _other_direction(entry, BACKWARD, FORWARD)
+
+
+def _other_direction(entry, have: str, want: str):
     if entry is None:
         return None
     head, _, last = entry.rpartition(".")
-    if last == FORWARD:
-        return f"{head}.{BACKWARD}"
+    if last == have:  # API: {prefix}.{api}.{n}.{direction}
+        return f"{head}.{want}"
     head2, _, direction = head.rpartition(".")
-    if direction == FORWARD and last.isdigit():
-        return f"{head2}.{BACKWARD}.{last}"
-    return None
-
-
-def forward_of(entry: str) -> str | None:
-    """The forward entry a backward entry pairs with (``X.3.backward`` -> ``X.3.forward``,
-    ``Cell.a.B.backward.2`` -> ``Cell.a.B.forward.2``); ``None`` for any other name."""
-    head, _, last = entry.rpartition(".")
-    if last == BACKWARD:
-        return f"{head}.{FORWARD}"
-    head2, _, direction = head.rpartition(".")
-    if direction == BACKWARD and last.isdigit():
-        return f"{head2}.{FORWARD}.{last}"
+    if direction == have and last.isdigit():  # Cell: Cell.{path}.{Class}.{direction}.{k}
+        return f"{head2}.{want}.{last}"
     return None
 
 
