@@ -19,7 +19,8 @@ from mindspore import Tensor, nn
 from mindspore.common.recompute import _RecomputeCell, _WrapCell
 from mindspore.ops import Primitive
 
-from msprobe.capture.api import load_api_list, resolve_targets
+from msprobe.capture.api import alias_targets, load_api_list, resolve_targets
+from msprobe.core.scan import SUM_TOLERANCE
 
 
 def _tensors(value):
@@ -57,7 +58,8 @@ class CallCounter:
             if name and id(cell) not in self.paths:
                 self.paths[id(cell)] = (name, type(cell).__name__)
         self.net = net
-        self.targets = resolve_targets(load_api_list())
+        listed = resolve_targets(load_api_list())
+        self.targets = listed + alias_targets(listed)  # other names of listed functions count too
         self.prims = []
         seen = set()
         for _, cell in net.cells_and_names():
@@ -157,15 +159,16 @@ class CallCounter:
     def _wrap(self, original, api):
         counter = self
 
+        # no try/finally: MindSpore may compile a function reached from a recompute's backward, and
+        # its graph parser has no Try statement; an exception ends the step (counts are reset)
         def wrapper(*args, **kwargs):
             if counter.depth or counter.jit_depth:
                 return original(*args, **kwargs)
             counter.apis[api] += 1
             counter.depth += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                counter.depth -= 1
+            out = original(*args, **kwargs)
+            counter.depth -= 1
+            return out
 
         return wrapper
 
@@ -256,17 +259,21 @@ def expected_statistics(arr: np.ndarray, dtype: str) -> dict:
             "Norm": float(np.sqrt(np.sum(a * a)))}
 
 
-#: Norm: the tool's float64 sum of squares and numpy's (pairwise) differ in the last bits (measured:
-#: at most 3.1e-16 relative, on 766 of 6090 leaves); Max, Min and Mean must be equal
-NORM_REL_TOL = 1e-15
-
-
-def _same(x, y, key) -> bool:
+def _same(x, y, key, arr=None) -> bool:
+    """Max/Min exact; Mean and Norm within the tool's documented float64 tolerance
+    (:data:`msprobe.core.scan.SUM_TOLERANCE`: of mean(|x|) for the Mean, of the Norm itself), since
+    the tool's sums and numpy's are added in different orders."""
     if x is None or y is None or isinstance(x, bool) or isinstance(y, bool):
         return x is y or (x == y and type(x) is type(y))
     if math.isnan(x) or math.isnan(y):
         return math.isnan(x) and math.isnan(y)
-    return x == y or (key == "Norm" and math.isclose(x, y, rel_tol=NORM_REL_TOL, abs_tol=0.0))
+    if x == y:
+        return True
+    if key == "Norm":
+        return math.isclose(x, y, rel_tol=SUM_TOLERANCE, abs_tol=0.0)
+    if key == "Mean" and arr is not None and arr.size:
+        return abs(x - y) <= SUM_TOLERANCE * float(np.mean(np.abs(arr.astype(np.float64))))
+    return False
 
 
 def check_statistics(dump_path: str) -> tuple:
@@ -289,7 +296,7 @@ def check_statistics(dump_path: str) -> tuple:
                 if list(arr.shape) != list(leaf.get("shape", [])):
                     fails.append(f"{entry}{where}: shape {leaf.get('shape')} but .npy {list(arr.shape)}")
                 for key, value in want.items():
-                    if not _same(leaf.get(key), value, key):
+                    if not _same(leaf.get(key), value, key, arr):
                         fails.append(f"{entry}{where} ({leaf.get('dtype')}, shape {list(arr.shape)}): "
                                      f"{key} {leaf.get(key)!r}, float64 recomputation {value!r}")
     return fails, checked, dict(dtypes)

@@ -86,12 +86,6 @@ KNOWN_FAILURES = [
      "GRAPH_MODE L0 with Cell.recompute(): the recomputation is recorded as a second forward call "
      "(Cell.block.ResidualBlock.forward.1), backward numbers shift, and the _RecomputeCell/_WrapCell entries "
      "PyNative records are absent"),
-    (_expand(["graph"], ["const_table", "dropout_ones"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0: a Cell without Tensor positional inputs (Table(), DropoutOnes(shape)) has no forward "
-     "entry although it returns a Tensor"),
-    (_expand(["graph"], ["fp16"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0: a Cell.to_float(float16) sub-Cell makes the step raise TypeError (MatMul float16 x "
-     "float32), tool-off runs"),
 ]
 
 

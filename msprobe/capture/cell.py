@@ -245,39 +245,7 @@ class CellCapture:
 
     # ------------------------------------------------------------------ Cell.recompute()
     def _install_recompute_cell(self, prefix: str, cell) -> Handle:
-        """MindSpore's ``_RecomputeCell`` of a Cell under ``Cell.recompute()`` runs the Cell's forward
-        without a gradient, then again inside its ``bprop`` to compute the gradients. The first run is
-        recorded as usual; the re-run gets the same call numbers and parents and records only backward
-        data (:meth:`Runtime.replaying`), so backward ``k`` pairs with forward ``k``."""
-        rt = self.rt
-        saved: list = []  # per forward call under a gradient: (counters, Cell stack) when it started
-        orig_construct, orig_bprop = cell.construct, cell.bprop
-        had = {name: name in vars(cell) for name in ("construct", "bprop")}
-
-        def construct(*args, **kwargs):
-            if rt.running and not rt.recomputing:
-                saved.append((dict(rt.counters), list(rt.cell_stack)))
-            return orig_construct(*args, **kwargs)
-
-        def bprop(*args):
-            if not saved:
-                return orig_bprop(*args)
-            counters, stack = saved.pop()
-            with rt.replaying(counters, stack):
-                return orig_bprop(*args)
-
-        construct.__wrapped__, bprop.__wrapped__ = orig_construct, orig_bprop
-        object.__setattr__(cell, "construct", construct)
-        object.__setattr__(cell, "bprop", bprop)
-
-        def undo():
-            for name, orig in (("construct", orig_construct), ("bprop", orig_bprop)):
-                if had[name]:
-                    object.__setattr__(cell, name, orig)
-                else:
-                    vars(cell).pop(name, None)
-
-        return Handle(undo, f"{prefix} (recompute)")
+        return install_recompute_replay(self.rt, prefix, cell)
 
     # ------------------------------------------------------------------ Cells with a custom bprop
     def _install_bprop_cell(self, prefix: str, cell) -> Handle:
@@ -379,6 +347,59 @@ class CellCapture:
 
             hooks.append((param, hook))
         return hooks
+
+
+def install_recompute_replay(rt, prefix: str, cell) -> Handle:
+    """MindSpore's ``_RecomputeCell`` of a Cell under ``Cell.recompute()`` runs the Cell's forward
+    without a gradient, then again inside its ``bprop`` to compute the gradients. The first run is
+    recorded as usual; the re-run gets the same call numbers and parents and records only backward
+    data (:meth:`Runtime.replaying`), so backward ``k`` pairs with forward ``k``."""
+    saved: list = []  # per forward call under a gradient: (counters, Cell stack) when it started
+    orig_construct, orig_bprop = cell.construct, cell.bprop
+    had = {name: name in vars(cell) for name in ("construct", "bprop")}
+
+    def construct(*args, **kwargs):
+        if rt.running and not rt.recomputing:
+            saved.append((dict(rt.counters), list(rt.cell_stack)))
+        return orig_construct(*args, **kwargs)
+
+    def bprop(*args):
+        if not saved:
+            return orig_bprop(*args)
+        counters, stack = saved.pop()
+        with rt.replaying(counters, stack):
+            return orig_bprop(*args)
+
+    construct.__wrapped__, bprop.__wrapped__ = orig_construct, orig_bprop
+    object.__setattr__(cell, "construct", construct)
+    object.__setattr__(cell, "bprop", bprop)
+
+    def undo():
+        for name, orig in (("construct", orig_construct), ("bprop", orig_bprop)):
+            if had[name]:
+                object.__setattr__(cell, name, orig)
+            else:
+                vars(cell).pop(name, None)
+
+    return Handle(undo, f"{prefix} (recompute)")
+
+
+def recompute_cells(models) -> list:
+    """``[(prefix, weakref to the Cell)]`` of MindSpore's ``Cell.recompute()`` wrappers in ``models``
+    (``list[(index or None, root Cell)]``)."""
+    return [(prefix, weakref.ref(cell)) for prefix, cell in iter_cells(models)
+            if _recompute_kind(cell) == "recompute"]
+
+
+def install_recompute_replays(rt, cells: list) -> HandleSet:
+    """:func:`install_recompute_replay` on each of ``cells`` (from :func:`recompute_cells`): what L1
+    needs when only APIs are hooked."""
+    handles = HandleSet()
+    for prefix, ref in cells:
+        cell = ref()
+        if cell is not None:
+            handles.add(install_recompute_replay(rt, prefix, cell))
+    return handles
 
 
 def _recompute_kind(cell):

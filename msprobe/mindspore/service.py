@@ -26,7 +26,7 @@ from msprobe.capture.api import alias_targets, build_wrappers, load_api_list, ma
 from msprobe.capture.async_handles import release_pending
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
-from msprobe.capture.cell import CellCapture
+from msprobe.capture.cell import CellCapture, install_recompute_replays, recompute_cells
 from msprobe.capture.guard import guard_patches, inplace_targets
 from msprobe.capture.jit import install_jit_capture
 from msprobe.capture.primitive import install_primitive_hooks, primitive_targets
@@ -60,6 +60,7 @@ class DumpService:
         self._guard: AttributePatches | None = None  # likewise
         self._cells = CellCapture(self.runtime)  # its hook plan is built at the first start(model)
         self._primitives = None  # (models key, primitive_targets) read at the first start(model)
+        self._recompute = None  # recompute_cells(models), read at the first start(model) at L1
         self.token_range = None
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
@@ -73,6 +74,8 @@ class DumpService:
             self._process_state.keep_signal(signal.SIGTERM, _sigterm_handler(weakref.ref(self)))
         # collected without close() (the debugger was dropped): give back what was changed
         weakref.finalize(self, self._process_state.restore)
+        # dropped with a step open (a debugger made inside a function): the step is written then
+        weakref.finalize(self, _finish_runtime, self.runtime)
 
     # ------------------------------------------------------------------ models
     def set_model(self, model) -> None:
@@ -111,6 +114,7 @@ class DumpService:
         """Forget everything read from a model (Cell hook plan, Primitive targets)."""
         self._cells = CellCapture(self.runtime)
         self._primitives = None
+        self._recompute = None  # recompute_cells(models), read at the first start(model) at L1
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> bool:
@@ -154,7 +158,6 @@ class DumpService:
         self._token = 0
         self.active = True
         rt.running = self.token_range is None
-        _UNFINISHED.add(self)  # an open step is finished at step() or exit, debugger variable or not
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.writer.directory)
         return True
 
@@ -173,6 +176,10 @@ class DumpService:
             self._installed.add(install_jit_capture(self.recorder))
             if self.models is not None:
                 self._installed.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
+                if level not in _CELL_LEVELS:  # at mix the Cell hooks replay recomputed forwards
+                    if self._recompute is None:
+                        self._recompute = recompute_cells(self.models)
+                    self._installed.add(install_recompute_replays(self.runtime, self._recompute))
         if level in _CELL_LEVELS:
             if not (self._graph and self._graph.graph_mode):  # Python hooks do not run in a graph
                 self._installed.add(self._cells.install(self.models))
@@ -291,8 +298,9 @@ class DumpService:
 
             self._kernel_dump = KernelDump(self.config)
             self._installed_kernel = self._kernel_dump.install()
-            _UNFINISHED.add(self)  # the kernel files are collected at close (exit), also if the
-            # user's debugger variable is gone by then (a debugger made inside a function)
+            # dropped without close() (a debugger made inside a function): collect the kernel files
+            # then, or at exit
+            weakref.finalize(self, _finish_kernel_dump, self._kernel_dump, self._installed_kernel)
         return True
 
     def stop(self) -> None:
@@ -371,8 +379,6 @@ class DumpService:
             rt.budget.estimate_after_step(directory, step, len(self.config.step))
         if self.config.last_step is not None and rt.step > self.config.last_step:
             self._finish()
-        if self._kernel_dump is None:
-            _UNFINISHED.discard(self)
         rt.raise_user_error(final=True)
 
     def _finish(self) -> None:
@@ -395,7 +401,24 @@ class DumpService:
         self.runtime.close_writer()
         self.runtime.close_timer()
         self._process_state.restore()
-        _UNFINISHED.discard(self)
+
+
+def _finish_runtime(runtime) -> None:
+    """The service was collected: write and close its open step (idempotent after close())."""
+    try:
+        runtime.close_writer()
+        runtime.close_timer()
+    except Exception as exc:  # never fail garbage collection or interpreter exit
+        logger.warning("msprobe: could not finish the dump: %r", exc)
+
+
+def _finish_kernel_dump(kernel_dump, installed) -> None:
+    """The L2 service was collected: collect the kernel dump files and remove the native dump set-up."""
+    try:
+        kernel_dump.collect()
+        installed.remove()
+    except Exception as exc:  # never fail garbage collection or interpreter exit
+        logger.warning("msprobe: could not collect the kernel dump: %r", exc)
 
 
 def _model_gone(service_ref, refs) -> None:
@@ -407,10 +430,6 @@ def _model_gone(service_ref, refs) -> None:
 
 
 _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
-#: services with work to finish (an open step, an L2 kernel dump to collect): held until step() or
-#: close() so the exit handler finishes them although the user's debugger object is gone. A service
-#: holds nothing of the user's (models weakly), so this keeps no network alive.
-_UNFINISHED: set = set()
 
 
 class _ProcessState:

@@ -171,7 +171,10 @@ def run_net(name, mode, out_dir, levels, opts, steps, tensor) -> dict:
                     if not checked:
                         fails.append("tensor task saved no .npy file")
             except Exception as e:  # noqa: BLE001 - a crash of the tool-on run is a failure
-                fails.append(f"tool-on run crashed: {type(e).__name__}: {str(e)[:500]}")
+                import traceback
+
+                fails.append(f"tool-on run crashed: {type(e).__name__}: {str(e)[:500]}\n"
+                             f"{traceback.format_exc()[-1500:]}")
             result["cases"][key] = fails
             result["times"][key] = round(time.perf_counter() - t1, 2)
         result["times"][f"opt-{opt}"] = round(time.perf_counter() - t0, 2)
