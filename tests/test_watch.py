@@ -264,3 +264,23 @@ def test_backward_first_producer_has_its_forward_calls_stack(tmp_path):
     _, found = _anomaly(dump_path, 1)
     assert found["first_producer"] == "Functional.sqrt.0.backward"
     assert found["stack"] and any("ops.sqrt" in frame for frame in found["stack"])
+
+
+def test_history_keeps_execution_order_at_mix(tmp_path):
+    """The written history is in execution order, as a normal dump of the same step: same entries in
+    the same order, same anomalies.json (backward entries come after the forwards before them, although
+    their construct.json lines were made with their forward calls)."""
+    debugger, dump_path = _debugger(tmp_path, "mix", {})
+    ms.set_seed(0)
+    _train(Net(), debugger, 2, at=1, poison=_forward_nan)
+    d, found = _anomaly(dump_path, 1)
+    normal_path = os.path.join(str(tmp_path), "normal")
+    cfg = os.path.join(str(tmp_path), "normal.json")
+    with open(cfg, "w") as f:
+        json.dump({"task": "statistics", "dump_path": normal_path, "level": "mix", "step": [1]}, f)
+    ms.set_seed(0)
+    _train(Net(), PrecisionDebugger(config_path=cfg), 2, at=1, poison=_forward_nan)
+    normal_dir, normal = _anomaly(normal_path, 1)
+    assert list(msprobe.dump.load(d).data) == list(msprobe.dump.load(normal_dir).data)
+    for key in ("first_producer", "producers", "first_non_finite"):
+        assert found[key] == normal[key], key

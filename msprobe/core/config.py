@@ -287,7 +287,6 @@ def _watch_settings(value: object, kind: str) -> Optional[WatchSettings]:
         return value
     if not isinstance(value, dict):
         raise ConfigError("watch", value, ALLOWED["watch"], kind=kind)
-    _warn_unknown(value.keys(), WATCH_KEYS, "section 'watch'")
     out: Dict[str, Any] = {}
     if "anomaly" in value:
         kinds = value["anomaly"]
@@ -674,6 +673,8 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any],
     if section_name == "tensor":
         keys.update(_TENSOR_KEYS)
     _warn_unknown(section.keys(), _KNOWN_SECTION_KEYS, f"section '{section_name}'", source)
+    if isinstance(data.get("watch"), dict):
+        _warn_unknown(data["watch"].keys(), WATCH_KEYS, "section 'watch'", source)
     raw.update({field: section[key] for field, key in keys.items() if key in section})
     return raw, section_name
 

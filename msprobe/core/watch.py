@@ -101,6 +101,7 @@ class Watch:
         self.triggered = None          # the anomaly found (dict), once
         self.records = 0
         self.steps = 0
+        self._seq = 0  # journal order of the lines kept
         #: (entry, output leaf ordinal) -> [sum of Norms, count] over earlier records (norm_jump)
         self.norms: dict = {}
         self.checks_values = settings.max_abs is not None or settings.norm_jump is not None
@@ -134,6 +135,8 @@ class Watch:
 
     # ------------------------------------------------------------------ history
     def keep(self, step: int, directory: str, lines: list) -> None:
+        """Add journal lines (in journal order) to the history; the oldest entries beyond
+        ``history`` are dropped whole."""
         ring, limit = self.ring, self.settings.history
         for line in lines:
             if "s" in line and "f" in line:
@@ -149,14 +152,18 @@ class Watch:
                 self.records += 1
                 while len(ring) > limit:
                     ring.popitem(last=False)
-            got.append(line)
+            self._seq += 1
+            got.append((self._seq, line))
 
     def history_by_step(self):
-        """``[(step, directory, lines)]`` of what the ring holds, by step, in execution order."""
+        """``[(step, directory, lines)]`` of what the ring holds, by step, each step's lines in the
+        order they were journaled (execution order: a backward entry after every forward before it,
+        although its construct.json line was made with its forward call)."""
         groups: dict = {}
         for (step, directory, _), lines in self.ring.items():
             groups.setdefault((step, directory), []).extend(lines)
-        return [(step, d, lines) for (step, d), lines in groups.items()]
+        return [(step, d, [line for _, line in sorted(lines, key=lambda item: item[0])])
+                for (step, d), lines in groups.items()]
 
     def heartbeat(self, rank, step: int) -> None:
         """Tiny file saying the watch ran (rewritten at the end of every watched step)."""
@@ -342,7 +349,7 @@ class WatchWriter:
         kind = self._entries[producer][2]
         cell = None
         for lines in self.watch.ring.values():
-            for line in lines:
+            for _, line in lines:
                 if line.get("c") == producer:
                     cell = line.get("p")
         what = _WHAT[kind]
