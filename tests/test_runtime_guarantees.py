@@ -391,6 +391,8 @@ def test_with_blocks_are_start_and_stop(make_debugger, dump_dir):
             raise ZeroDivisionError("the user's error")
     assert not debugger.service.active and ops.relu.__module__.startswith("mindspore")
     debugger.step()
+    with open(os.path.join(only_step_dir(dump_dir, 3), "dump.json"), encoding="utf-8") as f:
+        assert "ZeroDivisionError" in json.load(f)["abnormal"]     # the dump says the step failed
     forward = [n for n in msprobe.dump.load(only_step_dir(dump_dir, 0)).data if ".forward" in n]
     for step in (1, 2):
         data = msprobe.dump.load(only_step_dir(dump_dir, step)).data

@@ -103,6 +103,8 @@ class PrecisionDebugger:
             self.stop()
             return
         try:  # the block raised: its exception goes on unchanged, whatever stop() meets
+            self.service.note_abnormal(f"the with-block raised {type(exc).__name__}: {exc}; records up "
+                                       "to that point are kept")
             self.stop()
         except Exception as stop_exc:
             logger.warning("msprobe: stop() after the exception %r failed: %r", exc, stop_exc)
