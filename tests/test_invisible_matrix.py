@@ -97,21 +97,12 @@ KNOWN_FAILURES = [
              ["tensor-mix-*"]),
      "statistics: the Norm of a negative 0-d tensor (float or integer) is written negative "
      "(e.g. Norm -3.5 for the 0-d value -3.5; float64 recomputation 3.5)"),
-    (_expand(["graph"], ["branch"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0: the gradients of the block whose output has two consumers (the loss and the next "
-     "block) differ from tool-off, and the next block's backward entries are missing"),
     (_expand(["graph"], ["tuple_dict"], ["L0-*", "mix-*"]),
      "GRAPH_MODE L0: a Cell returning a dict has no backward entry (and its child Dense none in step 0)"),
     (_expand(["graph"], ["recompute"], ["L0-*", "mix-*"]),
      "GRAPH_MODE L0 with Cell.recompute(): the recomputation is recorded as a second forward call "
      "(Cell.block.ResidualBlock.forward.1), backward numbers shift, and the _RecomputeCell/_WrapCell entries "
      "PyNative records are absent"),
-    (_expand(["graph"], ["const_table", "dropout_ones"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0: a Cell without Tensor positional inputs (Table(), DropoutOnes(shape)) has no forward "
-     "entry although it returns a Tensor"),
-    (_expand(["graph"], ["fp16"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0: a Cell.to_float(float16) sub-Cell makes the step raise TypeError (MatMul float16 x "
-     "float32), tool-off runs"),
 ]
 
 

@@ -6,12 +6,18 @@ from PyNative), and ``ops.TensorDump`` runs on Ascend only. What does run at eve
 and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
 ``construct`` (:func:`msprobe.capture.graph_probes.make_construct`) that passes
 
-* its positional Tensor inputs through an *input probe*: forward ``input_args``; the probe's bprop
-  passes the gradients w.r.t. those inputs through a gradient probe (backward ``output``);
+* its positional Tensor inputs to a forward-only *input probe* beside the data path
+  (:func:`msprobe.capture.graph_probes.observe`: it sees ``stop_gradient`` of each input and its
+  result is unused): forward ``input_args``;
 * its Tensor output(s) through an *output probe*: forward ``output`` (+ ``parameters``, the Cell's own
   parameter values at that moment); bprop: gradients w.r.t. the outputs (backward ``input``).
 
-Probes are identities (the Python function returns the arrays it received), so results are unchanged.
+The output probe is an identity (the Python function returns the arrays it received), so results are
+unchanged, and every consumer of the output sums its gradient into the probe's output as it did into
+the tensor. An identity on the inputs would not be invisible: a tensor feeding the Cell and another
+consumer would get ``g_other + (g_1 + g_2)`` (the Cell's internal consumers summed first) instead of
+MindSpore's order, a last-bit change. So gradients w.r.t. a Cell's inputs (backward ``output``) are
+not recorded in compiled graphs (a WARNING says so once).
 Values are recorded through the :class:`msprobe.core.runtime.Runtime` like PyNative L0 records:
 same entry names (``Cell.{path}.{Class}.forward.{k}``, ``….backward.{k}``,
 ``….parameters_grad.{g}``), files, statistics, ``data_mode``, ``scope``/``list`` filters. Arrays are
@@ -23,10 +29,10 @@ each gradient probe runs after its forward probe (``ops.depend`` in the bprop). 
 returns before the graph runs, so :meth:`GraphDump.wait` (called by ``start``/``stop``) waits for it.
 
 Call numbering: probes run in execution order; the input probe of a call takes the next forward
-number of its Cell and opens the call, the output probe closes it (parents for ``construct.json``
-come from the stack of open calls). Backward runs in reverse: the output probe's bprop takes the
-latest un-paired forward call of that Cell (LIFO), the input probe's bprop the latest call whose
-output gradient was seen.
+number of its Cell and opens the call (a call without Tensor positional inputs shows the probe a
+constant, and records ``input_args`` ``[]``), the output probe closes it (parents for
+``construct.json`` come from the stack of open calls). Backward runs in reverse: the output probe's
+bprop takes the latest un-paired forward call of that Cell (LIFO).
 
 Parameter gradients: inside a compiled graph a parameter read (``self.weight`` in the original
 construct) cannot be intercepted, so the gradients are taken where they are consumed: the
@@ -153,7 +159,6 @@ class GraphCellCapture:
         self.stack: list = []  # open forward calls, outermost first (construct.json parents)
         self.open = defaultdict(list)  # prefix -> open forward calls
         self.done = defaultdict(list)  # prefix -> finished forward calls awaiting their backward
-        self.inflight = defaultdict(list)  # prefix -> backward calls awaiting input gradients
 
     def _recording(self) -> bool:
         rt = self.rt
@@ -221,18 +226,6 @@ class GraphCellCapture:
                 rt.record_parent(bwd, bparent)
                 if self.bwd_in:
                     _record_grads(rt, bwd, "input", arrays, writer)
-                self.inflight[prefix].append((bwd, writer))
-
-    def _input_grads(self, prefix: str, arrays) -> None:
-        """bprop of the input probe: gradients w.r.t. the Cell's inputs (backward ``output``)."""
-        with self._lock:
-            pending = self.inflight.get(prefix)
-            if not pending:
-                return
-            bwd, writer = pending.pop()
-            if self.bwd_out and writer is self.rt.writer:
-                with self.rt.tool_code():
-                    _record_grads(self.rt, bwd, "output", arrays, writer)
 
     def _param_grads(self, owners: list, arrays) -> None:
         """Gradients entering an optimizer: ``owners[i]`` = (prefix, short name, first-of-Cell) or None."""
@@ -258,6 +251,8 @@ class GraphCellCapture:
         ``Parameter.register_hook`` as at PyNative L0 (they fire for parameters used in a jit graph;
         a probe in an optimizer ``construct`` would run twice there: once eagerly, once compiled)."""
         _allow_graph_parsing()
+        if self.bwd_out:
+            _note_no_input_gradients()
         undo = []
         for prefix, cell in cells:
             if getattr(cell, "has_bprop", False):
@@ -283,10 +278,8 @@ class GraphCellCapture:
 
     def _instrument(self, prefix: str, cell):
         arities = range(1, graph_probes.MAX_ARITY + 1)
-        probes_in = (None,) + tuple(
-            _make_probe(lambda a, p=prefix: self._enter(p, a), n,
-                        (lambda a, p=prefix: self._input_grads(p, a)) if self.bwd_out else None)
-            for n in arities)
+        probes_in = (_make_probe(lambda a, p=prefix: self._enter(p, ()), 1),) + tuple(
+            _make_probe(lambda a, p=prefix: self._enter(p, a), n) for n in arities)
         probes_out = (None,) + tuple(
             _make_probe(lambda a, p=prefix, c=cell: self._exit(p, c, a), n,
                         (lambda a, p=prefix: self._output_grads(p, a)) if (self.bwd_in or self.bwd_out) else None)
@@ -333,6 +326,17 @@ class GraphCellCapture:
 
 
 _NOTED_BOUNDARIES: set = set()  # (prefix, side) already warned about (each graph compile calls again)
+
+
+def _note_no_input_gradients() -> None:
+    """WARNING, once per process, that backward ``output`` is not recorded inside compiled graphs."""
+    if "input gradients" in _NOTED_BOUNDARIES:
+        return
+    _NOTED_BOUNDARIES.add("input gradients")
+    logger.warning("msprobe: inside compiled graphs (GRAPH_MODE, children of mindspore.jit Cells) the "
+                   "gradients w.r.t. a Cell's inputs (backward 'output') are not recorded: a probe there "
+                   "would change how MindSpore sums the gradient of a tensor with several consumers. "
+                   "Backward 'input' (gradients w.r.t. the outputs) and parameters_grad are recorded")
 
 
 def _too_many(prefix: str, side: str):
