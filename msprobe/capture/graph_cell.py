@@ -142,6 +142,7 @@ class GraphCellCapture:
         self._lock = threading.RLock()
         self._writer = None
         self.param_values: dict = {}  # id(cell) -> {name: host Tensor}, taken at begin of step
+        self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
         self._reset()
 
     def snapshot_parameters(self, cells) -> None:
@@ -203,7 +204,7 @@ class GraphCellCapture:
             rt.selector.exit_cell(fwd)
             with rt.tool_code():
                 if selected and self.fwd_out:
-                    rt.record(fwd, "output", [_host_tensor(a) for a in arrays], "output")
+                    rt.record(fwd, "output", self._output_record(prefix, arrays), "output")
                     rt.record(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
                 if self.bwd_in or self.bwd_out:
                     bwd = fwd.replace(".forward.", ".backward.")
@@ -285,7 +286,29 @@ class GraphCellCapture:
                         (lambda a, p=prefix: self._output_grads(p, a)) if (self.bwd_in or self.bwd_out) else None)
             for n in arities)
         return _set_construct(cell, graph_probes.make_construct(
-            probes_in, probes_out, _too_many(prefix, "input"), _too_many(prefix, "output")))
+            probes_in, probes_out, _too_many(prefix, "input"), _too_many(prefix, "output"),
+            self._note_keys(prefix)))
+
+    def _note_keys(self, prefix: str):
+        """The compile-time note (``mindspore.ops.constexpr``) of the kind of output a Cell returns:
+        the keys of a dict's Tensor values, or ``None``; per Cell and number of tensors."""
+        @constexpr
+        def note_keys(keys):
+            n = 1 if keys is None else len(keys)
+            self._output_kinds[(prefix, n)].add(keys)
+            return n
+        return note_keys
+
+    def _output_record(self, prefix: str, arrays) -> list:
+        """Forward ``output``: the tensors, or ``[{key: tensor}]`` where every compiled call of the
+        Cell with that many output tensors returns a dict with the same keys (as PyNative records)."""
+        values = [_host_tensor(a) for a in arrays]
+        kinds = self._output_kinds.get((prefix, len(values)), set())
+        if len(kinds) == 1:
+            (keys,) = kinds
+            if keys is not None and len(keys) == len(values):
+                return [dict(zip(keys, values))]
+        return values
 
     def _instrument_optimizers(self, models, cells, undo: list) -> None:
         """Probe the gradients entering each optimizer of the models' parameters (GRAPH_MODE)."""

@@ -302,11 +302,13 @@ def observe(probes, values, too_many):
 INNER = "_msprobe_inner_construct"
 
 
-def make_construct(probes_in, probes_out, too_many_in, too_many_out):
+def make_construct(probes_in, probes_out, too_many_in, too_many_out, note_keys):
     """An instance ``construct`` running the Cell's previous construct after a forward-only input
     probe (:func:`observe`, off the data path) and before an output probe (an identity on the
     data path: every consumer of the output sums its gradient into the probe's output as it did
-    into the tensor, so the sum is unchanged).
+    into the tensor, so the sum is unchanged). ``note_keys(keys)`` (a ``mindspore.ops.constexpr``
+    function) is told, when the graph compiles, the keys of the Tensor values a dict output has
+    (``None`` for a Tensor or tuple output), so the record can keep the dict's keys.
 
     The previous construct is reached as the bound method ``self._msprobe_inner_construct``
     (:data:`INNER`), not as a plain function called with ``self``: the graph compiler turns
@@ -320,19 +322,26 @@ def make_construct(probes_in, probes_out, too_many_in, too_many_out):
         observe(probes_in, args, too_many_in)
         out = self._msprobe_inner_construct(*args, **kwargs)
         if isinstance(out, Tensor):
+            note_keys(None)
             return probes_out[1](out)
         if isinstance(out, tuple):
+            note_keys(None)
             return through(probes_out, out, too_many_out)
         if isinstance(out, dict):
-            return through_dict(probes_out, out, too_many_out)
+            return through_dict(probes_out, out, too_many_out, note_keys)
         return out
     return construct
 
 
-def through_dict(probes, values, too_many):
+def through_dict(probes, values, too_many, note_keys):
     """A new dict with the Tensor values of the dict ``values`` passed through ``probes`` (in the
-    dict's order, as :func:`through`), same keys."""
+    dict's order, as :func:`through`), same keys; ``note_keys`` gets the keys of the probed values."""
     keys = tuple(values.keys())
+    probed = ()
+    for k in keys:
+        if isinstance(values[k], Tensor):
+            probed = probed + (k,)
+    note_keys(probed[:MAX_ARITY])
     new = through(probes, tuple(values.values()), too_many)
     result = {}
     for i in range(len(keys)):
