@@ -18,6 +18,8 @@ import numpy as np
 from mindspore import Tensor, nn
 from mindspore.ops import Primitive
 
+from mindspore.common.recompute import _RecomputeCell, _WrapCell
+
 from msprobe.capture.api import load_api_list, resolve_targets
 
 
@@ -46,6 +48,11 @@ class CallCounter:
     outputs received a gradient, ``jit_cells`` = ``{(path, Class)}`` run inside a ``mindspore.jit``
     construct (the tool records them under ``graph/``), ``apis["Prefix.name"]`` = number of calls not
     nested in another counted call nor inside a jit construct.
+
+    ``Cell.recompute()`` counts as without recompute (the documented dump): MindSpore's wrappers
+    (``_RecomputeCell``, ``_WrapCell``) are not counted, and the Cell calls of the re-run during the
+    backward (``_RecomputeCell.bprop``) are not new calls: a gradient reaching their outputs is the
+    backward of the call of the first run they repeat.
     """
 
     def __init__(self, net):
@@ -72,6 +79,8 @@ class CallCounter:
         self.apis = collections.Counter()
         self.depth = 0
         self.jit_depth = 0
+        self.recompute_bases = collections.defaultdict(list)  # id(_RecomputeCell) -> counts at its calls
+        self.rerun = None  # while a recomputation runs: (counts at the call it repeats, calls so far)
 
     # ------------------------------------------------------------------ installs
     def start(self):
@@ -80,11 +89,18 @@ class CallCounter:
         original_call = nn.Cell.__call__
 
         def cell_call(cell, *args, **kwargs):
+            if isinstance(cell, _RecomputeCell):
+                counter.recompute_bases[id(cell)].append(collections.Counter(counter.cells))
             key = counter.paths.get(id(cell))
-            if key is None:
+            if key is None or isinstance(cell, (_RecomputeCell, _WrapCell)):
                 return original_call(cell, *args, **kwargs)
-            k = counter.cells[key]
-            counter.cells[key] += 1
+            if counter.rerun is not None:
+                base, seen = counter.rerun
+                k = base[key] + seen[key]
+                seen[key] += 1
+            else:
+                k = counter.cells[key]
+                counter.cells[key] += 1
             if counter.jit_depth:
                 counter.jit_cells.add(key)
             jit = hasattr(type(cell).construct, "__wrapped__") and "construct" not in vars(cell)
@@ -107,6 +123,20 @@ class CallCounter:
 
         nn.Cell.__call__ = cell_call
         self._undo.append(lambda: setattr(nn.Cell, "__call__", original_call))
+
+        original_bprop = _RecomputeCell.bprop
+
+        def recompute_bprop(cell, *args):
+            bases = counter.recompute_bases[id(cell)]
+            outer, counter.rerun = counter.rerun, (bases.pop() if bases else collections.Counter(),
+                                                   collections.Counter())
+            try:
+                return original_bprop(cell, *args)
+            finally:
+                counter.rerun = outer
+
+        _RecomputeCell.bprop = recompute_bprop
+        self._undo.append(lambda: setattr(_RecomputeCell, "bprop", original_bprop))
 
         for owner, attr, api in self.targets:
             raw = vars(owner).get(attr) if isinstance(owner, type) else None

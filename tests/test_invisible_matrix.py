@@ -97,10 +97,6 @@ KNOWN_FAILURES = [
              ["tensor-mix-*"]),
      "statistics: the Norm of a negative 0-d tensor (float or integer) is written negative "
      "(e.g. Norm -3.5 for the 0-d value -3.5; float64 recomputation 3.5)"),
-    (_expand(["graph"], ["recompute"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0 with Cell.recompute(): the recomputation is recorded as a second forward call "
-     "(Cell.block.ResidualBlock.forward.1), backward numbers shift, and the _RecomputeCell/_WrapCell entries "
-     "PyNative records are absent"),
 ]
 
 
