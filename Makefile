@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml msprobe/core/_stats_kernel.c
 install: $(VENV)/.installed
 
 demo: install
-	rm -rf demo_dump demo_dump_fp16 demo_compare  # the demo's own output, new per run
+	rm -rf demo_dump demo_dump_fp16 demo_compare demo_watch  # the demo's own output, new per run
 	$(PY) examples/lenet_digits.py --dump-path ./demo_dump
 	@echo "--- the same training in float16; compare its step 0 with float32's and name the first"
 	@echo "--- divergence (within fp16 tolerance: exit 0, agree; bitwise with --exact: exit 1, first difference)"
@@ -23,6 +23,8 @@ demo: install
 	$(VENV)/bin/msprobe compare -tp ./demo_dump_fp16 -gp ./demo_dump --step 0 -o ./demo_compare
 	$(VENV)/bin/msprobe first-diff ./demo_dump_fp16 ./demo_dump --step 0 || test $$? -eq 1
 	$(VENV)/bin/msprobe first-diff ./demo_dump_fp16 ./demo_dump --step 0 --exact || test $$? -eq 1
+	@echo "--- watch mode: no step list, a NaN made at step 7; only the history around it is written"
+	$(PY) examples/lenet_digits.py --watch --nan-at 7 --steps 12 --dump-path ./demo_watch
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider tests
@@ -34,4 +36,4 @@ bench-compare: install
 	$(PY) benchmarks/compare_scale.py
 
 clean:
-	rm -rf $(VENV) demo_dump demo_dump_fp16 demo_compare build msprobe/core/_stats_kernel.*.so
+	rm -rf $(VENV) demo_dump demo_dump_fp16 demo_compare demo_watch build msprobe/core/_stats_kernel.*.so

@@ -31,7 +31,7 @@ sys.path.insert(0, _HERE)  # for `import models`
 sys.path.append(os.path.dirname(_HERE))  # msprobe from this checkout if it is not installed
 
 import mindspore as ms  # noqa: E402
-from mindspore import nn  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
 
 import models  # noqa: E402
 
@@ -41,7 +41,7 @@ MOMENTUM = 0.9
 
 
 def train(net: nn.Cell, batches: Sequence, steps: int, debugger=None,
-          log_every: int = 0) -> List[float]:
+          log_every: int = 0, nan_at: Optional[int] = None) -> List[float]:
     """Train ``net`` for ``steps`` steps (cycling through ``batches``) with Momentum SGD.
 
     When ``debugger`` is given, every step is wrapped in ``start(net)`` / ``stop()`` / ``step()``;
@@ -50,12 +50,29 @@ def train(net: nn.Cell, batches: Sequence, steps: int, debugger=None,
     """
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=LEARNING_RATE, momentum=MOMENTUM)
     train_step = models.make_train_step(net, nn.CrossEntropyLoss(), optimizer)
+    if nan_at is not None:
+        train_step = _nan_at(train_step, nan_at)
     return models.run_training(net, train_step, batches, steps, debugger, log_every)
 
 
+def _nan_at(train_step, step: int):
+    """``train_step`` whose call number ``step`` (from 0) feeds the images through ``log(x - 100)``:
+    a NaN made by one known operation (``Functional.log`` at L1), for the watch-mode demo."""
+    calls = [0]
+
+    def poisoned(data, label):
+        calls[0] += 1
+        if calls[0] - 1 == step:
+            data = ops.log(ms.Tensor(data) - 100.0)
+        return train_step(data, label)
+
+    return poisoned
+
+
 def write_default_config(dump_path: str, steps: Sequence[int], task: str = "statistics",
-                         level: str = "L1") -> str:
-    """Write a minimal msprobe config.json into a fresh temporary directory; return its path."""
+                         level: str = "L1", watch: bool = False) -> str:
+    """Write a minimal msprobe config.json into a fresh temporary directory; return its path
+    (``watch``: with a ``"watch"`` section, README "Watch mode")."""
     config = {
         "task": task,
         "dump_path": os.path.abspath(dump_path),
@@ -66,6 +83,8 @@ def write_default_config(dump_path: str, steps: Sequence[int], task: str = "stat
     }
     if task == "statistics":
         config[task]["summary_mode"] = "statistics"
+    if watch:
+        config["watch"] = {"history": 64}
     path = os.path.join(tempfile.mkdtemp(prefix="msprobe_example_"), "config.json")
     with open(path, "w") as f:
         json.dump(config, f, indent=2)
@@ -104,6 +123,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                         help="parameters and images in this dtype (float16: compare with a float32 run)")
+    parser.add_argument("--watch", action="store_true",
+                        help="watch mode: every step kept in memory, written only when a NaN/Inf appears")
+    parser.add_argument("--nan-at", type=int, default=None, metavar="STEP",
+                        help="make a NaN at this step (log of a negative value), to show watch mode")
     args = parser.parse_args(argv)
 
     ms.set_device("CPU")
@@ -124,7 +147,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debugger = None
     dump_path = os.path.abspath(args.dump_path)
     if not args.no_dump:
-        config_path = args.config or write_default_config(dump_path, args.dump_steps)
+        config_path = args.config or write_default_config(dump_path, [] if args.watch else args.dump_steps,
+                                                          watch=args.watch)
         if args.config:  # the user's config decides where the dump goes
             with open(args.config) as f:
                 dump_path = json.load(f).get("dump_path", dump_path)
@@ -133,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         debugger = PrecisionDebugger(config_path=config_path)
 
     t0 = time.perf_counter()
-    losses = train(net, train_batches, args.steps, debugger=debugger, log_every=10)
+    losses = train(net, train_batches, args.steps, debugger=debugger, log_every=10, nan_at=args.nan_at)
     elapsed = time.perf_counter() - t0
     accuracy = models.evaluate(net, test_batches)
     print(f"trained {args.steps} steps in {elapsed:.2f} s; final loss {losses[-1]:.4f}; "

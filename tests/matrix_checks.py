@@ -16,9 +16,8 @@ import re
 
 import numpy as np
 from mindspore import Tensor, nn
-from mindspore.ops import Primitive
-
 from mindspore.common.recompute import _RecomputeCell, _WrapCell
+from mindspore.ops import Primitive
 
 from msprobe.capture.api import load_api_list, resolve_targets
 
@@ -48,16 +47,13 @@ class CallCounter:
     outputs received a gradient, ``jit_cells`` = ``{(path, Class)}`` run inside a ``mindspore.jit``
     construct (the tool records them under ``graph/``), ``apis["Prefix.name"]`` = number of calls not
     nested in another counted call nor inside a jit construct.
-
-    ``Cell.recompute()`` counts as without recompute (the documented dump): MindSpore's wrappers
-    (``_RecomputeCell``, ``_WrapCell``) are not counted, and the Cell calls of the re-run during the
-    backward (``_RecomputeCell.bprop``) are not new calls: a gradient reaching their outputs is the
-    backward of the call of the first run they repeat.
     """
 
     def __init__(self, net):
         self.paths = {}
         for name, cell in net.cells_and_names():
+            if isinstance(cell, (_RecomputeCell, _WrapCell)):  # MindSpore's recompute wrappers, not layers
+                continue
             if name and id(cell) not in self.paths:
                 self.paths[id(cell)] = (name, type(cell).__name__)
         self.net = net
@@ -79,8 +75,6 @@ class CallCounter:
         self.apis = collections.Counter()
         self.depth = 0
         self.jit_depth = 0
-        self.recompute_bases = collections.defaultdict(list)  # id(_RecomputeCell) -> counts at its calls
-        self.rerun = None  # while a recomputation runs: (counts at the call it repeats, calls so far)
 
     # ------------------------------------------------------------------ installs
     def start(self):
@@ -89,18 +83,11 @@ class CallCounter:
         original_call = nn.Cell.__call__
 
         def cell_call(cell, *args, **kwargs):
-            if isinstance(cell, _RecomputeCell):
-                counter.recompute_bases[id(cell)].append(collections.Counter(counter.cells))
             key = counter.paths.get(id(cell))
-            if key is None or isinstance(cell, (_RecomputeCell, _WrapCell)):
+            if key is None:
                 return original_call(cell, *args, **kwargs)
-            if counter.rerun is not None:
-                base, seen = counter.rerun
-                k = base[key] + seen[key]
-                seen[key] += 1
-            else:
-                k = counter.cells[key]
-                counter.cells[key] += 1
+            k = counter.cells[key]
+            counter.cells[key] += 1
             if counter.jit_depth:
                 counter.jit_cells.add(key)
             jit = hasattr(type(cell).construct, "__wrapped__") and "construct" not in vars(cell)
@@ -124,19 +111,28 @@ class CallCounter:
         nn.Cell.__call__ = cell_call
         self._undo.append(lambda: setattr(nn.Cell, "__call__", original_call))
 
-        original_bprop = _RecomputeCell.bprop
+        # Cell.recompute(): the forward MindSpore re-runs inside the backward counts as the calls it
+        # repeats (their numbers again), not as new calls
+        saved = []
+        construct, bprop = _RecomputeCell.construct, _RecomputeCell.bprop
 
-        def recompute_bprop(cell, *args):
-            bases = counter.recompute_bases[id(cell)]
-            outer, counter.rerun = counter.rerun, (bases.pop() if bases else collections.Counter(),
-                                                   collections.Counter())
+        def rc_construct(cell, *args, **kwargs):
+            saved.append((collections.Counter(counter.cells), collections.Counter(counter.apis)))
+            return construct(cell, *args, **kwargs)
+
+        def rc_bprop(cell, *args):
+            if not saved:
+                return bprop(cell, *args)
+            real = counter.cells, counter.apis
+            counter.cells, counter.apis = saved.pop()
             try:
-                return original_bprop(cell, *args)
+                return bprop(cell, *args)
             finally:
-                counter.rerun = outer
+                counter.cells, counter.apis = real
 
-        _RecomputeCell.bprop = recompute_bprop
-        self._undo.append(lambda: setattr(_RecomputeCell, "bprop", original_bprop))
+        _RecomputeCell.construct, _RecomputeCell.bprop = rc_construct, rc_bprop
+        self._undo.append(lambda: (setattr(_RecomputeCell, "construct", construct),
+                                   setattr(_RecomputeCell, "bprop", bprop)))
 
         for owner, attr, api in self.targets:
             raw = vars(owner).get(attr) if isinstance(owner, type) else None

@@ -77,26 +77,6 @@ _L1_CASES = ("L1-*", "mix-*", "tensor-mix-*")
 #: (patterns "mode/net/case" (fnmatch), reason): cases known to fail, reported with minimal repros;
 #: strict, so a fixed case shows up as XPASS and its entry must go
 KNOWN_FAILURES = [
-    (_expand(_PY, ["dropout_ones"], ["L0-*", "mix-*", "tensor-mix-*"]),
-     "a Cell whose output takes no gradient (nn.Dropout on ops.ones) inside value_and_grad: "
-     "Tensor.register_hook raises RuntimeError('The tensor requires grad is false, which can not register "
-     "tensor hook') into the user's step (cell.py post_hook -> backward.py watch_outputs)"),
-    (_expand(_PY, ["lstm", "gru", "mha", "transformer", "inplace", "dropout_ones"], _L1_CASES),
-     "an API output that takes no gradient (Functional.zeros in nn.LSTM/nn.GRU, Tensor.sqrt in attention, "
-     "Tensor.to, Functional.ones): register_hook raises; caught, but dump_error_info.log "
-     "'failed to record ...: The tensor requires grad is false'"),
-    (_expand(["pynative"], ["fp16"], _L1_CASES),
-     "Cell.to_float(float16) Dense: dump_error_info.log in step 1 'Primitive.matmul.MatMul.0.backward: "
-     "gradients w.r.t. the inputs not captured (the call did not run as one autograd node, unlike the first "
-     "call ...)' (same for BiasAdd)"),
-    (_expand(["pynative"], ["raise_user"], ["L0-*", "mix-*", "tensor-mix-*"]),
-     "after the user's exception inside a Cell, dump_error_info.log 'Cell.inner.RaiseAtSecondCall.backward.0: "
-     "gradients w.r.t. the inputs not captured (inside the Cell an input now has more or fewer than one "
-     "consumer ...)' although nothing failed in the tool"),
-    (_expand(["pynative"], ["branch", "tuple_dict", "lstm", "gru", "list_apis", "scalar_loss", "special_values"],
-             ["tensor-mix-*"]),
-     "statistics: the Norm of a negative 0-d tensor (float or integer) is written negative "
-     "(e.g. Norm -3.5 for the 0-d value -3.5; float64 recomputation 3.5)"),
 ]
 
 

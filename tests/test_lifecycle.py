@@ -11,7 +11,7 @@ import textwrap
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, ops
+from mindspore import Tensor, nn, ops
 
 import msprobe.dump
 from conftest import build_mlp, only_step_dir, run_steps, write_config, write_config_with_dump
@@ -350,3 +350,26 @@ def test_stack_ids_per_rendered_stack(tmp_path):
     frame = table.rendered[a]
     assert frame[0].startswith(f"File {os.path.abspath(__file__)}, line ") and "in here," in frame[0]
     assert f"line {line_a}, in test_stack_ids_per_rendered_stack" in frame[1] and "here()" in frame[1]
+
+
+@pytest.mark.parametrize("level", ["L1", "L0", "mix"])
+def test_the_debugger_does_not_keep_a_dropped_model_alive(make_debugger, level):
+    """The user drops the model after training: the live debugger must not keep it (it holds the
+    model weakly); a later start() without a model then needs one again at L0/mix."""
+    import gc
+    import weakref
+
+    net = nn.SequentialCell(nn.Dense(4, 4), nn.ReLU())
+    debugger = make_debugger(task="statistics", level=level)
+    grad = ms.value_and_grad(lambda x: net(x).sum(), None, net.trainable_params())
+    debugger.start(net)
+    grad(Tensor(np.ones((2, 4), np.float32)))
+    debugger.stop()
+    debugger.step()
+    ref = weakref.ref(net)
+    del net, grad
+    gc.collect()
+    assert ref() is None
+    if level != "L1":
+        with pytest.raises(ValueError, match="needs the model"):
+            debugger.start()

@@ -6,12 +6,23 @@ start/stop window see MindSpore's own objects, and a debugger that is constructe
 costs nothing. A wrapper keeps ``__name__``, ``__qualname__``, ``__doc__`` and ``__wrapped__`` of the
 original, and when the dump is not running or the call is nested inside another recorded call it
 forwards directly to the original.
+
+MindSpore exports one function object under several public names: ``mindspore.ops.cast`` is
+``mindspore.ops.functional.cast`` (``F.cast`` in mindformers and in MindSpore's own layers), is
+``mindspore.ops.function.array_func.zeros_like``'s ``ops`` twin, and ``mint`` re-exports ``ops``
+functions. Patching one module attribute leaves the others calling the original, so every public
+binding of a listed function in :data:`ALIAS_MODULES` of the namespace it is listed for is wrapped
+too (:func:`alias_targets`) and recorded under the listed API's name. Calls that MindSpore's own code in the defining module makes
+through its module globals (``array_func`` functions calling each other) are internal steps, not API
+calls, and are not recorded.
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import os
+import pkgutil
+import sys
 
 import yaml
 
@@ -29,6 +40,18 @@ NAMESPACES = {
     "communication.comm_func": ("mindspore.communication.comm_func", "Distributed"),
     "mint.distributed": ("mindspore.mint.distributed", "MintDistributed"),
 }
+
+
+#: modules re-exporting listed functions, with the entry prefix of their family (``.*``: every
+#: public sub-module of that package)
+ALIAS_MODULES = (
+    ("mindspore.ops", "Functional"),
+    ("mindspore.ops.functional", "Functional"),
+    ("mindspore.ops.function", "Functional"),
+    ("mindspore.ops.function.*", "Functional"),
+    ("mindspore.mint", "Mint"),
+    ("mindspore.mint.nn.functional", "MintFunctional"),
+)
 
 
 def _import_owner(spec: str):
@@ -74,22 +97,84 @@ def _has_path(owner, dotted: str) -> bool:
         return False
 
 
-def make_wrapper(runtime, recorder: CallRecorder, original, api: str):
-    """A function that records calls of ``original`` as API ``api`` while the dump runs."""
+def alias_modules() -> list:
+    """``[(module, entry prefix)]`` of :data:`ALIAS_MODULES` that import in this MindSpore build."""
+    out = []
+    for spec, prefix in ALIAS_MODULES:
+        names = [spec]
+        if spec.endswith(".*"):
+            try:
+                package = importlib.import_module(spec[:-2])
+            except Exception:
+                continue
+            names = [f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__)
+                     if not info.name.startswith("_")]
+        for name in names:
+            try:
+                out.append((importlib.import_module(name), prefix))
+            except Exception:  # a sub-module this build cannot import (e.g. no communication)
+                continue
+    return out
+
+
+def alias_targets(targets: list) -> list:
+    """``[(module, attribute, api)]``: every public attribute of :func:`alias_modules` holding the
+    same function as a module-level entry of ``targets`` (from :func:`resolve_targets`) listed for
+    the module's own namespace family (``Functional``: ``mindspore.ops``, ``ops.functional``,
+    ``ops.function.*``; ``Mint``; ``MintFunctional``), without being one of them. ``api`` is that
+    listed API, so the yaml list and the ``list`` filter decide for all its names in the family. A
+    re-export listed for another namespace only (``mint.cumprod`` is ``ops.cumprod``, not in the
+    ``mint.ops`` list) is not wrapped: removing a name from one namespace's list stops it there;
+    :mod:`msprobe.capture.coverage` reports such a name when the user's code calls it."""
+    listed = {}  # id(function) -> (function, [api, ...])
+    taken = set()
+    for owner, attr, api in targets:
+        if isinstance(owner, type):  # Tensor methods have no module aliases
+            continue
+        obj = getattr(owner, attr)
+        listed.setdefault(id(obj), (obj, []))[1].append(api)
+        taken.add((id(owner), attr))
+    out = []
+    for module, prefix in alias_modules():
+        for attr, value in list(vars(module).items()):
+            hit = listed.get(id(value))
+            if hit is None or hit[0] is not value or attr.startswith("_") or (id(module), attr) in taken:
+                continue
+            api = next((a for a in hit[1] if a.partition(".")[0] == prefix), None)
+            if api is None:  # listed for another namespace only (mint.cumprod is ops.cumprod)
+                continue
+            out.append((module, attr, api))
+            taken.add((id(module), attr))
+    return out
+
+
+def make_wrapper(runtime, recorder: CallRecorder, original, api: str, home: dict | None = None):
+    """A function that records calls of ``original`` as API ``api`` while the dump runs.
+
+    ``home``: the globals of the module the wrapper is installed in (aliases only); a call made by
+    code of that module itself through its globals is MindSpore-internal and is not recorded.
+    """
     inplace = is_inplace(api)
 
-    def wrapper(*args, **kwargs):
-        if not runtime.running or runtime.busy():
-            return original(*args, **kwargs)
-        return recorder.call(api, original, args, kwargs, inplace)
+    if home is None:
+        def wrapper(*args, **kwargs):
+            if not runtime.running or runtime.busy():
+                return original(*args, **kwargs)
+            return recorder.call(api, original, args, kwargs, inplace)
+    else:
+        def wrapper(*args, **kwargs):
+            if not runtime.running or runtime.busy() or sys._getframe(1).f_globals is home:
+                return original(*args, **kwargs)
+            return recorder.call(api, original, args, kwargs, inplace)
 
     functools.update_wrapper(wrapper, original)
     return wrapper
 
 
-def build_wrappers(runtime, targets: list, recorder: CallRecorder | None = None) -> list:
-    """``[(owner, attribute, wrapper)]`` for every target (static methods stay static; class
-    methods are skipped: they are bound to the class, not API calls on data)."""
+def build_wrappers(runtime, targets: list, recorder: CallRecorder | None = None, aliases=()) -> list:
+    """``[(owner, attribute, wrapper)]`` for every target and every alias (from
+    :func:`alias_targets`); static methods stay static; class methods are skipped (they are bound
+    to the class, not API calls on data)."""
     recorder = recorder or CallRecorder(runtime)
     out = []
     for owner, attr, api in targets:
@@ -98,4 +183,6 @@ def build_wrappers(runtime, targets: list, recorder: CallRecorder | None = None)
             continue
         wrapper = make_wrapper(runtime, recorder, getattr(owner, attr), api)
         out.append((owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper))
+    for module, attr, api in aliases:
+        out.append((module, attr, make_wrapper(runtime, recorder, getattr(module, attr), api, vars(module))))
     return out

@@ -160,6 +160,7 @@ class GraphCellCapture:
         self.stack: list = []  # open forward calls, outermost first (construct.json parents)
         self.open = defaultdict(list)  # prefix -> open forward calls
         self.done = defaultdict(list)  # prefix -> finished forward calls awaiting their backward
+        self.entered: set = set()  # prefixes whose input probe ran in this step
 
     def _recording(self) -> bool:
         rt = self.rt
@@ -176,6 +177,7 @@ class GraphCellCapture:
             if not self._recording():
                 return
             rt = self.rt
+            self.entered.add(prefix)
             with rt.tool_code():
                 k = rt.next_count(f"{prefix}.forward")
                 fwd = naming.cell_entry(prefix, naming.FORWARD, k)
@@ -195,8 +197,8 @@ class GraphCellCapture:
             if not self._recording():
                 return
             frames = self.open[prefix]
-            if not frames:  # the inputs held no tensor: the call was not opened
-                return
+            if not frames:  # the inputs held no tensor (no input probe ran): open the call now
+                self._enter(prefix, ())
             fwd, selected, parent = frames.pop()
             if self.stack and self.stack[-1] == fwd:
                 self.stack.pop()
@@ -546,6 +548,22 @@ class GraphDump:
             logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
                         "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
         self._capture.snapshot_parameters(self._cells)
+
+    def note_unrecorded(self) -> None:
+        """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
+        probes ran in this step although others did (the graph ran). Call before the files are
+        written."""
+        capture, writer = getattr(self, "_capture", None), self.sink.writer
+        if capture is None or writer is None or writer.closed or capture._writer is not writer \
+                or not capture.entered:
+            return
+        missing = [prefix for prefix, _ in self._cells if prefix not in capture.entered]
+        writer.add_note("not_recorded_in_graph", [
+            {"cell": prefix, "note": "no probe of this Cell ran in the compiled graph in this step: it "
+                                     "was not called (a container such as CellList, a branch not "
+                                     "taken) or the compiler removed it; a compiled Cell's data exist "
+                                     "only if it runs"}
+            for prefix in missing])
 
     def write_files(self) -> None:
         if self.sink is not self.service.runtime:

@@ -1,7 +1,8 @@
 """Mutation guard: flush pending records before an in-place operation changes a tensor.
 
 Hooks keep references to tensors and statistics are read later (deferred). An in-place operation
-(``x.add_(1)``, ``x[0] = 5``, ``x += y``, ``ops.assign``) could change a referenced tensor before the
+(``x.add_(1)``, ``x[0] = 5``, ``x += y``, ``ops.assign`` and its other names such as
+``mindspore.ops.functional.assign``) could change a referenced tensor before the
 flush, so while the dump runs every in-place Tensor method and in-place functional API that is not
 already wrapped for capture gets a thin guard: if anything is pending, flush first, then run the
 original. Cost when nothing is pending: one attribute check.
@@ -13,6 +14,7 @@ import functools
 import mindspore
 from mindspore import Tensor
 
+from msprobe.capture.api import alias_modules
 from msprobe.capture.semantics import COLLECTIVE_WRITES, is_inplace
 from msprobe.core.handles import AttributePatches
 
@@ -28,9 +30,13 @@ def _candidates() -> tuple:
     for name in dir(Tensor):
         if is_inplace(f"Tensor.{name}") and name not in ("requires_grad_",) and callable(getattr(Tensor, name, None)):
             out.append((Tensor, name))
-    for name in ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_nd_update"):
-        if callable(getattr(mindspore.ops, name, None)):
-            out.append((mindspore.ops, name))
+    functions = [getattr(mindspore.ops, name, None)
+                 for name in ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_nd_update")]
+    functions = {id(f): f for f in functions if callable(f)}
+    for module, _ in [(mindspore.ops, None)] + alias_modules():  # F.assign is ops.assign, too
+        for name, value in list(vars(module).items()):
+            if not name.startswith("_") and functions.get(id(value)) is value and (module, name) not in out:
+                out.append((module, name))
     try:  # torch-style collectives write into their arguments (all_reduce(tensor), ...)
         import mindspore.mint.distributed as dist
     except Exception:  # communication unavailable in this build

@@ -22,7 +22,7 @@ import weakref
 from mindspore import nn
 
 from msprobe.capture import debug_save, graph_cell
-from msprobe.capture.api import build_wrappers, load_api_list, make_wrapper, resolve_targets
+from msprobe.capture.api import alias_targets, build_wrappers, load_api_list, make_wrapper, resolve_targets
 from msprobe.capture.async_handles import release_pending
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
@@ -54,6 +54,7 @@ class DumpService:
         self.active = False
         self._installed = HandleSet()
         self._api_targets = None
+        self._api_aliases = None  # other public names of the listed functions (F.cast, ...)
         self._custom: dict = {}
         self._api_patches: AttributePatches | None = None  # built once, applied at each start()
         self._guard: AttributePatches | None = None  # likewise
@@ -148,11 +149,12 @@ class DumpService:
         if rt.open_step() is None:
             return False
         if cfg.level in _API_LEVELS:  # B08: names bound to an API before start() are not captured
-            note_stale_bindings(rt.writer, self._listed_targets(), self.models)
+            note_stale_bindings(rt.writer, self._listed_targets(), self.models, self._aliases())
         self._install()
         self._token = 0
         self.active = True
         rt.running = self.token_range is None
+        _UNFINISHED.add(self)  # an open step is finished at step() or exit, debugger variable or not
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.writer.directory)
         return True
 
@@ -162,11 +164,12 @@ class DumpService:
         if level in _API_LEVELS:
             targets = self._listed_targets()
             if self._api_patches is None:
-                self._api_patches = AttributePatches(build_wrappers(self.runtime, targets, self.recorder))
+                self._api_patches = AttributePatches(build_wrappers(self.runtime, targets, self.recorder,
+                                                                    self._aliases()))
             # a custom registration of the same attribute takes precedence over the yaml list
             self._api_patches.apply(skip=self._custom)
             self._installed.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
-            wrapped = {(owner, attr) for owner, attr, _ in targets}
+            wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
             self._installed.add(install_jit_capture(self.recorder))
             if self.models is not None:
                 self._installed.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
@@ -185,7 +188,9 @@ class DumpService:
 
     def _primitive_targets(self) -> list:
         """Primitives held by the model's Cells, read at the first ``start(model)`` of a model."""
-        key = [(index, id(root)) for index, root in self.models]
+        # weak references compare like their (alive) referents: an id of a dropped model reused by a
+        # new one does not match
+        key = [(index, weakref.ref(root)) for index, root in self.models]
         if self._primitives is None or self._primitives[0] != key:
             cells = [cell for _, root in self.models for _, cell in root.cells_and_names()]
             self._primitives = (key, primitive_targets(cells, self.runtime.selector.may_record_api))
@@ -199,6 +204,13 @@ class DumpService:
             self._api_targets = [t for t in resolve_targets(load_api_list())
                                  if selector.may_record_api(t[2])]
         return self._api_targets
+
+    def _aliases(self) -> list:
+        """Other public bindings of the listed functions (``mindspore.ops.functional.cast`` for
+        ``mindspore.ops.cast``), found once; wrapped with them and named after them."""
+        if self._api_aliases is None:
+            self._api_aliases = alias_targets(self._listed_targets())
+        return self._api_aliases
 
     # ------------------------------------------------------------------ inference token range
     def set_token_range(self, token_range) -> None:
@@ -279,6 +291,8 @@ class DumpService:
 
             self._kernel_dump = KernelDump(self.config)
             self._installed_kernel = self._kernel_dump.install()
+            _UNFINISHED.add(self)  # the kernel files are collected at close (exit), also if the
+            # user's debugger variable is gone by then (a debugger made inside a function)
         return True
 
     def stop(self) -> None:
@@ -301,6 +315,8 @@ class DumpService:
             self.active = False
             rt.running = False
             self._installed.remove()
+            if self._graph:
+                self._graph.note_unrecorded()
             rt.write_files()
             if self._graph:
                 self._graph.write_files()
@@ -355,6 +371,8 @@ class DumpService:
             rt.budget.estimate_after_step(directory, step, len(self.config.step))
         if self.config.last_step is not None and rt.step > self.config.last_step:
             self._finish()
+        if self._kernel_dump is None:
+            _UNFINISHED.discard(self)
         rt.raise_user_error(final=True)
 
     def _finish(self) -> None:
@@ -377,6 +395,7 @@ class DumpService:
         self.runtime.close_writer()
         self.runtime.close_timer()
         self._process_state.restore()
+        _UNFINISHED.discard(self)
 
 
 def _model_gone(service_ref, refs) -> None:
@@ -388,6 +407,10 @@ def _model_gone(service_ref, refs) -> None:
 
 
 _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
+#: services with work to finish (an open step, an L2 kernel dump to collect): held until step() or
+#: close() so the exit handler finishes them although the user's debugger object is gone. A service
+#: holds nothing of the user's (models weakly), so this keeps no network alive.
+_UNFINISHED: set = set()
 
 
 class _ProcessState:

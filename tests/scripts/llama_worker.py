@@ -1,0 +1,281 @@
+"""Worker for tests/test_thirdparty_llama.py: trains mindformers 2.0.0's ``LlamaForCausalLM`` (real
+third-party model code) a few steps with the dump off and on, in one MindSpore mode, and writes what
+the test compares bit for bit.
+
+    python llama_worker.py MODE OUT RUN [RUN ...] [--steps 3] [--census]
+
+MODE: ``pynative`` | ``graph`` (process-wide). RUN: ``LEVEL:OPTIMIZER[:TASK]`` with LEVEL ``off``, ``L0``,
+``L1`` or ``mix``, OPTIMIZER ``momentum`` or ``adamw``, TASK ``statistics`` (default) or ``tensor``.
+Every run builds the model afresh from the same seed and trains it on the same token batches with
+``mindspore.value_and_grad`` and the optimizer. Per run ``OUT/<LEVEL>-<OPTIMIZER>-<TASK>/`` gets
+``result.json`` (float32 losses as hex bytes, the exception if one was raised, whether the model was
+released afterwards, attributes left patched), ``grads_step<k>.npz`` (every parameter gradient of step
+k, raw arrays) and, with the dump on, ``dump/`` (the dump path).
+
+``--census`` (PyNative only) first runs one training step without the dump and writes
+``OUT/census.json``: every sub-Cell call (forward pre-hooks) and every call that model code (mindformers
+functions and the ``construct`` of the model's Cells) makes into MindSpore (``sys.setprofile``),
+classified as a listed API (``support_wrap_ops.yaml``), a Primitive held by a Cell, or other, and
+every Primitive that model code creates during the step.
+
+``LLAMA_WORKER_REFERRERS=1`` prints what still refers to a model that was not released.
+
+The stand-in ``hyper_parallel`` package (``stand_ins/``) is put on ``sys.path``; mindformers is imported
+from ``OUT`` because importing it creates ``./output/log``.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import faulthandler
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+import weakref
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "stand_ins"))
+
+SEED = 1234
+BATCH, SEQ, VOCAB = 2, 32, 128
+
+
+def parse_run(spec: str) -> tuple[str, str, str]:
+    parts = spec.split(":")
+    level, optimizer = parts[0], parts[1]
+    task = parts[2] if len(parts) > 2 else "statistics"
+    if level not in ("off", "L0", "L1", "mix") or optimizer not in ("momentum", "adamw") \
+            or task not in ("statistics", "tensor"):
+        raise SystemExit(f"bad run {spec!r}: LEVEL:OPTIMIZER[:TASK]")
+    return level, optimizer, task
+
+
+def llama_config():
+    from mindformers import LlamaConfig
+
+    f32 = "float32"
+    return LlamaConfig(seq_length=SEQ, hidden_size=64, num_layers=2, num_heads=4, vocab_size=VOCAB,
+                       intermediate_size=128, compute_dtype=f32, param_init_type=f32,
+                       layernorm_compute_type=f32, softmax_compute_type=f32, rotary_dtype=f32,
+                       use_past=False, use_rope_slice=True, use_flash_attention=False,
+                       fused_rms_norm=False)
+
+
+def build(optimizer: str):
+    import mindspore as ms
+    from mindformers import LlamaForCausalLM
+
+    ms.set_seed(SEED)
+    net = LlamaForCausalLM(llama_config())
+    net.set_train(True)
+    params = net.trainable_params()
+    if optimizer == "momentum":
+        opt = ms.nn.Momentum(params, learning_rate=0.05, momentum=0.9)
+    else:
+        opt = ms.nn.AdamWeightDecay(params, learning_rate=1e-2, weight_decay=0.01)
+    return net, opt
+
+
+def token_batches(steps: int):
+    import numpy as np
+
+    rng = np.random.RandomState(SEED)
+    # SEQ + 1 tokens: LlamaForCausalLM shifts them into inputs and labels; 0 is the pad token
+    return [rng.randint(1, VOCAB, (BATCH, SEQ + 1)).astype(np.int32) for _ in range(steps)]
+
+
+def _watched_attributes():
+    """A few attributes the dump patches, to check that each run leaves them as it found them."""
+    import mindspore as ms
+    from mindspore import mint, ops
+    from mindspore.ops import functional as F
+
+    return {"ops.cast": (ops, "cast"), "F.cast": (F, "cast"), "F.shape": (F, "shape"),
+            "mint.matmul": (mint, "matmul"), "Tensor.__add__": (ms.Tensor, "__add__"),
+            "Tensor.reshape": (ms.Tensor, "reshape")}
+
+
+def train(level: str, optimizer: str, task: str, steps: int, run_dir: str) -> dict:
+    import mindspore as ms
+    import numpy as np
+
+    watched = _watched_attributes()
+    before = {k: vars(o).get(a, getattr(o, a)) for k, (o, a) in watched.items()}
+    result = {"run": os.path.basename(run_dir), "losses": [], "error": None, "seconds": []}
+    net, opt = build(optimizer)
+    debugger = None
+    if level != "off":
+        from msprobe.mindspore import PrecisionDebugger
+
+        debugger = PrecisionDebugger(dump_path=os.path.join(run_dir, "dump"), task=task, level=level)
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    names = [p.name for p in opt.parameters]
+    try:
+        for step, tokens in enumerate(token_batches(steps)):
+            began = time.perf_counter()
+            if debugger is not None:
+                debugger.start(net)
+            loss, grads = grad_fn(ms.Tensor(tokens))
+            opt(grads)
+            result["losses"].append(np.asarray(loss.asnumpy(), dtype=np.float32).tobytes().hex())
+            np.savez(os.path.join(run_dir, f"grads_step{step}.npz"),
+                     **{f"{i:03d}:{name}": g.asnumpy() for i, (name, g) in enumerate(zip(names, grads))})
+            if debugger is not None:
+                debugger.stop()
+                debugger.step()
+            result["seconds"].append(time.perf_counter() - began)
+    except Exception as exc:  # the test compares this with the tool-off run
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()
+        if debugger is not None:
+            debugger.stop()
+    ref = weakref.ref(net)
+    del net, opt, grad_fn, debugger
+    gc.collect()
+    result["model_released"] = ref() is None
+    if os.environ.get("LLAMA_WORKER_REFERRERS") and ref() is not None:
+        for holder in gc.get_referrers(ref()):
+            print("held by", type(holder), str(holder)[:200] if not isinstance(holder, dict) else list(holder)[:12])
+    result["left_patched"] = sorted(k for k, (o, a) in watched.items()
+                                    if vars(o).get(a, getattr(o, a)) is not before[k])
+    return result
+
+
+# ------------------------------------------------------------------------------------------ census
+def _listed_apis():
+    """``id(function) -> name`` for support_wrap_ops.yaml functions, ``name -> Tensor.name`` for
+    Tensor methods, read from the yaml file itself (not through msprobe's resolver)."""
+    import importlib
+
+    import mindspore as ms
+    import yaml
+
+    path = os.path.join(HERE, "..", "..", "msprobe", "capture", "support_wrap_ops.yaml")
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    functions, codes = {}, {}
+    for key, module_name in (("ops", "mindspore.ops"), ("mint.ops", "mindspore.mint"),
+                             ("mint.nn.functional", "mindspore.mint.nn.functional")):
+        module = importlib.import_module(module_name)
+        for name in data.get(key) or ():
+            obj = getattr(module, name, None)
+            if callable(obj) and not isinstance(obj, type):
+                functions.setdefault(id(obj), name)
+                code = getattr(obj, "__code__", None)
+                if code is not None:
+                    codes.setdefault(code, set()).add(name)
+    tensor_methods = {name for name in data.get("tensor") or () if hasattr(ms.Tensor, name)}
+    return codes, tensor_methods
+
+
+def census(out: str) -> None:
+    """One tool-off training step with every sub-Cell call and every call from model code counted."""
+    import mindspore as ms
+    from mindspore.ops import Primitive
+
+    net, opt = build("momentum")
+    cells = {id(cell): (name, type(cell).__name__) for name, cell in net.cells_and_names() if name}
+    model_cells = {id(cell) for _, cell in net.cells_and_names()}
+    held = {}  # id(Primitive) -> (attribute, class name), as the Cells hold them
+    for _, cell in net.cells_and_names():
+        for attr, value in vars(cell).items():
+            if isinstance(value, Primitive):
+                held.setdefault(id(value), (attr, type(value).__name__))
+    codes, tensor_methods = _listed_apis()
+    cell_calls = collections.Counter()
+    for name, cell in net.cells_and_names():
+        if name:
+            cell.register_forward_pre_hook(lambda c, args, key=f"{name}.{type(cell).__name__}":
+                                           cell_calls.update([key]))
+    listed, primitives, other = collections.Counter(), collections.Counter(), collections.Counter()
+    created = collections.Counter()
+
+    def is_model_frame(frame) -> bool:
+        if frame is None:
+            return False
+        if str(frame.f_globals.get("__name__", "")).startswith("mindformers"):
+            return True
+        return id(frame.f_locals.get("self")) in model_cells and frame.f_code.co_name == "construct"
+
+    def profile(frame, event, arg):
+        if event == "call":
+            caller = frame.f_back
+            module = str(frame.f_globals.get("__name__", ""))
+            if not module.startswith("mindspore") or not is_model_frame(caller):
+                return
+            code = frame.f_code
+            me = frame.f_locals.get("self")
+            where = f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_lineno}"
+            if code.co_name in ("__init__", "deco") and isinstance(me, Primitive):
+                created[f"{type(me).__name__} ({where})"] += 1  # a Primitive made during the step
+            elif code.co_name == "__call__" and isinstance(me, Primitive):
+                if id(me) in held:
+                    primitives[f"Primitive.{type(me).__name__}"] += 1
+                else:
+                    other[f"unheld Primitive {type(me).__name__} ({where})"] += 1
+            elif code in codes:
+                names = codes[code]
+                listed[sorted(names)[0] if len(names) == 1 else "|".join(sorted(names))] += 1
+            elif code.co_filename.endswith(os.path.join("common", "tensor.py")) and \
+                    code.co_name in tensor_methods and isinstance(me, ms.Tensor):
+                listed[f"Tensor.{code.co_name}"] += 1
+            else:
+                other[f"{module}.{code.co_qualname}"] += 1
+        elif event == "c_call" and is_model_frame(frame):
+            owner = getattr(arg, "__self__", None)
+            name = getattr(arg, "__name__", "")
+            if isinstance(owner, ms.Tensor) and name in tensor_methods:
+                listed[f"Tensor.{name}"] += 1
+
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    tokens = ms.Tensor(token_batches(1)[0])
+    sys.setprofile(profile)
+    try:
+        loss, grads = grad_fn(tokens)
+    finally:
+        sys.setprofile(None)
+    opt(grads)
+    with open(os.path.join(out, "census.json"), "w", encoding="utf-8") as f:
+        json.dump({"cells": cell_calls, "listed": listed, "primitives": primitives, "other": other,
+                   "created_primitives": created,
+                   "parameters": len(opt.parameters), "loss": float(loss.asnumpy())}, f, indent=1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["pynative", "graph"])
+    ap.add_argument("out")
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--census", action="store_true")
+    args = ap.parse_args()
+    faulthandler.dump_traceback_later(400, exit=True)  # a hang shows where, then ends the run
+    runs = [parse_run(spec) for spec in args.runs]
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    os.chdir(out)  # importing mindformers writes ./output/log
+
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    ms.runtime.launch_blocking()
+    ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
+    import mindformers  # noqa: F401  (logs its INFO lines once, here)
+
+    if args.census:
+        census(out)
+    for level, optimizer, task in runs:
+        run_dir = os.path.join(out, f"{level}-{optimizer}-{task}")
+        os.makedirs(run_dir, exist_ok=True)
+        result = train(level, optimizer, task, args.steps, run_dir)
+        with open(os.path.join(run_dir, "result.json"), "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        print(f"{args.mode} {result['run']}: {'ok' if result['error'] is None else result['error']} "
+              f"({sum(result['seconds']):.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
