@@ -197,7 +197,7 @@ class GraphCellCapture:
             if not self._recording():
                 return
             frames = self.open[prefix]
-            if not frames:  # the inputs held no tensor (no input probe ran): open the call now
+            if not frames:  # its input probe ran before recording started (or in the previous step)
                 self._enter(prefix, ())
             fwd, selected, parent = frames.pop()
             if self.stack and self.stack[-1] == fwd:
