@@ -197,8 +197,8 @@ class GraphCellCapture:
             if not self._recording():
                 return
             frames = self.open[prefix]
-            if not frames:  # its input probe ran before recording started (or in the previous step)
-                self._enter(prefix, ())
+            if not frames:  # no call open: the forward MindSpore recomputes in the backward for
+                return      # Cell.recompute() re-runs the output probe (not the input probe): no call
             fwd, selected, parent = frames.pop()
             if self.stack and self.stack[-1] == fwd:
                 self.stack.pop()
