@@ -77,15 +77,6 @@ _L1_CASES = ("L1-*", "mix-*", "tensor-mix-*")
 #: (patterns "mode/net/case" (fnmatch), reason): cases known to fail, reported with minimal repros;
 #: strict, so a fixed case shows up as XPASS and its entry must go
 KNOWN_FAILURES = [
-    (_expand(["graph"], ["branch"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0: the gradients of the block whose output has two consumers (the loss and the next "
-     "block) differ from tool-off, and the next block's backward entries are missing"),
-    (_expand(["graph"], ["tuple_dict"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0: a Cell returning a dict has no backward entry (and its child Dense none in step 0)"),
-    (_expand(["graph"], ["recompute"], ["L0-*", "mix-*"]),
-     "GRAPH_MODE L0 with Cell.recompute(): the recomputation is recorded as a second forward call "
-     "(Cell.block.ResidualBlock.forward.1), backward numbers shift, and the _RecomputeCell/_WrapCell entries "
-     "PyNative records are absent"),
 ]
 
 

@@ -6,12 +6,18 @@ from PyNative), and ``ops.TensorDump`` runs on Ascend only. What does run at eve
 and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
 ``construct`` (:func:`msprobe.capture.graph_probes.make_construct`) that passes
 
-* its positional Tensor inputs through an *input probe*: forward ``input_args``; the probe's bprop
-  passes the gradients w.r.t. those inputs through a gradient probe (backward ``output``);
+* its positional Tensor inputs to a forward-only *input probe* beside the data path
+  (:func:`msprobe.capture.graph_probes.observe`: it sees ``stop_gradient`` of each input and its
+  result is unused): forward ``input_args``;
 * its Tensor output(s) through an *output probe*: forward ``output`` (+ ``parameters``, the Cell's own
   parameter values at that moment); bprop: gradients w.r.t. the outputs (backward ``input``).
 
-Probes are identities (the Python function returns the arrays it received), so results are unchanged.
+The output probe is an identity (the Python function returns the arrays it received), so results are
+unchanged, and every consumer of the output sums its gradient into the probe's output as it did into
+the tensor. An identity on the inputs would not be invisible: a tensor feeding the Cell and another
+consumer would get ``g_other + (g_1 + g_2)`` (the Cell's internal consumers summed first) instead of
+MindSpore's order, a last-bit change. So gradients w.r.t. a Cell's inputs (backward ``output``) are
+not recorded in compiled graphs (a WARNING says so once).
 Values are recorded through the :class:`msprobe.core.runtime.Runtime` like PyNative L0 records:
 same entry names (``Cell.{path}.{Class}.forward.{k}``, ``….backward.{k}``,
 ``….parameters_grad.{g}``), files, statistics, ``data_mode``, ``scope``/``list`` filters. Arrays are
@@ -23,10 +29,10 @@ each gradient probe runs after its forward probe (``ops.depend`` in the bprop). 
 returns before the graph runs, so :meth:`GraphDump.wait` (called by ``start``/``stop``) waits for it.
 
 Call numbering: probes run in execution order; the input probe of a call takes the next forward
-number of its Cell and opens the call, the output probe closes it (parents for ``construct.json``
-come from the stack of open calls). Backward runs in reverse: the output probe's bprop takes the
-latest un-paired forward call of that Cell (LIFO), the input probe's bprop the latest call whose
-output gradient was seen.
+number of its Cell and opens the call (a call without Tensor positional inputs shows the probe a
+constant, and records ``input_args`` ``[]``), the output probe closes it (parents for
+``construct.json`` come from the stack of open calls). Backward runs in reverse: the output probe's
+bprop takes the latest un-paired forward call of that Cell (LIFO).
 
 Parameter gradients: inside a compiled graph a parameter read (``self.weight`` in the original
 construct) cannot be intercepted, so the gradients are taken where they are consumed: the
@@ -136,6 +142,7 @@ class GraphCellCapture:
         self._lock = threading.RLock()
         self._writer = None
         self.param_values: dict = {}  # id(cell) -> {name: host Tensor}, taken at begin of step
+        self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
         self._reset()
 
     def snapshot_parameters(self, cells) -> None:
@@ -153,7 +160,6 @@ class GraphCellCapture:
         self.stack: list = []  # open forward calls, outermost first (construct.json parents)
         self.open = defaultdict(list)  # prefix -> open forward calls
         self.done = defaultdict(list)  # prefix -> finished forward calls awaiting their backward
-        self.inflight = defaultdict(list)  # prefix -> backward calls awaiting input gradients
         self.entered: set = set()  # prefixes whose input probe ran in this step
 
     def _recording(self) -> bool:
@@ -191,8 +197,8 @@ class GraphCellCapture:
             if not self._recording():
                 return
             frames = self.open[prefix]
-            if not frames:  # the inputs held no tensor (no input probe ran): open the call now
-                self._enter(prefix, ())
+            if not frames:  # no call open: the forward MindSpore recomputes in the backward for
+                return      # Cell.recompute() re-runs the output probe (not the input probe): no call
             fwd, selected, parent = frames.pop()
             if self.stack and self.stack[-1] == fwd:
                 self.stack.pop()
@@ -200,7 +206,7 @@ class GraphCellCapture:
             rt.selector.exit_cell(fwd)
             with rt.tool_code():
                 if selected and self.fwd_out:
-                    rt.record(fwd, "output", [_host_tensor(a) for a in arrays], "output")
+                    rt.record(fwd, "output", self._output_record(prefix, arrays), "output")
                     rt.record(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
                 if self.bwd_in or self.bwd_out:
                     bwd = fwd.replace(".forward.", ".backward.")
@@ -223,18 +229,6 @@ class GraphCellCapture:
                 rt.record_parent(bwd, bparent)
                 if self.bwd_in:
                     _record_grads(rt, bwd, "input", arrays, writer)
-                self.inflight[prefix].append((bwd, writer))
-
-    def _input_grads(self, prefix: str, arrays) -> None:
-        """bprop of the input probe: gradients w.r.t. the Cell's inputs (backward ``output``)."""
-        with self._lock:
-            pending = self.inflight.get(prefix)
-            if not pending:
-                return
-            bwd, writer = pending.pop()
-            if self.bwd_out and writer is self.rt.writer:
-                with self.rt.tool_code():
-                    _record_grads(self.rt, bwd, "output", arrays, writer)
 
     def _param_grads(self, owners: list, arrays) -> None:
         """Gradients entering an optimizer: ``owners[i]`` = (prefix, short name, first-of-Cell) or None."""
@@ -260,6 +254,8 @@ class GraphCellCapture:
         ``Parameter.register_hook`` as at PyNative L0 (they fire for parameters used in a jit graph;
         a probe in an optimizer ``construct`` would run twice there: once eagerly, once compiled)."""
         _allow_graph_parsing()
+        if self.bwd_out:
+            _note_no_input_gradients()
         undo = []
         for prefix, cell in cells:
             if getattr(cell, "has_bprop", False):
@@ -285,16 +281,36 @@ class GraphCellCapture:
 
     def _instrument(self, prefix: str, cell):
         arities = range(1, graph_probes.MAX_ARITY + 1)
-        probes_in = (None,) + tuple(
-            _make_probe(lambda a, p=prefix: self._enter(p, a), n,
-                        (lambda a, p=prefix: self._input_grads(p, a)) if self.bwd_out else None)
-            for n in arities)
+        probes_in = (_make_probe(lambda a, p=prefix: self._enter(p, ()), 1),) + tuple(
+            _make_probe(lambda a, p=prefix: self._enter(p, a), n) for n in arities)
         probes_out = (None,) + tuple(
             _make_probe(lambda a, p=prefix, c=cell: self._exit(p, c, a), n,
                         (lambda a, p=prefix: self._output_grads(p, a)) if (self.bwd_in or self.bwd_out) else None)
             for n in arities)
         return _set_construct(cell, graph_probes.make_construct(
-            probes_in, probes_out, _too_many(prefix, "input"), _too_many(prefix, "output")))
+            probes_in, probes_out, _too_many(prefix, "input"), _too_many(prefix, "output"),
+            self._note_keys(prefix)))
+
+    def _note_keys(self, prefix: str):
+        """The compile-time note (``mindspore.ops.constexpr``) of the kind of output a Cell returns:
+        the keys of a dict's Tensor values, or ``None``; per Cell and number of tensors."""
+        @constexpr
+        def note_keys(keys):
+            n = 1 if keys is None else len(keys)
+            self._output_kinds[(prefix, n)].add(keys)
+            return n
+        return note_keys
+
+    def _output_record(self, prefix: str, arrays) -> list:
+        """Forward ``output``: the tensors, or ``[{key: tensor}]`` where every compiled call of the
+        Cell with that many output tensors returns a dict with the same keys (as PyNative records)."""
+        values = [_host_tensor(a) for a in arrays]
+        kinds = self._output_kinds.get((prefix, len(values)), set())
+        if len(kinds) == 1:
+            (keys,) = kinds
+            if keys is not None and len(keys) == len(values):
+                return [dict(zip(keys, values))]
+        return values
 
     def _instrument_optimizers(self, models, cells, undo: list) -> None:
         """Probe the gradients entering each optimizer of the models' parameters (GRAPH_MODE)."""
@@ -335,6 +351,17 @@ class GraphCellCapture:
 
 
 _NOTED_BOUNDARIES: set = set()  # (prefix, side) already warned about (each graph compile calls again)
+
+
+def _note_no_input_gradients() -> None:
+    """WARNING, once per process, that backward ``output`` is not recorded inside compiled graphs."""
+    if "input gradients" in _NOTED_BOUNDARIES:
+        return
+    _NOTED_BOUNDARIES.add("input gradients")
+    logger.warning("msprobe: inside compiled graphs (GRAPH_MODE, children of mindspore.jit Cells) the "
+                   "gradients w.r.t. a Cell's inputs (backward 'output') are not recorded: a probe there "
+                   "would change how MindSpore sums the gradient of a tensor with several consumers. "
+                   "Backward 'input' (gradients w.r.t. the outputs) and parameters_grad are recorded")
 
 
 def _too_many(prefix: str, side: str):

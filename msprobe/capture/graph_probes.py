@@ -268,13 +268,47 @@ def through(probes, values, too_many):
     return replace_tensors(values, probes[n](*found))
 
 
+#: the argument of the input probe of a call with no Tensor positional input (it is not recorded)
+NO_TENSOR = Tensor(0)
+
+
+def observe(probes, values, too_many):
+    """Show the Tensor items of the tuple ``values`` to ``probes[n]`` (n = their number, as in
+    :func:`through`; ``probes[0]`` gets :data:`NO_TENSOR`) *beside* the data path: each probe sees
+    ``stop_gradient`` of the tensor and its result is unused (a ``side_effect_io`` probe is kept
+    in program order anyway). The Cell computes on ``values`` themselves, so no node is added
+    between a tensor and its consumers and MindSpore sums the gradients of a tensor with several
+    consumers in the same order as without the probe."""
+    found = tensors_of(values)
+    n = len(found)
+    if n == 0:
+        probes[0](NO_TENSOR)
+        return 0
+    if n > MAX_ARITY:
+        too_many(n)
+        found = found[:MAX_ARITY]
+        n = MAX_ARITY
+    stopped = ()
+    for v in found:
+        stopped = stopped + (ops.stop_gradient(v),)
+    if n == 1:
+        probes[1](stopped[0])
+    else:
+        probes[n](*stopped)
+    return n
+
+
 #: instance attribute holding the construct a probe wrapper calls (see :func:`make_construct`)
 INNER = "_msprobe_inner_construct"
 
 
-def make_construct(probes_in, probes_out, too_many_in, too_many_out):
-    """An instance ``construct`` running the Cell's previous construct between an input and an
-    output probe.
+def make_construct(probes_in, probes_out, too_many_in, too_many_out, note_keys):
+    """An instance ``construct`` running the Cell's previous construct after a forward-only input
+    probe (:func:`observe`, off the data path) and before an output probe (an identity on the
+    data path: every consumer of the output sums its gradient into the probe's output as it did
+    into the tensor, so the sum is unchanged). ``note_keys(keys)`` (a ``mindspore.ops.constexpr``
+    function) is told, when the graph compiles, the keys of the Tensor values a dict output has
+    (``None`` for a Tensor or tuple output), so the record can keep the dict's keys.
 
     The previous construct is reached as the bound method ``self._msprobe_inner_construct``
     (:data:`INNER`), not as a plain function called with ``self``: the graph compiler turns
@@ -285,14 +319,34 @@ def make_construct(probes_in, probes_out, too_many_in, too_many_out):
     requires it). ``too_many_in``/``too_many_out``: see :func:`through`.
     """
     def construct(self, *args, **kwargs):
-        args = through(probes_in, args, too_many_in)
+        observe(probes_in, args, too_many_in)
         out = self._msprobe_inner_construct(*args, **kwargs)
         if isinstance(out, Tensor):
+            note_keys(None)
             return probes_out[1](out)
         if isinstance(out, tuple):
+            note_keys(None)
             return through(probes_out, out, too_many_out)
+        if isinstance(out, dict):
+            return through_dict(probes_out, out, too_many_out, note_keys)
         return out
     return construct
+
+
+def through_dict(probes, values, too_many, note_keys):
+    """A new dict with the Tensor values of the dict ``values`` passed through ``probes`` (in the
+    dict's order, as :func:`through`), same keys; ``note_keys`` gets the keys of the probed values."""
+    keys = tuple(values.keys())
+    probed = ()
+    for k in keys:
+        if isinstance(values[k], Tensor):
+            probed = probed + (k,)
+    note_keys(probed[:MAX_ARITY])
+    new = through(probes, tuple(values.values()), too_many)
+    result = {}
+    for i in range(len(keys)):
+        result[keys[i]] = new[i]
+    return result
 
 
 def make_grads_construct(chunk_probes, size, unprobed):
