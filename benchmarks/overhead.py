@@ -74,6 +74,10 @@ CONFIGS = {
     "L1-md5": ("L1 summary_mode md5, start(net)",
                {"task": "statistics", "level": "L1", "summary_mode": "md5"}, "model"),
     "L1-tensor": ("L1 task tensor, start(net)", {"task": "tensor", "level": "L1"}, "model"),
+    "watch-L0": ("watch mode (history 1024), L0, start(net)",
+                 {"task": "statistics", "level": "L0", "watch": {}}, "model"),
+    "watch-L1": ("watch mode (history 1024), L1 with Primitives, start(net)",
+                 {"task": "statistics", "level": "L1", "watch": {}}, "model"),
 }
 
 
@@ -85,6 +89,8 @@ def write_config(directory: str, spec: dict) -> str:
     cfg = {"task": task, "dump_path": os.path.join(directory, "dump"), "rank": [],
            "step": spec.get("step", []), "level": spec["level"], "extra_info": True,
            "async_dump": False, task: section}
+    if "watch" in spec:
+        cfg["watch"] = spec["watch"]
     path = os.path.join(directory, "config.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=1)
@@ -149,7 +155,7 @@ def _dump_stats(dump_path: str) -> dict:
     recorded per step (median)."""
     entries, sizes, tensor_bytes = [], [], []
     if os.path.isdir(dump_path):
-        units = [os.path.join(dump_path, s, r) for s in sorted(os.listdir(dump_path))
+        units = [os.path.join(dump_path, s, r) for s in sorted(os.listdir(dump_path)) if s.startswith("step")
                  for r in sorted(os.listdir(os.path.join(dump_path, s)))]  # step{N}/{rank or proc} dirs
         for full in units:
             total = 0
