@@ -101,10 +101,21 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, xlsx
     for item in result["results"]:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(item["records"].items()))
         where = f"step {item['step']} {item['rank']}" if item["step"] is not None else item["rank"]
-        click.echo(f"{where} ({item['mode']}): {counts}; first source entry: "
-                   f"{item['first_source_entry'] or 'none'}")
+        found = item["first_divergence"]
+        first = "none (the runs agree within tolerance)" if found is None else (
+            f"{found['entry']} ({found['direction']}"
+            + ("; its inputs already differ" if found["kind"] == "input" else "")
+            + ("; present on one side only" if found["kind"] == "unmatched" else "") + ")")
+        click.echo(f"{where} ({item['mode']}): {counts}; first divergence (as msprobe first-diff): {first}")
         click.echo(f"  {item['csv']}")
     click.echo(f"summary: {result['summary']}")
+
+
+def _record_text(values: dict, scalar) -> str:
+    """A record as text: a tensor's statistics, or a scalar/string argument's value (``scalar``)."""
+    if scalar is not None:
+        return f"value={scalar['value']!r}"
+    return f"Max={values['Max']} Min={values['Min']} Mean={values['Mean']} Norm={values['Norm']}"
 
 
 def _print_finding(f, label: str, exact: bool = False) -> None:
@@ -126,10 +137,12 @@ def _print_finding(f, label: str, exact: bool = False) -> None:
         else:
             state = rec["result"]
         line = f"    {rec['record']:<22} {state:<8}"
-        if t:
-            line += f"  target Max={t['Max']} Min={t['Min']} Mean={t['Mean']} Norm={t['Norm']}"
-        if g:
-            line += f"\n    {'':<22} {'':<8}  golden Max={g['Max']} Min={g['Min']} Mean={g['Mean']} Norm={g['Norm']}"
+        for side, values in (("target", t), ("golden", g)):
+            if not values:
+                continue
+            if side == "golden":
+                line += f"\n    {'':<22} {'':<8}"
+            line += f"  {side} {_record_text(values, rec.get(side + '_value'))}"
         click.echo(line)
     for name, stack in (("target", f.target_stack), ("golden", f.golden_stack)):
         if stack:

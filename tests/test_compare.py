@@ -190,7 +190,8 @@ def test_cli_compare_files_and_reference_flags(dumps, tmp_path):
     (summary_path,) = glob.glob(str(out / "compare_summary_*.json"))
     summary = json.load(open(summary_path))
     assert summary["results"][0]["first_source_entry"] == "Functional.gelu.0.forward"
-    assert "first source entry: Functional.gelu.0.forward" in proc.stdout
+    assert "first divergence (as msprobe first-diff): Functional.gelu.0.forward (forward)" in proc.stdout
+    assert summary["results"][0]["first_divergence"]["entry"] == "Functional.gelu.0.forward"
 
 
 def test_steps_are_paired_and_filtered(tmp_path):

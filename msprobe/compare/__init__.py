@@ -14,7 +14,7 @@ import datetime
 import os
 from typing import List, Optional, Sequence, Union
 
-from msprobe.compare.divergence import Finding, nan_producers
+from msprobe.compare.divergence import DivergenceFinder, Finding, nan_producers
 from msprobe.compare.divergence import first_divergence as _first_divergence
 from msprobe.compare.engine import StepComparison, columns, entry_values
 from msprobe.compare.inputs import InputError, pair, rank_number, resolve
@@ -101,6 +101,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
         base = os.path.join(out_dir, result_name(c.rank, stamp, c.step, several))
         writer = ResultWriter(base, columns(c.mode, stack), xlsx)
         matches, verdicts, first_source = {}, {}, None
+        finder = DivergenceFinder()  # the same rule as first-diff, from this pass
         stacks = load_stacks(c.target.directory) if stack else None
         try:
             for entry in c.entries():
@@ -108,14 +109,18 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
                 verdicts[entry.verdict] = verdicts.get(entry.verdict, 0) + 1
                 if first_source is None and entry.verdict == "source":
                     first_source = entry.name
+                finder.add(entry)
                 writer.write(entry_values(entry, c.mode, stacks))
         finally:
             writer.close()
+        found = finder.result(c)
         summary["results"].append({
             "step": c.step, "rank": c.rank, "mode": c.mode, "target_dir": c.target.directory,
             "golden_dir": c.golden.directory, "csv": writer.csv_path, "xlsx": writer.xlsx_path,
             "records": writer.counts, "entries_by_match": matches, "entries_by_result": verdicts,
-            "first_source_entry": first_source})
+            "first_source_entry": first_source,
+            "first_divergence": None if found is None else {"entry": found.entry, "kind": found.kind,
+                                                            "direction": found.direction}})
     summary_path = os.path.join(out_dir, f"compare_summary_{stamp}.json")
     write_summary(summary_path, json_safe(summary))
     summary["summary"] = summary_path

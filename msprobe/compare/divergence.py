@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from msprobe.compare import judge as J
 from msprobe.compare.engine import EntryResult, StepComparison, forward_name
-from msprobe.compare.records import Side
+from msprobe.compare.records import TENSOR_TYPES, Side
 from msprobe.dump import load_construct, load_stacks
 
 
@@ -82,8 +82,16 @@ def _record_dict(j: J.Judged) -> dict:
             "target": dict(zip(("Max", "Min", "Mean", "Norm"), t.stats)) if t else None,
             "golden": dict(zip(("Max", "Min", "Mean", "Norm"), g.stats)) if g else None,
             "target_dtype": t.dtype if t else None, "golden_dtype": g.dtype if g else None,
+            "target_value": _scalar(t), "golden_value": _scalar(g),
             "metrics": {k: v for k, v in j.metrics.items() if v is not None},
             "message": "; ".join(j.messages)}
+
+
+def _scalar(record):
+    """``{"value": ...}`` for a scalar/string argument's record (its value as written), else None."""
+    if record is None or record.kind in TENSOR_TYPES:
+        return None
+    return {"value": record.value}
 
 
 def first_divergence(comparison: StepComparison, exact: bool = False) -> Optional[Finding]:
@@ -94,31 +102,47 @@ def first_divergence(comparison: StepComparison, exact: bool = False) -> Optiona
     only (``kind="unmatched"``) that runs before the first divergence is named instead: the runs
     executed different calls there. When no entry has agreeing inputs and differing outputs, the
     first differing entry is returned with ``kind="input"``."""
-    construct = load_construct(comparison.target.directory)
-    found = {"forward": [], "backward": []}
-    unmatched = {"forward": None, "backward": None}
-    first_input = None
+    finder = DivergenceFinder(exact)
     for entry in comparison.entries():
+        finder.add(entry)
+    return finder.result(comparison)
+
+
+class DivergenceFinder:
+    """The rule of :func:`first_divergence`, fed one compared entry at a time (in execution order), so
+    ``msprobe compare`` names the same entry as ``msprobe first-diff`` from its own pass."""
+
+    def __init__(self, exact: bool = False):
+        self.exact = exact
+        self.found = {"forward": [], "backward": []}
+        self.unmatched = {"forward": None, "backward": None}
+        self.first_input = None
+
+    def add(self, entry: EntryResult) -> None:
+        exact = self.exact
         way = direction(entry.name)
         if entry.match == "unmatched":
-            if unmatched[way] is None and not found[way]:
-                unmatched[way] = entry
-            continue
+            if self.unmatched[way] is None and not self.found[way]:
+                self.unmatched[way] = entry
+            return
         if all(_agrees(r, exact) for r in entry.records):
-            continue
+            return
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
         if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
-            found[way].append(entry)
-        elif first_input is None:
-            first_input = entry
-    for way in ("forward", "backward"):
-        if unmatched[way] is not None:
-            return _finding("unmatched", comparison, unmatched[way], construct)
-        if found[way]:
-            return _finding("divergence", comparison, _innermost(found[way], construct), construct)
-    if first_input is not None:
-        return _finding("input", comparison, first_input, construct)
-    return None
+            self.found[way].append(entry)
+        elif self.first_input is None:
+            self.first_input = entry
+
+    def result(self, comparison: StepComparison) -> Optional[Finding]:
+        construct = load_construct(comparison.target.directory)
+        for way in ("forward", "backward"):
+            if self.unmatched[way] is not None:
+                return _finding("unmatched", comparison, self.unmatched[way], construct)
+            if self.found[way]:
+                return _finding("divergence", comparison, _innermost(self.found[way], construct), construct)
+        if self.first_input is not None:
+            return _finding("input", comparison, self.first_input, construct)
+        return None
 
 
 def _innermost(group: List[EntryResult], construct: dict) -> EntryResult:
