@@ -19,7 +19,7 @@ from mindspore import Tensor, nn
 from mindspore.common.recompute import _RecomputeCell, _WrapCell
 from mindspore.ops import Primitive
 
-from msprobe.capture.api import alias_targets, load_api_list, resolve_targets
+from msprobe.capture.api import load_api_list, resolve_targets
 from msprobe.core.scan import SUM_TOLERANCE
 
 
@@ -58,8 +58,9 @@ class CallCounter:
             if name and id(cell) not in self.paths:
                 self.paths[id(cell)] = (name, type(cell).__name__)
         self.net = net
-        listed = resolve_targets(load_api_list())
-        self.targets = listed + alias_targets(listed)  # other names of listed functions count too
+        # the listed names; other names of them (ops.functional) are recorded only from code outside
+        # MindSpore, and these nets call them only by the listed names
+        self.targets = resolve_targets(load_api_list())
         self.prims = []
         seen = set()
         for _, cell in net.cells_and_names():
@@ -159,18 +160,24 @@ class CallCounter:
     def _wrap(self, original, api):
         counter = self
 
-        # no try/finally: MindSpore may compile a function reached from a recompute's backward, and
-        # its graph parser has no Try statement; an exception ends the step (counts are reset)
+        # the shape of the tool's own wrappers: MindSpore may compile a function that reaches a wrapped
+        # name (a recompute's backward, an optimizer's MultitypeFuncGraph), and its graph parser
+        # takes only a plain condition and a call here
         def wrapper(*args, **kwargs):
             if counter.depth or counter.jit_depth:
                 return original(*args, **kwargs)
-            counter.apis[api] += 1
-            counter.depth += 1
-            out = original(*args, **kwargs)
-            counter.depth -= 1
-            return out
+            return counter.count(api, original, args, kwargs)
 
         return wrapper
+
+    def count(self, api, original, args, kwargs):
+        """Count one call of ``api`` and run it (calls inside it are not counted)."""
+        self.apis[api] += 1
+        self.depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self.depth -= 1
 
     def stop(self):
         while self._undo:

@@ -148,11 +148,18 @@ def alias_targets(targets: list) -> list:
     return out
 
 
+def _mindspore_internal(caller_globals: dict) -> bool:
+    name = caller_globals.get("__name__") or ""
+    return name == "mindspore" or name.startswith("mindspore.")
+
+
 def make_wrapper(runtime, recorder: CallRecorder, original, api: str, home: dict | None = None):
     """A function that records calls of ``original`` as API ``api`` while the dump runs.
 
-    ``home``: the globals of the module the wrapper is installed in (aliases only); a call made by
-    code of that module itself through its globals is MindSpore-internal and is not recorded.
+    ``home``: the globals of the module the wrapper is installed in (aliases only); a call made
+    through such an alias by MindSpore's own code (a module of the ``mindspore`` package: the
+    defining module, or e.g. ``Tensor.__setitem__``'s implementation calling ``F.cast``) is
+    MindSpore-internal and is not recorded; user and third-party code (``mindformers``) is.
     """
     inplace = is_inplace(api)
 
@@ -163,7 +170,7 @@ def make_wrapper(runtime, recorder: CallRecorder, original, api: str, home: dict
             return recorder.call(api, original, args, kwargs, inplace)
     else:
         def wrapper(*args, **kwargs):
-            if not runtime.running or runtime.busy() or sys._getframe(1).f_globals is home:
+            if not runtime.running or runtime.busy() or _mindspore_internal(sys._getframe(1).f_globals):
                 return original(*args, **kwargs)
             return recorder.call(api, original, args, kwargs, inplace)
 
