@@ -36,6 +36,7 @@ from msprobe.dump import iter_step_dirs, load
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import thirdparty_venv  # noqa: E402
+from tests.conftest import leaves  # noqa: E402  (every tensor leaf of an entry body)
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,6 @@ MODES = ("pynative", "graph")
 OFF = ("off:momentum", "off:adamw")
 ON = ("L0:momentum:tensor", "L1:momentum:tensor", "mix:momentum:tensor",
       "L0:adamw", "L1:adamw", "mix:adamw")
-TENSOR_TYPES = ("mindspore.Tensor", "numpy.ndarray")
 
 
 def run_dir(spec: str) -> str:
@@ -121,16 +121,6 @@ def step_dumps(llama, mode: str, spec: str) -> list:
     return [found[s] for s in sorted(found)]
 
 
-def leaves(body):
-    if isinstance(body, dict):
-        if body.get("type") in TENSOR_TYPES:
-            yield body
-            return
-        for v in body.values():
-            yield from leaves(v)
-    elif isinstance(body, list):
-        for v in body:
-            yield from leaves(v)
 
 
 def cases(levels=("L0", "L1", "mix"), modes=MODES, tensor_only=False):

@@ -405,20 +405,21 @@ class DumpService:
 
 def _finish_runtime(runtime) -> None:
     """The service was collected: write and close its open step (idempotent after close())."""
-    try:
-        runtime.close_writer()
-        runtime.close_timer()
-    except Exception as exc:  # never fail garbage collection or interpreter exit
-        logger.warning("msprobe: could not finish the dump: %r", exc)
+    _quietly("finish the dump", runtime.close_writer, runtime.close_timer)
 
 
 def _finish_kernel_dump(kernel_dump, installed) -> None:
     """The L2 service was collected: collect the kernel dump files and remove the native dump set-up."""
+    _quietly("collect the kernel dump", kernel_dump.collect, installed.remove)
+
+
+def _quietly(what: str, *calls) -> None:
+    """Run ``calls`` in order; a failure is logged (never fail garbage collection or interpreter exit)."""
     try:
-        kernel_dump.collect()
-        installed.remove()
-    except Exception as exc:  # never fail garbage collection or interpreter exit
-        logger.warning("msprobe: could not collect the kernel dump: %r", exc)
+        for call in calls:
+            call()
+    except Exception as exc:
+        logger.warning("msprobe: could not %s: %r", what, exc)
 
 
 def _model_gone(service_ref, refs) -> None:
