@@ -13,15 +13,15 @@ Split of the cost per call (all medians over repeats; each repeat = N calls insi
 * ``base``: ``ops.relu(x)`` without the tool;
 * ``hook``: extra wall time of the call while the dump runs = time of N hooked calls / N - base
   (wrapper, counters, entry name, stack capture, describing input/output, queueing).  The automatic
-  flush thresholds of :mod:`msprobe.core.runtime` (``FLUSH_SLOTS``/``FLUSH_BYTES``/``FLUSH_SECONDS``)
+  flush thresholds of :mod:`msprobe.engine.runtime` (``FLUSH_SLOTS``/``FLUSH_BYTES``/``FLUSH_SECONDS``)
   are raised *in this process only*, so no flush happens inside the timed calls;
 * ``flush``: ``Runtime.flush()`` called explicitly after the N calls, / N; split into ``stats`` (the
   ``materialize`` step: host view + statistics of input and output, timed by wrapping
-  ``msprobe.core.runtime.materialize``) and ``journal`` (the rest: JSON encoding + append);
+  ``msprobe.engine.runtime.materialize``) and ``journal`` (the rest: JSON encoding + append);
 * ``stop+step``: ``stop()`` + ``step()`` (replay of the journal into dump.json/stack.json/
   construct.json, close), / N;
 * GB/s: bytes whose statistics were computed (input + output = 2 * n * 4 bytes per call) / stats time;
-  ``ref GB/s`` is ``msprobe.core.stats.compute_stats`` alone on the same host array, and ``np f32``
+  ``ref GB/s`` is ``msprobe.tensors.stats.compute_stats`` alone on the same host array, and ``np f32``
   is plain numpy ``max``/``min``/``sum``/``dot`` in float32 (a speed-of-light reference, not exact).
 """
 from __future__ import annotations
@@ -58,8 +58,8 @@ def main(argv=None) -> int:
     ms.set_device("CPU")
     ms.runtime.launch_blocking()
 
-    import msprobe.core.runtime as rtmod
-    from msprobe.core import stats
+    import msprobe.engine.runtime as rtmod
+    from msprobe.tensors import stats
     from msprobe.mindspore import PrecisionDebugger
 
     rtmod.FLUSH_SLOTS = 10 ** 12

@@ -9,8 +9,8 @@ For every size and dtype, on one host array of random values (already in memory,
 * ``copyto``: ``np.copyto(out, x)`` into a preallocated array: input bytes / time. It reads the
   data once (and writes it once), the physical floor any statistics pass has to pay;
 * ``kernel``: ``compute_stats(x)`` with the compiled kernel as the dump runs it (threads for
-  tensors of 2**21 elements or more, as many as ``msprobe.core.scan.free_cpus()`` finds free);
-  ``1t`` and ``Nt``: ``scan(x)`` forced to 1 thread and to ``msprobe.core.scan.THREADS`` threads;
+  tensors of 2**21 elements or more, as many as ``msprobe.tensors.scan.free_cpus()`` finds free);
+  ``1t`` and ``Nt``: ``scan(x)`` forced to 1 thread and to ``msprobe.tensors.scan.THREADS`` threads;
 * ``numpy``: ``compute_stats(x, backend="numpy")``, the fallback used when the kernel is not built
   (the same chunked NumPy arithmetic as before the kernel existed).
 
@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from msprobe.core import scan as stats_scan  # noqa: E402
-from msprobe.core.stats import compute_stats  # noqa: E402
+from msprobe.tensors import scan as stats_scan  # noqa: E402
+from msprobe.tensors.stats import compute_stats  # noqa: E402
 
 SIZES = [10 ** 3, 10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7]
 DTYPES = ["float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool"]

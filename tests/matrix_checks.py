@@ -20,7 +20,7 @@ from mindspore.common.recompute import _RecomputeCell, _WrapCell
 from mindspore.ops import Primitive
 
 from msprobe.capture.api import load_api_list, resolve_targets
-from msprobe.core.scan import SUM_TOLERANCE
+from msprobe.tensors.scan import SUM_TOLERANCE
 
 
 def _tensors(value):
@@ -268,7 +268,7 @@ def expected_statistics(arr: np.ndarray, dtype: str) -> dict:
 
 def _same(x, y, key, arr=None) -> bool:
     """Max/Min exact; Mean and Norm within the tool's documented float64 tolerance
-    (:data:`msprobe.core.scan.SUM_TOLERANCE`: of mean(|x|) for the Mean, of the Norm itself), since
+    (:data:`msprobe.tensors.scan.SUM_TOLERANCE`: of mean(|x|) for the Mean, of the Norm itself), since
     the tool's sums and numpy's are added in different orders."""
     if x is None or y is None or isinstance(x, bool) or isinstance(y, bool):
         return x is y or (x == y and type(x) is type(y))

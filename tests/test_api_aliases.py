@@ -17,7 +17,7 @@ from mindspore.ops.function import array_func
 import msprobe.dump
 from conftest import only_step_dir
 from msprobe.capture.api import alias_targets, load_api_list, resolve_targets
-from msprobe.core.report import read_report
+from msprobe.read.report import read_report
 
 
 class ThroughAliases(nn.Cell):

@@ -25,10 +25,10 @@ from mindspore import Tensor, mint, nn, ops
 from mindspore.ops import relu  # B08: bound before start(): calls through it are not captured
 
 import msprobe.dump
-import msprobe.core.writer
+import msprobe.engine.writer
 from msprobe.capture.async_handles import pending_for
-from msprobe.core.config import ConfigError
-from msprobe.core.report import EMPTY_REASON, read_report
+from msprobe.engine.config import ConfigError
+from msprobe.read.report import EMPTY_REASON, read_report
 from msprobe.dump import DumpFormatError
 from tests.conftest import build_mlp, mlp_batch, only_step_dir, write_config
 
@@ -331,7 +331,7 @@ def test_b39_journal_writing_keeps_memory_flat_and_reader_streams(make_debugger,
     n = 20_000                        # traced by tracemalloc (5x slower); 50k untraced: ~4 s
     # the writer mirrors a step live only up to LIVE_STATE_BYTES of journal (4 MB by default), then
     # reads the journal back: a small cap here shows memory is bounded by the cap, not the step
-    monkeypatch.setattr(msprobe.core.writer, "LIVE_STATE_BYTES", 128 << 10)
+    monkeypatch.setattr(msprobe.engine.writer, "LIVE_STATE_BYTES", 128 << 10)
     debugger = make_debugger(task="statistics", level="L1", extra_info=False)
     debugger.start()
     rt = debugger.service.runtime

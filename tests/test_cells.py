@@ -148,7 +148,7 @@ def load_step(dump_path, step):
     return msprobe.dump.load(dirs[0])
 
 
-from msprobe.core.report import leaves  # noqa: E402  (every tensor-like leaf of an entry body)
+from msprobe.read.report import leaves  # noqa: E402  (every tensor-like leaf of an entry body)
 
 
 def train(net, x, z, steps, debugger=None, lr=0.1):
@@ -715,7 +715,7 @@ def test_cell_input_gradients_summed_over_the_cells_own_consumers(tmp_path):
 def test_forward_parameters_are_the_values_before_the_optimizer_update(tmp_path, monkeypatch, host_copy):
     """Forward ``parameters`` are snapshots taken when the Cell ran, not the values the optimizer
     wrote before stop(): a host copy on CPU with synchronous launch, a device copy otherwise."""
-    import msprobe.core.stats as stats
+    import msprobe.tensors.stats as stats
 
     if not host_copy:
         monkeypatch.setattr(stats, "synchronous_cpu", lambda: False)

@@ -275,7 +275,7 @@ def test_console_script_is_declared():
 
 
 def test_streamed_reader_matches_load_at_any_chunk_size(dumps, monkeypatch):
-    from msprobe.core import reader
+    from msprobe.read import reader
 
     (path,) = glob.glob(os.path.join(dumps["nan"], "step0", "*"))
     whole = reader.load(path)
@@ -337,11 +337,11 @@ def test_tensor_mode_loads_one_pair_at_a_time(tmp_path, monkeypatch):
     import gc
     import weakref
 
-    from msprobe.core import stats
+    from msprobe.format import npy
 
     a = make_dump(tmp_path, "a", task="tensor")
     b = make_dump(tmp_path, "b", task="tensor", approximate="tanh")
-    original, alive, most = stats.load_npy, [], [0]
+    original, alive, most = npy.load_npy, [], [0]
 
     def tracked(path):
         gc.collect()
@@ -351,7 +351,7 @@ def test_tensor_mode_loads_one_pair_at_a_time(tmp_path, monkeypatch):
         alive.append(weakref.ref(arr))
         return arr
 
-    monkeypatch.setattr(stats, "load_npy", tracked)
+    monkeypatch.setattr(npy, "load_npy", tracked)
     rows = compare(b, a)
     assert most[0] <= 1               # when a file is loaded, no earlier pair's array is alive
     assert sum(1 for r in rows if r["Cosine"] is not None) > 50      # and every tensor was compared

@@ -1,11 +1,11 @@
-"""Tests for msprobe.core.config (spec §1.2, §2.1-§2.5)."""
+"""Tests for msprobe.engine.config (spec §1.2, §2.1-§2.5)."""
 import json
 import logging
 import os
 
 import pytest
 
-from msprobe.core.config import ConfigError, DumpConfig, load_config, parse_index_list
+from msprobe.engine.config import ConfigError, DumpConfig, load_config, parse_index_list
 
 
 def write(tmp_path, data, name="config.json"):

@@ -20,7 +20,7 @@ ms.set_device("CPU")
 ms.runtime.launch_blocking()
 
 import msprobe.capture.api as api_module  # noqa: E402
-from msprobe.core.config import ConfigError  # noqa: E402
+from msprobe.engine.config import ConfigError  # noqa: E402
 from msprobe.dump import iter_step_dirs, load  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
 

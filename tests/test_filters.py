@@ -28,7 +28,7 @@ from mindspore import Tensor, mint, nn, ops
 ms.set_device("CPU")
 ms.runtime.launch_blocking()
 
-from msprobe.core.config import ConfigError  # noqa: E402
+from msprobe.engine.config import ConfigError  # noqa: E402
 from msprobe.dump import iter_step_dirs, load  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger  # noqa: E402
 
@@ -428,8 +428,8 @@ def test_l1_list_wraps_only_apis_that_could_be_recorded(tmp_path):
     """With an L1 `list`, an API none of whose entries can contain a list item is not wrapped (so a
     one-API list costs almost nothing); APIs named by a scope bound are kept (their calls are counted)."""
     import mindspore
-    from msprobe.core.config import load_config
-    from msprobe.core.filters import Selector
+    from msprobe.engine.config import load_config
+    from msprobe.engine.filters import Selector
 
     def selector(**section):
         cfg = tmp_path / f"c{len(section)}.json"

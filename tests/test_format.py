@@ -10,7 +10,8 @@ import os
 import pytest
 from jsonschema import Draft202012Validator
 
-from msprobe.core.writer import SCHEMA, StepWriter
+from msprobe.engine.writer import StepWriter
+from msprobe.format.journal import SCHEMA
 from msprobe.format import (SCHEMA_VERSION, FormatError, schema, validate_document, validate_dump_tree,
                             validate_file)
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import msprobe.dump
-from msprobe.core.report import read_report
+from msprobe.read.report import read_report
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "graph_cells_worker.py")
 

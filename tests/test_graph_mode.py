@@ -1,5 +1,5 @@
 """L0 inside compiled graphs on CPU: GRAPH_MODE networks and mindspore.jit
-Cells in PyNative, through ops.Custom pyfunc probes (msprobe/capture/graph_cell.py).
+Cells in PyNative, through ops.Custom pyfunc probes (msprobe/capture/cells/graph_cell.py).
 
 ``set_context(mode=...)`` is process-global, so every run is a subprocess of
 ``tests/scripts/graph_worker.py`` (seeded LeNet on digits, 2 steps); runs go two at a time.

@@ -1,4 +1,4 @@
-"""L2 kernel dump (msprobe/capture/kernel_dump.py) against real MindSpore CPU.
+"""L2 kernel dump (msprobe/capture/kernel/kernel_dump.py) against real MindSpore CPU.
 
 MindSpore reads MINDSPORE_DUMP_CONFIG once per process, so every scenario runs in its own
 subprocess (small script below, with a timeout).
@@ -18,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from msprobe.capture.kernel_dump import (ENV_VAR, STATISTIC_HEADER, KernelDump, _load,
+from msprobe.capture.kernel.kernel_dump import (ENV_VAR, STATISTIC_HEADER, KernelDump, _load,
                                          kernel_file_name)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(r"""
     import mindspore as ms
     import numpy as np
     from mindspore import nn, ops
-    from msprobe.capture.kernel_dump import KernelDump
+    from msprobe.capture.kernel.kernel_dump import KernelDump
 
     scenario = spec.pop("scenario")
     copy_raw = spec.pop("copy_raw", None)

@@ -515,7 +515,7 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     """B05. Counted on one MLP training step, statistics mode, start(model): every Tensor.asnumpy /
     Tensor.item / data_ptr call the tool makes happens inside Runtime.flush (one zero-copy read per
     recorded tensor: 50 on this MLP step when written); hooks themselves make none."""
-    from msprobe.core.runtime import Runtime
+    from msprobe.engine.runtime import Runtime
 
     state = {"in_flush": 0, "inside": 0, "outside": 0}
     orig_asnumpy, orig_item, orig_flush = Tensor.asnumpy, Tensor.item, Runtime._flush_batch
@@ -542,7 +542,7 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     debugger = make_debugger(task="statistics")
     # the guarantee is for asynchronous launch, where a read would wait for the device queue; under
     # launch_blocking on CPU a Parameter's snapshot is a host copy (nothing to wait for): off here
-    monkeypatch.setattr(msprobe.core.stats, "synchronous_cpu", lambda: False)
+    monkeypatch.setattr(msprobe.tensors.stats, "synchronous_cpu", lambda: False)
     monkeypatch.setattr(Tensor, "asnumpy", counted(orig_asnumpy))
     monkeypatch.setattr(Tensor, "item", counted(orig_item))
     monkeypatch.setattr(Tensor, "data_ptr", counted(orig_data_ptr))

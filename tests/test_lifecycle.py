@@ -260,7 +260,7 @@ def test_gc_threshold_widened_only_while_capturing(make_debugger, dump_dir):
     the user sets meanwhile is kept; steps that are not dumped change nothing."""
     import gc
 
-    from msprobe.core.gc_window import CAPTURE_GEN0
+    from msprobe.engine.gc_window import CAPTURE_GEN0
 
     before = gc.get_threshold()
     assert before[0] < CAPTURE_GEN0
@@ -338,7 +338,7 @@ def test_stack_ids_per_rendered_stack(tmp_path):
     what frame.f_lineno says; frames inside msprobe are left out."""
     import sys as _sys
 
-    from msprobe.core.stacks import StackTable
+    from msprobe.engine.stacks import StackTable
 
     table = StackTable()
 

@@ -23,7 +23,7 @@ from mindspore import Tensor, nn, ops
 
 import msprobe.dump
 from conftest import build_mlp, only_step_dir, run_steps
-from msprobe.core.config import ConfigError
+from msprobe.engine.config import ConfigError
 from msprobe.mindspore import PrecisionDebugger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

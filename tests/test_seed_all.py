@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
-from msprobe.core.config import ConfigError
+from msprobe.engine.config import ConfigError
 from msprobe.mindspore import seed_all
 
 

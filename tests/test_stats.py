@@ -1,4 +1,4 @@
-"""Tests for msprobe.core.stats: every expected value is recomputed here
+"""Tests for msprobe.tensors.stats: every expected value is recomputed here
 independently (Python ints, math.fsum over float64, zlib on tobytes())."""
 
 import math
@@ -12,9 +12,9 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from msprobe.core import scan as stats_scan
-from msprobe.core import stats
-from msprobe.core.stats import (
+from msprobe.tensors import scan as stats_scan
+from msprobe.tensors import stats
+from msprobe.tensors.stats import (
     MS_DTYPE_NAMES,
     compute_stats,
     crc32_hex,
@@ -470,7 +470,7 @@ def _float64(arr):
 
 
 def assert_mean_norm(result, values):
-    """Mean and Norm equal the float64 recomputation within SUM_TOLERANCE of msprobe.core.scan:
+    """Mean and Norm equal the float64 recomputation within SUM_TOLERANCE of msprobe.tensors.scan:
     |Mean - exact| <= tol * mean(|x|) and |Norm - exact| <= tol * Norm (exact: math.fsum)."""
     flat = np.asarray(values, np.float64).ravel()
     n = flat.size
@@ -578,7 +578,7 @@ def test_nan_inf_rules_every_float_dtype(backend, dtype, n):
 
 
 def test_kernel_is_built():
-    """pip install (make test) compiles msprobe/core/_stats_kernel.c; the NumPy path is only a fallback."""
+    """pip install (make test) compiles msprobe/tensors/_stats_kernel.c; the NumPy path is only a fallback."""
     assert stats_scan.KERNEL_AVAILABLE
 
 
@@ -602,7 +602,7 @@ def _kernel_cases():
 @pytest.mark.parametrize("code,arr", list(_kernel_cases()), ids=lambda v: v if isinstance(v, str) else "")
 def test_kernel_bits_independent_of_threads_and_vector_extension(code, arr):
     """Fixed blocks decide every addition: 1, 2 or 5 threads, AVX-512 or portable loops: same bits."""
-    from msprobe.core import _stats_kernel
+    from msprobe.tensors import _stats_kernel
 
     for n in (1, 31, 32, 33, 4095, 4096, 4097, arr.size):
         part = arr[:n]
@@ -617,7 +617,7 @@ def test_kernel_bits_independent_of_threads_and_vector_extension(code, arr):
 def test_kernel_threads_split_large_tensors(dtype):
     """5 * 2**20 + 4099 elements: up to 5 threads (2**20 elements each at least) give the bits of one,
     also with NaN and Inf in the parts of different threads, and compute_stats agrees with NumPy."""
-    from msprobe.core import _stats_kernel
+    from msprobe.tensors import _stats_kernel
 
     n = 5 * _stats_kernel.MIN_PER_THREAD + 4099
     arr = (np.random.default_rng(5).standard_normal(n) * 50).astype(dtype)
@@ -786,7 +786,7 @@ def test_negative_scalar_gradient_norm_in_dump(make_debugger, dump_dir):
 
 @pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
 def test_kernel_misaligned_data_is_copied_or_refused():
-    from msprobe.core import _stats_kernel
+    from msprobe.tensors import _stats_kernel
 
     arr = np.arange(1000, dtype=np.float32)
     arr[::3] = -2.5

@@ -31,7 +31,7 @@ import time
 import numpy as np
 import pytest
 
-from msprobe.core.stats import load_npy
+from msprobe.format.npy import load_npy
 from msprobe.dump import iter_step_dirs, load
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -12,8 +12,8 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 import msprobe.dump
-from msprobe.core.config import ConfigError, load_config
-from msprobe.core.watch import WatchAnomaly
+from msprobe.engine.config import ConfigError, load_config
+from msprobe.engine.watch import WatchAnomaly
 from msprobe.mindspore import PrecisionDebugger
 
 

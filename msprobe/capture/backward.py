@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from mindspore import Tensor, ops
 
-from msprobe.core.stats import pynative_executor
+from msprobe.tensors.stats import pynative_executor
 
 _pynative_executor = pynative_executor()
 _add = ops.add  # bound at import, before any wrapper exists: the tool's own sum of gradient parts
@@ -104,7 +104,7 @@ class BackwardProbe:
     """Collects the backward entry of one call.
 
     Args:
-        runtime: the :class:`msprobe.core.runtime.Runtime`.
+        runtime: the :class:`msprobe.engine.runtime.Runtime`.
         entry: backward entry name (e.g. ``Functional.relu.0.backward``).
         want_input: record gradients w.r.t. outputs (``data_mode`` allows backward input).
         want_output: record gradients w.r.t. inputs (``data_mode`` allows backward output).

@@ -13,7 +13,7 @@ import logging
 from msprobe.capture.async_handles import defer_until_wait
 from msprobe.capture.backward import BackwardProbe, grad_enabled
 from msprobe.capture.semantics import as_output_list, written_output
-from msprobe.core import naming
+from msprobe.format import naming
 
 logger = logging.getLogger("msprobe")
 

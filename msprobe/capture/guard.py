@@ -16,7 +16,7 @@ from mindspore import Tensor
 
 from msprobe.capture.api import alias_modules
 from msprobe.capture.semantics import COLLECTIVE_WRITES, is_inplace
-from msprobe.core.handles import AttributePatches
+from msprobe.engine.handles import AttributePatches
 
 
 def inplace_targets(exclude: set) -> list:
@@ -48,7 +48,7 @@ def _candidates() -> tuple:
 
 
 def guard_patches(runtime, targets: list) -> AttributePatches:
-    """The guard as a prepared :class:`~msprobe.core.handles.AttributePatches` over ``targets``
+    """The guard as a prepared :class:`~msprobe.engine.handles.AttributePatches` over ``targets``
     (``[(owner, attribute)]``, e.g. from :func:`inplace_targets`): built once, applied per step."""
     items = []
     for owner, name in targets:

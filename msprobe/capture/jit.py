@@ -18,7 +18,7 @@ try:
 except ImportError:  # older MindSpore layouts
     from mindspore.common.api import _JitExecutor
 
-from msprobe.core.handles import HandleSet, patch_attribute
+from msprobe.engine.handles import HandleSet, patch_attribute
 
 try:
     from mindspore.graph._utils.pijit_context import PIJitCaptureContext

@@ -11,7 +11,7 @@ import functools
 
 from mindspore.ops import Primitive
 
-from msprobe.core.handles import Handle
+from msprobe.engine.handles import Handle
 
 _PROBE = "_msprobe_probe"
 _SUBCLASSES: dict = {}

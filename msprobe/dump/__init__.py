@@ -4,17 +4,17 @@
 L2 kernel dumps: ``iter_kernel_steps(dump_path)``, ``load_kernel_statistics(step_dir)``; a tensor file:
 ``load_npy(path)`` (bfloat16 files too); ``JOURNAL`` (the journal's file name), ``SUBTREES``
 (``pynative``/``graph``). Analysis code reads dumps through this module only."""
-from msprobe.core.reader import (SUBTREES, DumpFormatError, Piece, StepDump, iter_bodies, iter_entries,
+from msprobe.read.reader import (SUBTREES, DumpFormatError, Piece, StepDump, iter_bodies, iter_entries,
                                  iter_kernel_steps, iter_step_dirs, load, load_construct,
                                  load_kernel_statistics, load_stacks, summarize)
-from msprobe.core.writer import JOURNAL
+from msprobe.format.journal import JOURNAL
 
 
 def load_npy(path: str):
     """A tensor file of a dump as a numpy array (``.npy``; bfloat16 files written as ``<E2``, such as
     MindSpore's own kernel dump writes, are decoded to float32). Raises ``OSError``/``ValueError``
     for a missing or malformed file."""
-    from msprobe.core.stats import load_npy as load  # imports MindSpore: only when a tensor is read
+    from msprobe.format.npy import load_npy as load
 
     return load(path)
 

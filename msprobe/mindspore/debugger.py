@@ -19,7 +19,7 @@ import logging
 import os
 import weakref
 
-from msprobe.core.config import ConfigError, load_config
+from msprobe.engine.config import ConfigError, load_config
 from msprobe.mindspore.service import DumpService
 
 logger = logging.getLogger("msprobe")

@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from msprobe.core.config import ConfigError
+from msprobe.engine.config import ConfigError
 
 
 def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = False) -> None:

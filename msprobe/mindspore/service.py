@@ -21,19 +21,20 @@ import weakref
 
 from mindspore import nn
 
-from msprobe.capture import debug_save, graph_cell
+from msprobe.capture import debug_save
+from msprobe.capture.cells import graph_cell
 from msprobe.capture.api import alias_targets, build_wrappers, load_api_list, make_wrapper, resolve_targets
 from msprobe.capture.async_handles import release_pending
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
-from msprobe.capture.cell import CellCapture, install_recompute_replays, recompute_cells
+from msprobe.capture.cells.cell import CellCapture, install_recompute_replays, recompute_cells
 from msprobe.capture.guard import guard_patches, inplace_targets
 from msprobe.capture.jit import install_jit_capture
 from msprobe.capture.primitive import install_primitive_hooks, primitive_targets
-from msprobe.core.config import ConfigError
-from msprobe.core.gc_window import widen_gen0
-from msprobe.core.handles import AttributePatches, Handle, HandleSet, patch_attribute
-from msprobe.core.runtime import Runtime
+from msprobe.engine.config import ConfigError
+from msprobe.engine.gc_window import widen_gen0
+from msprobe.engine.handles import AttributePatches, Handle, HandleSet, patch_attribute
+from msprobe.engine.runtime import Runtime
 
 logger = logging.getLogger("msprobe")
 
@@ -294,7 +295,7 @@ class DumpService:
     def _start_kernel_dump(self) -> bool:
         """L2: MindSpore's native dump, configured once, before the first graph is compiled."""
         if self._kernel_dump is None:
-            from msprobe.capture.kernel_dump import KernelDump
+            from msprobe.capture.kernel.kernel_dump import KernelDump
 
             self._kernel_dump = KernelDump(self.config)
             self._installed_kernel = self._kernel_dump.install()

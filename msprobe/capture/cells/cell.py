@@ -16,8 +16,8 @@ import weakref
 
 from msprobe.capture.backward import BackwardProbe, grad_enabled, grad_inputs, watermark
 from msprobe.capture.semantics import as_output_list
-from msprobe.core import naming
-from msprobe.core.handles import Handle, HandleSet
+from msprobe.format import naming
+from msprobe.engine.handles import Handle, HandleSet
 
 logger = logging.getLogger("msprobe")
 

@@ -44,12 +44,12 @@ order):
 
 Other dtypes (strings, objects, structured) raise ``TypeError``.
 
-Cost: one pass over the data (:func:`msprobe.core.scan.scan`): the compiled
-kernel ``msprobe.core._stats_kernel`` (vectorised, GIL released, large tensors
+Cost: one pass over the data (:func:`msprobe.tensors.scan.scan`): the compiled
+kernel ``msprobe.tensors._stats_kernel`` (vectorised, GIL released, large tensors
 split across threads; bfloat16 read as its uint16 bits), or NumPy in chunks
 that stay in cache when the kernel is not built. Neither allocates a float64
 copy of the data. How close Mean and Norm are to the correctly rounded values
-(``SUM_TOLERANCE``) is stated in :mod:`msprobe.core.scan`; Max, Min, integer
+(``SUM_TOLERANCE``) is stated in :mod:`msprobe.tensors.scan`; Max, Min, integer
 Means and the NaN/Inf rules are exact and the same for both.
 
 Only numpy is needed at import time; MindSpore is imported lazily, on first use
@@ -58,20 +58,16 @@ of :data:`MS_DTYPE_NAMES` (so readers of dumps do not pay for it).
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import functools
-import itertools
 import math
 import sys
-import os
-import threading
 import zlib
 from typing import Optional, Any, Dict, Tuple
 
 import numpy as np
 
-from msprobe.core.scan import Scan, scan
+from msprobe.format.npy import bf16_bits_to_float32, is_extension_dtype, load_npy, save_npy
+from msprobe.tensors.scan import Scan, scan
 
 __all__ = [
     "MS_DTYPE_NAMES",
@@ -89,7 +85,6 @@ _TINY = float(np.finfo(np.float64).tiny)
 NATIVE = "native"
 
 #: ``.npy`` descriptors MindSpore writes for bfloat16 data (numpy rejects them).
-_BF16_DESCR_SUFFIX = "E2"
 
 _STAT_KEYS = ("Max", "Min", "Mean", "Norm")
 
@@ -272,7 +267,7 @@ def to_host(tensor: Any, zero_copy: bool = False) -> Tuple[np.ndarray, str]:
             return view, "native"
     original = dtype_name(tensor).lower()
     if original == "bfloat16":
-        return _bf16_bits_to_float32(_bf16_bits(tensor)), "bfloat16->float32"
+        return bf16_bits_to_float32(_bf16_bits(tensor)), "bfloat16->float32"
     return _upcast_extension(tensor.asnumpy(), original)
 
 
@@ -286,24 +281,12 @@ def _bf16_bits(tensor: Any) -> np.ndarray:
         return tensor.view(ms.uint16).asnumpy()
 
 
-def _bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
-    """Bit-exact bfloat16 -> float32: the bf16 bits are the float32 high half."""
-    out = np.empty_like(bits, dtype=np.uint32)  # keeps shape and memory order
-    np.left_shift(bits, 16, out=out, dtype=np.uint32)
-    return out.view(np.float32)
-
-
-def _is_extension_dtype(dtype: np.dtype) -> bool:
-    """True for dtypes registered by extensions (bfloat16, FP8), not numpy's own."""
-    return dtype.isbuiltin == 2
-
-
 def _upcast_extension(arr: np.ndarray, name: str) -> Tuple[np.ndarray, str]:
     """Return ``arr`` unchanged, or as float32 if its dtype is an extension float."""
-    if not _is_extension_dtype(arr.dtype):
+    if not is_extension_dtype(arr.dtype):
         return arr, NATIVE
     if arr.dtype.itemsize == 2 and "bfloat16" in arr.dtype.name.lower():
-        return _bf16_bits_to_float32(arr.view(np.uint16)), "bfloat16->float32"
+        return bf16_bits_to_float32(arr.view(np.uint16)), "bfloat16->float32"
     try:
         return arr.astype(np.float32), f"{name}->float32"
     except (TypeError, ValueError) as exc:
@@ -317,7 +300,7 @@ def _upcast_extension(arr: np.ndarray, name: str) -> Tuple[np.ndarray, str]:
 
 def compute_stats(arr: np.ndarray, backend: str = "auto", counts: tuple = ()) -> Dict[str, Any]:
     """:func:`base_stats` plus the optional statistics named in ``counts`` (values of
-    :data:`msprobe.core.config.COUNT_ITEMS`: ``NanCount``, ``PosInfCount``, ``NegInfCount``, ``ZeroCount`` — element
+    :data:`msprobe.engine.config.COUNT_ITEMS`: ``NanCount``, ``PosInfCount``, ``NegInfCount``, ``ZeroCount`` — element
     counts, ``-0.0`` is a zero — and ``MaxAbs``, the largest ``|x|`` of the non-NaN elements, ``None``
     when there is none or for bool), all from the same pass over the data."""
     if not counts:
@@ -335,7 +318,7 @@ def compute_stats(arr: np.ndarray, backend: str = "auto", counts: tuple = ()) ->
             flat = arr.astype(np.float64).reshape(-1)
         elif arr.size and arr.dtype.kind == "c":
             flat = np.abs(arr).astype(np.float64).reshape(-1)
-        if flat is None and arr.size and _is_extension_dtype(arr.dtype):
+        if flat is None and arr.size and is_extension_dtype(arr.dtype):
             flat = _upcast_extension(arr, "")[0].astype(np.float64).reshape(-1)
         if flat is None:
             nan = posinf = neginf = 0
@@ -360,7 +343,7 @@ def base_stats(arr: np.ndarray, backend: str = "auto", holder: list | None = Non
     """Compute ``Max``, ``Min``, ``Mean``, ``Norm`` of a host array.
 
     The rules (empty, bool, 0-d, integer, float, complex, NaN/Inf) are listed
-    in the module docstring; the accuracy of Mean and Norm in :mod:`msprobe.core.scan`.
+    in the module docstring; the accuracy of Mean and Norm in :mod:`msprobe.tensors.scan`.
 
     Args:
         arr: ``numpy.ndarray`` of any shape and memory layout (bool, integer,
@@ -368,7 +351,7 @@ def base_stats(arr: np.ndarray, backend: str = "auto", holder: list | None = Non
             extension floats such as FP8 are upcast to float32 first). Normally
             the array from :func:`to_host`.
         backend: ``'auto'`` (the compiled kernel when built, else NumPy),
-            ``'kernel'`` or ``'numpy'``: see :func:`msprobe.core.scan.scan`.
+            ``'kernel'`` or ``'numpy'``: see :func:`msprobe.tensors.scan.scan`.
 
     Returns:
         ``{'Max': ..., 'Min': ..., 'Mean': ..., 'Norm': ...}`` with Python
@@ -382,7 +365,7 @@ def base_stats(arr: np.ndarray, backend: str = "auto", holder: list | None = Non
     bfloat16 = _is_bfloat16(arr.dtype)
     if bfloat16:
         arr = arr.view(np.uint16)
-    elif _is_extension_dtype(arr.dtype):
+    elif is_extension_dtype(arr.dtype):
         arr = _upcast_extension(arr, "")[0]
     kind = "f" if bfloat16 else arr.dtype.kind
     if kind not in "biufc":
@@ -392,7 +375,7 @@ def base_stats(arr: np.ndarray, backend: str = "auto", holder: list | None = Non
     if arr.ndim == 0:
         if kind == "b":
             return _stats(bool(arr), bool(arr), None, None)
-        value = _scalar(_bf16_bits_to_float32(arr) if bfloat16 else arr)
+        value = _scalar(bf16_bits_to_float32(arr) if bfloat16 else arr)
         return _stats(value, value, value, abs(value))
     result = scan(arr, bfloat16=bfloat16, backend=backend)
     if holder is not None:
@@ -406,7 +389,7 @@ def base_stats(arr: np.ndarray, backend: str = "auto", holder: list | None = Non
 
 
 def _is_bfloat16(dtype: np.dtype) -> bool:
-    return _is_extension_dtype(dtype) and dtype.itemsize == 2 and "bfloat16" in dtype.name.lower()
+    return is_extension_dtype(dtype) and dtype.itemsize == 2 and "bfloat16" in dtype.name.lower()
 
 
 def _stats(mx: Any, mn: Any, mean: Any, norm: Any) -> Dict[str, Any]:
@@ -464,96 +447,3 @@ def crc32_hex(arr: np.ndarray) -> str:
     arr = np.ascontiguousarray(arr)  # no copy when already C-contiguous
     raw = arr.reshape(-1).view(np.uint8)  # buffer export of any dtype, 0-d too
     return f"{zlib.crc32(raw) & 0xFFFFFFFF:08x}"
-
-
-_tmp_counter = itertools.count()
-
-
-def save_npy(path: str, arr: np.ndarray) -> None:
-    """Write ``arr`` to ``path`` in ``.npy`` format, atomically.
-
-    The data go to a hidden temporary file in the same directory which is
-    then renamed over ``path`` (``os.replace``), so a crash never leaves a
-    truncated ``.npy`` under the final name. No ``fsync``: the guarantee is
-    against process crashes, not power loss. ``path`` is used as given (no
-    ``.npy`` is appended).
-
-    Args:
-        path: destination file; its directory must exist.
-        arr: ``numpy.ndarray`` with a numpy-native dtype (convert bfloat16
-            with :func:`to_host` first).
-
-    Raises:
-        TypeError: object dtype or an extension dtype (``numpy.load`` with
-            ``allow_pickle=False`` could not read it back).
-        OSError: the file cannot be written.
-    """
-    arr = np.asanyarray(arr)
-    if arr.dtype.hasobject or _is_extension_dtype(arr.dtype):
-        raise TypeError(f"cannot save dtype {arr.dtype} as a pickle-free .npy")
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(
-        directory, f".npy-{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}.tmp"
-    )
-    try:
-        with open(tmp, "xb") as fh:
-            np.save(fh, arr, allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def load_npy(path: str) -> np.ndarray:
-    """Load a ``.npy`` file, including MindSpore's bfloat16 kernel dumps.
-
-    Args:
-        path: ``.npy`` file. Standard files are read with
-            ``numpy.load(allow_pickle=False)``. Files whose header ``descr``
-            is ``'<E2'`` (how MindSpore's native dump writes bfloat16, which
-            numpy rejects) are decoded from their uint16 payload.
-
-    Returns:
-        The array; bfloat16 files come back as float32 (bit-exact upcast),
-        same shape and memory order.
-
-    Raises:
-        ValueError: malformed header or truncated payload.
-        OSError: the file cannot be read.
-    """
-    with open(path, "rb") as fh:
-        header = _read_npy_header(fh)
-        descr = header["descr"]
-        if isinstance(descr, str) and descr.endswith(_BF16_DESCR_SUFFIX):
-            return _read_bf16_payload(fh, header, path)
-    return np.load(path, allow_pickle=False)
-
-
-def _read_npy_header(fh) -> Dict[str, Any]:
-    """Parse the header dict of an open ``.npy`` file, leaving fh at the data."""
-    major, _minor = np.lib.format.read_magic(fh)
-    if major not in (1, 2, 3):
-        raise ValueError(f"unsupported .npy format version {major}")
-    size_bytes = 2 if major == 1 else 4
-    length = int.from_bytes(fh.read(size_bytes), "little")
-    text = fh.read(length).decode("utf-8" if major == 3 else "latin1")
-    try:
-        header = ast.literal_eval(text)
-    except (ValueError, SyntaxError) as exc:
-        raise ValueError(f"malformed .npy header {text!r}") from exc
-    if not isinstance(header, dict) or not {"descr", "fortran_order", "shape"} <= header.keys():
-        raise ValueError(f"malformed .npy header {text!r}")
-    return header
-
-
-def _read_bf16_payload(fh, header: Dict[str, Any], path: str) -> np.ndarray:
-    shape = tuple(header["shape"])
-    count = math.prod(shape)
-    byteorder = ">" if header["descr"].startswith(">") else "<"
-    bits = np.fromfile(fh, dtype=np.dtype(byteorder + "u2"), count=count)
-    if bits.size != count:
-        raise ValueError(f"{path}: truncated bfloat16 payload ({bits.size} of {count} values)")
-    order = "F" if header["fortran_order"] else "C"
-    bits = bits.astype(np.uint16, copy=False).reshape(shape, order=order)
-    return _bf16_bits_to_float32(bits)

@@ -22,7 +22,7 @@ import math
 import os
 import re
 
-from msprobe.core import naming
+from msprobe.format import naming
 
 ANOMALIES = "anomalies.json"
 COVERAGE = "coverage.json"

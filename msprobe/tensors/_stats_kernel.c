@@ -2,7 +2,7 @@
  * and sum of squares (the exact integer sum for integer dtypes) and the zero count; NaN/+Inf/-Inf are
  * counted afterwards in the few blocks whose sums are not finite (only those can hold any).
  *
- * Summation (the tolerance it implies is stated in msprobe/core/scan.py):
+ * Summation (the tolerance it implies is stated in msprobe/tensors/scan.py):
  *   - the data are cut into blocks of BLOCK elements at fixed offsets; inside a block each of LANES
  *     float64 lanes accumulates every LANES-th element (BLOCK / LANES = 128 terms per lane), and the
  *     lanes are added pairwise into one partial per block;
@@ -678,7 +678,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_stats_kernel",
-    "Compiled fused statistics kernel of msprobe.core.stats (see scan).", -1, methods, NULL, NULL, NULL, NULL,
+    "Compiled fused statistics kernel of msprobe.tensors.stats (see scan).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__stats_kernel(void) {

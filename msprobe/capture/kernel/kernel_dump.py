@@ -43,8 +43,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from msprobe.core.handles import Handle
-from msprobe.core.naming import MAX_FILE_NAME_BYTES
+from msprobe.engine.handles import Handle
+from msprobe.format.naming import MAX_FILE_NAME_BYTES
 
 __all__ = ["KernelDump", "kernel_file_name", "ENV_VAR", "STATISTIC_HEADER"]
 
@@ -80,7 +80,7 @@ _FILE_RE = re.compile(
 
 def _config_error(field: str, value: object, allowed: str, reason: str) -> ValueError:
     try:
-        from msprobe.core.config import ConfigError
+        from msprobe.engine.config import ConfigError
         return ConfigError(field, value, allowed, reason)
     except ImportError:  # pragma: no cover - config layer always present in the package
         return ValueError(f"config field '{field}': invalid value {value!r} ({reason}); "
@@ -129,7 +129,7 @@ def _complete(path: str) -> bool:
 def _load(path: str) -> Tuple[np.ndarray, str, int]:
     """(array, dtype name, payload bytes); bf16 (``'<E2'``) decoded to float32 exactly."""
     try:
-        from msprobe.core.stats import load_npy  # the shared loader (handles '<E2')
+        from msprobe.tensors.stats import load_npy  # the shared loader (handles '<E2')
     except ImportError:  # stand-alone fallback
         load_npy = None
     shape, descr, fortran, offset = _npy_header(path)
@@ -160,7 +160,7 @@ def _basic_stats(arr: np.ndarray) -> Dict[str, object]:
     if arr.size == 0:
         return {"max": None, "min": None, "mean": None, "l2norm": None}
     try:
-        from msprobe.core.stats import compute_stats  # shared helper, when available
+        from msprobe.tensors.stats import compute_stats  # shared helper, when available
     except ImportError:
         compute_stats = None
     # shared engine for float arrays; 0-d values and ints/bools keep MindSpore's csv conventions
@@ -254,7 +254,7 @@ def _synchronize() -> None:
     try:
         # the PyNative executor's sync waits for queued work on every device; runtime.synchronize()
         # would log "CPU device is not supported" on CPU and do nothing
-        from msprobe.core.stats import pynative_executor
+        from msprobe.tensors.stats import pynative_executor
 
         pynative_executor().sync()
     except Exception as exc:  # noqa: BLE001 - best effort; partial files are retried anyway

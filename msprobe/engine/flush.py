@@ -17,7 +17,7 @@ import os
 import threading
 import weakref
 
-from msprobe.core import stats
+from msprobe.tensors import stats
 
 #: how often one synchronisation is retried after it raised (MindSpore reports a failure once)
 _SYNC_RETRIES = 3
@@ -68,13 +68,13 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
     """Fill ``slot.leaf`` for every slot (statistics, optional CRC-32, optional ``.npy`` file).
 
     Args:
-        slots: iterable of :class:`msprobe.core.records.TensorSlot`.
+        slots: iterable of :class:`msprobe.tensors.records.TensorSlot`.
         md5: add ``"md5"``: CRC-32 of the tensor bytes as 8 hex digits.
         tensor_dir: directory for ``.npy`` files of slots with a ``data_name``.
         on_error: ``callable(str)`` told about a tensor the tool could not read; its leaf then has
             null statistics and an ``"error"`` field (as has the output of a failed operation,
             which is not reported as the tool's error).
-        counts: optional statistics to add (``NanCount``, ... :data:`msprobe.core.config.COUNT_ITEMS`).
+        counts: optional statistics to add (``NanCount``, ... :data:`msprobe.engine.config.COUNT_ITEMS`).
         release: drop the slots' tensors when done; ``False`` leaves that to the caller
             (:func:`release_tensors`; watch mode saves a producer's tensors after the batch).
 
@@ -157,7 +157,7 @@ class FlushTimer:
     Not inherited by a forked child (threads do not survive ``fork``); the child never writes.
 
     Args:
-        runtime: the :class:`msprobe.core.runtime.Runtime` to flush.
+        runtime: the :class:`msprobe.engine.runtime.Runtime` to flush.
         delay: seconds (float > 0).
     """
 

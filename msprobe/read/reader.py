@@ -16,8 +16,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from msprobe.core import report
-from msprobe.core.writer import JOURNAL, SCHEMA, TENSOR_DIR, read_journal, replay
+from msprobe.read import report
+from msprobe.format.journal import JOURNAL, SCHEMA, TENSOR_DIR, read_journal, replay
 
 SUPPORTED_SCHEMAS = (SCHEMA,)
 _STEP_RE = re.compile(r"^step(\d+)$")
@@ -54,7 +54,7 @@ class StepDump:
 
     def load_tensor(self, leaf: dict):
         """The saved array of a leaf (bf16 files included)."""
-        from msprobe.core.stats import load_npy
+        from msprobe.format.npy import load_npy
 
         return load_npy(self.tensor_path(leaf))
 
@@ -353,7 +353,7 @@ def _first_non_finite_kernel(step_dir: str):
                 except ValueError:
                     continue
         return None
-    from msprobe.core.stats import load_npy
+    from msprobe.format.npy import load_npy
 
     for name in sorted(n for n in os.listdir(step_dir) if n.endswith(".npy")):
         arr = load_npy(os.path.join(step_dir, name))

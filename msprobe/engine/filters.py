@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from msprobe.core.config import ConfigError
+from msprobe.engine.config import ConfigError
 
 _API_NAME = re.compile(r"^(Distributed|MintDistributed|Functional|Tensor|Mint|MintFunctional|Primitive|Jit|\w+)\..+\.\d+\.(forward|backward)$")
 _CELL_NAME = re.compile(r"^Cell\..+\.(forward|backward)\.\d+$")

@@ -11,7 +11,7 @@ Objects:
 
 * :class:`Watch` — one per runtime, lives for the whole run: the history ring, stack definitions,
   whether (and where) the anomaly was found, the heartbeat file.
-* :class:`WatchWriter` — one per step, with the interface of :class:`msprobe.core.writer.StepWriter`
+* :class:`WatchWriter` — one per step, with the interface of :class:`msprobe.engine.writer.StepWriter`
   that the runtime uses; memory only until the trigger, then it forwards everything of its step to a
   real ``StepWriter`` so the step directory is complete when the step ends.
 """
@@ -22,8 +22,10 @@ import logging
 import os
 import time
 
-from msprobe.core import report, stats
-from msprobe.core.writer import SCHEMA, TENSOR_DIR, StepWriter, _atomic_write_json, _resolve
+from msprobe.read import report
+from msprobe.tensors import stats
+from msprobe.engine.writer import StepWriter, resolve_slots
+from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
 
 logger = logging.getLogger("msprobe")
 
@@ -88,7 +90,7 @@ class Watch:
     """Run-wide watch state.
 
     Args:
-        settings: the validated ``watch`` section (:class:`msprobe.core.config.WatchSettings`).
+        settings: the validated ``watch`` section (:class:`msprobe.engine.config.WatchSettings`).
         dump_path: the configured ``dump_path`` (heartbeat files are written there).
     """
 
@@ -174,7 +176,7 @@ class Watch:
         try:
             os.makedirs(self.dump_path, exist_ok=True)
             who = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
-            _atomic_write_json(os.path.join(self.dump_path, HEARTBEAT.format(who=who)), body, False)
+            atomic_write_json(os.path.join(self.dump_path, HEARTBEAT.format(who=who)), body, False)
         except OSError as exc:
             logger.warning("msprobe: watch heartbeat not written: %r", exc)
 
@@ -222,7 +224,7 @@ class WatchWriter:
         found = None
         for r in records:
             flags = [False]
-            rec = {k: _resolve(v, flags) for k, v in r.items()}
+            rec = {k: resolve_slots(v, flags) for k, v in r.items()}
             resolved.append(rec)
             if "e" in rec and "k" in rec and (flags[0] or rec["k"] == "output"):
                 producer = self._check(rec, flags[0])

@@ -1,4 +1,4 @@
-"""Fixed-arity pieces of the graph-mode probes (:mod:`msprobe.capture.graph_cell`), and the small
+"""Fixed-arity pieces of the graph-mode probes (:mod:`msprobe.capture.cells.graph_cell`), and the small
 functions MindSpore compiles into the graph around each instrumented Cell.
 
 Why fixed arity: ``ops.Custom(func_type="pyfunc")`` counts the inputs of its Python function from the

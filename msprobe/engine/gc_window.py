@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 
-from msprobe.core.handles import Handle
+from msprobe.engine.handles import Handle
 
 #: gen-0 threshold while capturing (CPython's default is 700)
 CAPTURE_GEN0 = 5000

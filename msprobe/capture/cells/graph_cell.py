@@ -4,10 +4,10 @@ Python hooks do not run inside a compiled graph (GRAPH_MODE, or a ``mindspore.ji
 from PyNative), and ``ops.TensorDump`` runs on Ascend only. What does run at every step on CPU is
 ``ops.Custom(func_type="pyfunc")``: it hands the real values, as numpy arrays, to a Python function,
 and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
-``construct`` (:func:`msprobe.capture.graph_probes.make_construct`) that passes
+``construct`` (:func:`msprobe.capture.cells.graph_probes.make_construct`) that passes
 
 * its positional Tensor inputs to a forward-only *input probe* beside the data path
-  (:func:`msprobe.capture.graph_probes.observe`: it sees ``stop_gradient`` of each input and its
+  (:func:`msprobe.capture.cells.graph_probes.observe`: it sees ``stop_gradient`` of each input and its
   result is unused): forward ``input_args``;
 * its Tensor output(s) through an *output probe*: forward ``output`` (+ ``parameters``, the Cell's own
   parameter values at that moment); bprop: gradients w.r.t. the outputs (backward ``input``).
@@ -18,7 +18,7 @@ the tensor. An identity on the inputs would not be invisible: a tensor feeding t
 consumer would get ``g_other + (g_1 + g_2)`` (the Cell's internal consumers summed first) instead of
 MindSpore's order, a last-bit change. So gradients w.r.t. a Cell's inputs (backward ``output``) are
 not recorded in compiled graphs (a WARNING says so once).
-Values are recorded through the :class:`msprobe.core.runtime.Runtime` like PyNative L0 records:
+Values are recorded through the :class:`msprobe.engine.runtime.Runtime` like PyNative L0 records:
 same entry names (``Cell.{path}.{Class}.forward.{k}``, ``….backward.{k}``,
 ``….parameters_grad.{g}``), files, statistics, ``data_mode``, ``scope``/``list`` filters. Arrays are
 copied into host ``mindspore.Tensor`` objects, so ``dump.json`` says ``"type": "mindspore.Tensor"``
@@ -42,8 +42,8 @@ with loss scaling or gradient accumulation the optimizer sees the processed grad
 
 Limits (documented in the README): non-Tensor positional arguments and keyword arguments are not
 recorded (``input_kwargs`` is ``{}``); only top-level Tensor items of a tuple output are probed; of
-a boundary with more than :data:`~msprobe.capture.graph_probes.MAX_ARITY` tensors only the first
-:data:`~msprobe.capture.graph_probes.MAX_ARITY` are (a WARNING says so when the graph compiles); a
+a boundary with more than :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` tensors only the first
+:data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` are (a WARNING says so when the graph compiles); a
 Cell with a custom ``bprop`` has forward data only; the instrumentation is compiled into the graph,
 so ``start(model)`` must come before the first step (a graph compiled earlier is reused by
 MindSpore without the probes) and the probes stay in the graph until the process ends (while the
@@ -62,10 +62,10 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.ops import constexpr
 
-from msprobe.capture import graph_probes
-from msprobe.capture.cell import is_jit_cell
-from msprobe.core import naming
-from msprobe.core.handles import Handle
+from msprobe.capture.cells import graph_probes
+from msprobe.capture.cells.cell import is_jit_cell
+from msprobe.format import naming
+from msprobe.engine.handles import Handle
 
 logger = logging.getLogger("msprobe")
 
@@ -262,8 +262,8 @@ class GraphCellCapture:
                 logger.info("msprobe: %s defines bprop: only its forward data is recorded in a graph", prefix)
             undo.append(self._instrument(prefix, cell))
         if self.param_grads and not graph_mode:
-            from msprobe.capture.cell import CellCapture
-            from msprobe.core.handles import HandleSet
+            from msprobe.capture.cells.cell import CellCapture
+            from msprobe.engine.handles import HandleSet
 
             hooks = HandleSet()
             capture = CellCapture(self.rt)
@@ -497,7 +497,7 @@ class GraphDump:
     """
 
     def __init__(self, service, graph_mode: bool, jit_cells: set):
-        from msprobe.core.runtime import Runtime
+        from msprobe.engine.runtime import Runtime
 
         self.service = service
         self.graph_mode = graph_mode
@@ -524,7 +524,7 @@ class GraphDump:
         on CPU). An exception the graph raised propagates, as at the user's next read of a result.
         """
         if self._handle is not None:
-            from msprobe.core.stats import pynative_executor
+            from msprobe.tensors.stats import pynative_executor
 
             pynative_executor().sync()
 

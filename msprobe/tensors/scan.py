@@ -1,7 +1,7 @@
 """One pass over a tensor's elements: extremes, float64 sums and NaN/Inf/zero counts.
 
-:func:`scan` is what :func:`msprobe.core.stats.compute_stats` reduces every non-empty tensor to.
-It runs the compiled kernel ``msprobe.core._stats_kernel`` (``_stats_kernel.c``, built by
+:func:`scan` is what :func:`msprobe.tensors.stats.compute_stats` reduces every non-empty tensor to.
+It runs the compiled kernel ``msprobe.tensors._stats_kernel`` (``_stats_kernel.c``, built by
 ``pip install``) when it is importable, and the NumPy implementation of this module otherwise;
 both follow the same definitions:
 
@@ -35,7 +35,7 @@ from typing import Any, List, NamedTuple, Optional
 import numpy as np
 
 try:
-    from msprobe.core import _stats_kernel
+    from msprobe.tensors import _stats_kernel
 except ImportError:  # not compiled (no C compiler at install time): NumPy only
     _stats_kernel = None
 
@@ -141,7 +141,7 @@ def scan(arr: np.ndarray, *, bfloat16: bool = False, backend: str = "auto",
     if bfloat16 and arr.dtype != np.uint16:
         raise ValueError(f"bfloat16=True needs uint16 bit patterns, not {arr.dtype}")
     if backend == "kernel" and _stats_kernel is None:
-        raise RuntimeError("the compiled statistics kernel msprobe.core._stats_kernel is not built")
+        raise RuntimeError("the compiled statistics kernel msprobe.tensors._stats_kernel is not built")
     if arr.dtype.byteorder == ">":
         return scan(arr.astype(arr.dtype.newbyteorder("=")), bfloat16=bfloat16, backend=backend,
                     threads=threads, scale=scale)  # big-endian data: a native copy

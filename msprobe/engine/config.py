@@ -264,7 +264,7 @@ class WatchSettings:
         anomaly: which non-finite values count: ``("nan", "inf")`` or one of them.
         history: recorded calls (entries) kept in memory, across steps.
         on_anomaly: ``"record"`` (write and go on) or ``"raise"`` (write, then raise
-            :class:`msprobe.core.watch.WatchAnomaly` in the training thread).
+            :class:`msprobe.engine.watch.WatchAnomaly` in the training thread).
         save_tensors: also save the producing call's tensors (``.npy`` beside its dump.json).
         max_abs: an output whose largest absolute value exceeds this is an anomaly too (``None``: off).
         norm_jump: an output whose Norm exceeds this many times the same entry's running Norm (mean of

@@ -3,7 +3,7 @@
 :func:`describe` walks an argument structure and returns a JSON-shaped structure in which every
 tensor is a :class:`TensorSlot`: a reference to the tensor plus what is already known without touching
 its data (dtype, shape, file name). Slots are filled with statistics later, at flush time, by
-:mod:`msprobe.core.flush`; hooks never read tensor data themselves.
+:mod:`msprobe.engine.flush`; hooks never read tensor data themselves.
 
 Leaf formats (``dump.json``):
 
@@ -22,7 +22,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common import dtype as mstype
 
-from msprobe.core.stats import dtype_name
+from msprobe.tensors.stats import dtype_name
 
 #: deepest nesting walked; deeper values are recorded as null with a note
 MAX_DEPTH = 64

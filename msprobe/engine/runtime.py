@@ -20,14 +20,16 @@ from collections import defaultdict
 
 from mindspore import Parameter, Tensor, ops
 
-from msprobe.core import naming, report, stats
-from msprobe.core.budget import TensorBudget
-from msprobe.core.filters import Selector
-from msprobe.core.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
-from msprobe.core.records import Describer
-from msprobe.core.stacks import StackTable
-from msprobe.core.watch import Watch, WatchWriter
-from msprobe.core.writer import StepWriter
+from msprobe.format import naming
+from msprobe.read import report
+from msprobe.tensors import stats
+from msprobe.engine.budget import TensorBudget
+from msprobe.engine.filters import Selector
+from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
+from msprobe.tensors.records import Describer
+from msprobe.engine.stacks import StackTable
+from msprobe.engine.watch import Watch, WatchWriter
+from msprobe.engine.writer import StepWriter
 
 logger = logging.getLogger("msprobe")
 
@@ -144,7 +146,7 @@ class Runtime:
     """Dump state for one process.
 
     Args:
-        config: a :class:`msprobe.core.config.DumpConfig`.
+        config: a :class:`msprobe.engine.config.DumpConfig`.
     """
 
     def __init__(self, config):

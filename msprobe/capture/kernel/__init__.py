@@ -1,0 +1,1 @@
+"""Kernel (L2) dump through MindSpore's own dump facility."""

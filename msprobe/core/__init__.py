@@ -1,1 +1,0 @@
-"""Framework-neutral layers: config, runtime state, names, records, statistics, writer, reader."""

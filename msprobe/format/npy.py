@@ -1,0 +1,120 @@
+"""The ``.npy`` files of a dump: atomic writes, and reads that also decode MindSpore's bfloat16 kernel
+dumps (header ``descr`` ``'<E2'``, which numpy rejects). NumPy only; no MindSpore."""
+from __future__ import annotations
+
+import ast
+import contextlib
+import itertools
+import math
+import os
+import threading
+from typing import Any, Dict
+
+import numpy as np
+
+_BF16_DESCR_SUFFIX = "E2"
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """Bit-exact bfloat16 -> float32: the bf16 bits are the float32 high half."""
+    out = np.empty_like(bits, dtype=np.uint32)  # keeps shape and memory order
+    np.left_shift(bits, 16, out=out, dtype=np.uint32)
+    return out.view(np.float32)
+
+
+def is_extension_dtype(dtype: np.dtype) -> bool:
+    """True for dtypes registered by extensions (bfloat16, FP8), not numpy's own."""
+    return dtype.isbuiltin == 2
+
+
+_tmp_counter = itertools.count()
+
+
+def save_npy(path: str, arr: np.ndarray) -> None:
+    """Write ``arr`` to ``path`` in ``.npy`` format, atomically.
+
+    The data go to a hidden temporary file in the same directory which is
+    then renamed over ``path`` (``os.replace``), so a crash never leaves a
+    truncated ``.npy`` under the final name. No ``fsync``: the guarantee is
+    against process crashes, not power loss. ``path`` is used as given (no
+    ``.npy`` is appended).
+
+    Args:
+        path: destination file; its directory must exist.
+        arr: ``numpy.ndarray`` with a numpy-native dtype (convert bfloat16
+            with :func:`to_host` first).
+
+    Raises:
+        TypeError: object dtype or an extension dtype (``numpy.load`` with
+            ``allow_pickle=False`` could not read it back).
+        OSError: the file cannot be written.
+    """
+    arr = np.asanyarray(arr)
+    if arr.dtype.hasobject or is_extension_dtype(arr.dtype):
+        raise TypeError(f"cannot save dtype {arr.dtype} as a pickle-free .npy")
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(
+        directory, f".npy-{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}.tmp"
+    )
+    try:
+        with open(tmp, "xb") as fh:
+            np.save(fh, arr, allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def load_npy(path: str) -> np.ndarray:
+    """Load a ``.npy`` file, including MindSpore's bfloat16 kernel dumps.
+
+    Args:
+        path: ``.npy`` file. Standard files are read with
+            ``numpy.load(allow_pickle=False)``. Files whose header ``descr``
+            is ``'<E2'`` (how MindSpore's native dump writes bfloat16, which
+            numpy rejects) are decoded from their uint16 payload.
+
+    Returns:
+        The array; bfloat16 files come back as float32 (bit-exact upcast),
+        same shape and memory order.
+
+    Raises:
+        ValueError: malformed header or truncated payload.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        header = _read_npy_header(fh)
+        descr = header["descr"]
+        if isinstance(descr, str) and descr.endswith(_BF16_DESCR_SUFFIX):
+            return _read_bf16_payload(fh, header, path)
+    return np.load(path, allow_pickle=False)
+
+
+def _read_npy_header(fh) -> Dict[str, Any]:
+    """Parse the header dict of an open ``.npy`` file, leaving fh at the data."""
+    major, _minor = np.lib.format.read_magic(fh)
+    if major not in (1, 2, 3):
+        raise ValueError(f"unsupported .npy format version {major}")
+    size_bytes = 2 if major == 1 else 4
+    length = int.from_bytes(fh.read(size_bytes), "little")
+    text = fh.read(length).decode("utf-8" if major == 3 else "latin1")
+    try:
+        header = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"malformed .npy header {text!r}") from exc
+    if not isinstance(header, dict) or not {"descr", "fortran_order", "shape"} <= header.keys():
+        raise ValueError(f"malformed .npy header {text!r}")
+    return header
+
+
+def _read_bf16_payload(fh, header: Dict[str, Any], path: str) -> np.ndarray:
+    shape = tuple(header["shape"])
+    count = math.prod(shape)
+    byteorder = ">" if header["descr"].startswith(">") else "<"
+    bits = np.fromfile(fh, dtype=np.dtype(byteorder + "u2"), count=count)
+    if bits.size != count:
+        raise ValueError(f"{path}: truncated bfloat16 payload ({bits.size} of {count} values)")
+    order = "F" if header["fortran_order"] else "C"
+    bits = bits.astype(np.uint16, copy=False).reshape(shape, order=order)
+    return bf16_bits_to_float32(bits)
