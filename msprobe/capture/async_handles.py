@@ -83,7 +83,7 @@ class PendingHandles:
                                fwd, type(handle).__name__)
             return False
         with self._lock:
-            self.pending[key] = (handle, fwd, value, self.rt.writer)
+            self.pending[key] = (handle, fwd, value, self.rt.step_token)
         return True
 
     def _complete(self, key: int) -> None:
@@ -91,12 +91,12 @@ class PendingHandles:
             item = self.pending.pop(key, None)
         if item is None:
             return
-        handle, fwd, value, writer = item
+        handle, fwd, value, token = item
         _restore(handle)
         rt = self.rt
         with rt.tool_code():
             try:
-                rt.record(fwd, "output", value, "output", writer=writer)
+                rt.record(fwd, "output", value, "output", token=token)
             except Exception as exc:  # tool failure: keep training
                 logger.warning("msprobe: failed to record %s after wait(): %r", fwd, exc)
 
@@ -142,7 +142,5 @@ def release_pending(runtime) -> None:
     if registry is None or not registry.pending:
         return
     names = registry.release()
-    writer = runtime.writer
-    if names and writer is not None and not writer.closed:
-        writer.add_note("unwaited_async_handles",
-                        [{"entry": n, "note": "handle never waited; output not recorded"} for n in names])
+    runtime.add_note("unwaited_async_handles",
+                     [{"entry": n, "note": "handle never waited; output not recorded"} for n in names])

@@ -165,7 +165,9 @@ class Runtime:
         self.stacks = StackTable()
         #: how Parameters are copied when recorded (chosen per step, see open_step)
         self.snapshot = _snapshot
+        #: the writer of the open step; capture code never uses it (it holds :attr:`step_token`)
         self.writer: StepWriter | None = None
+        self._token = 0  # :attr:`step_token` of the newest opened step (one more per opened step)
         self._tls = threading.local()
         self._lock = threading.RLock()
         #: held for a whole flush (take batch, read, append), so batches reach the journal in order
@@ -203,6 +205,52 @@ class Runtime:
         of the step may still arrive)."""
         writer = self.writer
         return writer is not None and not writer.closed
+
+    @property
+    def step_token(self):
+        """Which step a record belongs to: an opaque value, new for every opened step, ``None`` when
+        no step is open. Code that records later than it decides to (gradients, the output of an
+        asynchronous call after its ``wait()``) keeps the token of the step it started in and passes
+        it back (:meth:`record_item`, :meth:`record_at`, ``record(..., token=)``); a record whose
+        step was closed meanwhile is dropped as late (counted, one WARNING), never written into
+        another step."""
+        writer = self.writer
+        return self._token if writer is not None and not writer.closed else None
+
+    def _writer_of(self, token):
+        """The writer for records of ``token`` (``None``: the open step); ``None`` when that step is
+        closed (the record is then counted as late at the flush)."""
+        if token is None or token == self._token:
+            return self.writer
+        return None
+
+    def report_error(self, message: str, token=None) -> None:
+        """Write ``message`` into ``dump_error_info.log`` of the step of ``token`` (default: the open
+        step), every time (unlike :meth:`tool_error`); a WARNING only when that step is closed."""
+        writer = self._writer_of(token)
+        if writer is not None and not writer.closed:
+            writer.error(message)
+        else:
+            logger.warning("msprobe: %s", message)
+
+    def add_note(self, key: str, items: list) -> None:
+        """Add ``items`` (JSON values) to ``coverage.json[key]`` of the open step (nothing when no
+        step is open)."""
+        writer = self.writer
+        if items and writer is not None and not writer.closed:
+            writer.add_note(key, items)
+
+    def mark_abnormal(self, reason: str) -> None:
+        """Record in the open step's ``dump.json`` why it ended abnormally (first reason kept)."""
+        writer = self.writer
+        if writer is not None and not writer.closed:
+            writer.mark_abnormal(reason)
+
+    @property
+    def step_dir(self) -> str | None:
+        """Directory of the open step, ``None`` when none is open."""
+        writer = self.writer
+        return writer.directory if writer is not None and not writer.closed else None
 
     def tool_error(self, message: str, key=None) -> None:
         """Report a failure of the tool itself (the training goes on): written to the step's
@@ -372,8 +420,9 @@ class Runtime:
     def open_step(self):
         """Create (once per step) the writer of the current step and rank.
 
-        A directory left by an earlier run is moved aside first (:func:`move_aside`). Returns
-        ``None`` when the dump is switched off after a write error (:meth:`disk_failure`).
+        A directory left by an earlier run is moved aside first (:func:`move_aside`). Returns the
+        step's :attr:`step_token`, ``None`` when the dump is switched off after a write error
+        (:meth:`disk_failure`).
         """
         if self.failed or self.forked():
             return None
@@ -382,6 +431,7 @@ class Runtime:
             header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
             debug = self.config.level == "debug"
             directory = self.step_directory()
+            self._token += 1  # before the new writer exists: records of older tokens never reach it
             try:
                 move_aside(directory)
                 if self.rank is None:
@@ -403,7 +453,7 @@ class Runtime:
                 return None
             self._emitted_stacks = set()
             self.snapshot = _host_snapshot if stats.synchronous_cpu() else _snapshot
-        return self.writer
+        return self.step_token
 
     def refresh_rank(self) -> None:
         """Late rank discovery: ``init()`` ran after ``start()`` opened this step as ``proc{pid}``.
@@ -458,36 +508,40 @@ class Runtime:
             return self.budget.allows()
         return any(item in entry for item in self.config.tensor_list)
 
-    def record(self, entry: str, key: str, value, category: str, writer=None) -> None:
-        """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files."""
-        self._describe_and_queue({"e": entry, "k": key}, value, entry, category, (), writer or self.writer)
+    def record(self, entry: str, key: str, value, category: str, token=None) -> None:
+        """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files.
+        ``token``: the :attr:`step_token` of the step it belongs to (default: the open step)."""
+        self._describe_and_queue({"e": entry, "k": key}, value, entry, category, (),
+                                 self._writer_of(token))
 
     def record_item(self, entry: str, key: str, index: int, size: int, tensor, category: str,
-                    writer) -> None:
-        """Queue item ``index`` of the list ``data[entry][key]`` (backward gradients, one by one)."""
-        if self._is_late(entry, writer):
+                    token) -> None:
+        """Queue item ``index`` of the list ``data[entry][key]`` (backward gradients, one by one) for
+        the step of ``token`` (a :attr:`step_token`); dropped as late when that step is closed."""
+        if self._is_late(entry, token):
             return
         self._describe_and_queue({"e": entry, "k": key, "i": index, "n": size}, tensor, entry,
-                                 category, (index,), writer)
+                                 category, (index,), self.writer)
 
     def record_param_grad(self, entry: str, pname: str, grad) -> None:
         """Queue ``data[entry][pname] = [describe(grad)]`` (file ``{entry}.{pname}.npy``)."""
         self._describe_and_queue({"e": entry, "k": pname}, grad, entry, "", (pname,), self.writer,
                                  as_list=True, fixed_name=True)
 
-    def record_value(self, entry: str, value, writer=None) -> None:
+    def record_value(self, entry: str, value, token=None) -> None:
         """Queue ``data[entry] = describe(value)`` (debug level; files ``{entry}.{index path}.npy``)."""
-        self._describe_and_queue({"e": entry}, value, entry, "", (), writer or self.writer)
+        self._describe_and_queue({"e": entry}, value, entry, "", (), self._writer_of(token))
 
-    def record_at(self, entry: str, path: tuple, tensor, file_entry: str, writer) -> None:
-        """Queue a nested item of ``data[entry]`` at ``path`` (debug-level gradients)."""
-        if self._is_late(entry, writer):
+    def record_at(self, entry: str, path: tuple, tensor, file_entry: str, token) -> None:
+        """Queue a nested item of ``data[entry]`` at ``path`` (debug-level gradients) for the step of
+        ``token``; dropped as late when that step is closed."""
+        if self._is_late(entry, token):
             return
-        self._describe_and_queue({"e": entry, "p": list(path)}, tensor, file_entry, "", (), writer,
+        self._describe_and_queue({"e": entry, "p": list(path)}, tensor, file_entry, "", (), self.writer,
                                  fixed_name=True)
 
-    def _is_late(self, entry: str, writer) -> bool:
-        if writer is not None and not writer.closed:
+    def _is_late(self, entry: str, token) -> bool:
+        if token is not None and token == self.step_token:
             return False
         self.late_pieces += 1
         if self.late_pieces == 1:
@@ -525,11 +579,11 @@ class Runtime:
         line["v"] = [described] if as_list else described
         self._queue(line, describer.slots, writer)
 
-    def record_stack(self, entry: str, writer=None) -> None:
+    def record_stack(self, entry: str, token=None) -> None:
         """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""
         if not self.config.extra_info or self.failed:
             return
-        writer = writer or self.writer
+        writer = self._writer_of(token)
         with self._lock:  # stack ids and "emitted" marks are shared by all threads
             sid = self.stacks.current()
             lines = []
@@ -540,12 +594,12 @@ class Runtime:
             self._pending.extend((writer, line) for line in lines)
             self._started_pending()
 
-    def record_parent(self, name: str, parent, writer=None) -> None:
+    def record_parent(self, name: str, parent, token=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
         if not self.config.extra_info or self.failed:
             return
         with self._lock:
-            self._pending.append((writer or self.writer, {"c": name, "p": parent}))
+            self._pending.append((self._writer_of(token), {"c": name, "p": parent}))
             self._started_pending()
 
     def _queue(self, line: dict, slots: list, writer) -> None:
@@ -607,9 +661,10 @@ class Runtime:
     def lock(self):
         return self._lock
 
-    def queue_line(self, line: dict, writer) -> None:
-        """Queue a journal line that holds no tensors (call with :attr:`lock` held)."""
-        self._pending.append((writer, line))
+    def queue_line(self, line: dict, token) -> None:
+        """Queue a journal line that holds no tensors for the step of ``token`` (call with
+        :attr:`lock` held)."""
+        self._pending.append((self._writer_of(token), line))
         self._started_pending()
 
     @property

@@ -154,12 +154,12 @@ class DumpService:
         if rt.open_step() is None:
             return False
         if cfg.level in _API_LEVELS:  # B08: names bound to an API before start() are not captured
-            note_stale_bindings(rt.writer, self._listed_targets(), self.models, self._aliases())
+            note_stale_bindings(rt, self._listed_targets(), self.models, self._aliases())
         self._install()
         self._token = 0
         self.active = True
         rt.running = self.token_range is None
-        logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.writer.directory)
+        logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.step_dir)
         return True
 
     def _install(self) -> None:
@@ -357,14 +357,12 @@ class DumpService:
 
     def note_abnormal(self, reason: str) -> None:
         """Mark the open step abnormal (its records so far are flushed when it is closed)."""
-        writer = self.runtime.writer
-        if writer is not None and not writer.closed:
-            writer.mark_abnormal(reason)
+        self.runtime.mark_abnormal(reason)
 
     def step(self) -> None:
         rt = self.runtime
         release_pending(rt)  # B26: async handles never waited are released with a warning
-        directory = rt.writer.directory if rt.writer is not None and not rt.writer.closed else None
+        directory = rt.step_dir
         step = rt.step
         exc = sys.exc_info()[1]
         # step() while recording: stop() was skipped, usually by an exception; in GRAPH_MODE the

@@ -265,8 +265,9 @@ class CellCapture:
 
         def armed_pre_hook(c, args, kwargs):
             armed[0] += 1
-            if probes and probes[0].writer is not rt.writer:  # forward without backward, earlier step
-                probes[:] = [p for p in probes if p.writer is rt.writer]
+            token = rt.step_token
+            if probes and probes[0].token != token:  # forward without backward, earlier step
+                probes[:] = [p for p in probes if p.token == token]
             return pre(c, args, kwargs)
 
         pre_handle = cell.register_forward_pre_hook(armed_pre_hook, with_kwargs=True)
