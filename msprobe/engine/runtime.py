@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from mindspore import Parameter, Tensor, ops
 from msprobe.format import naming
 from msprobe.read import report
 from msprobe.tensors import stats
+from msprobe.engine import layout
 from msprobe.engine.budget import TensorBudget
 from msprobe.engine.filters import Selector
 from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
@@ -76,53 +76,6 @@ def _first_line(exc: BaseException) -> str:
     """An exception's message up to its first line (MindSpore appends its C++ call stack)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
-
-
-def _move_aside_dead_procs(step_dir: str, writes: str) -> None:
-    """``proc{pid}`` directories of processes that no longer run are earlier runs of a process with no
-    rank (each run has a new pid, so :func:`move_aside` never sees them): moved aside the same way, so
-    readers do not mix runs. A pid that runs (another process, or a reused pid) is left alone."""
-    try:
-        names = os.listdir(step_dir)
-    except OSError:
-        return
-    for name in names:
-        m = _PROC_DIR.match(name)
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
-            move_aside(os.path.join(step_dir, name), writes)
-
-
-_PROC_DIR = re.compile(r"^proc(\d+)$")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def move_aside(directory: str, writes: str | None = None):
-    """Never overwrite silently: a non-empty ``directory`` left by an earlier run is renamed to
-    ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (WARNING naming both paths and ``writes``, the directory
-    this run writes, by default ``directory`` itself), so readers (``iter_step_dirs``, compare tools)
-    find the newest run. Returns the new name."""
-    try:
-        if not os.listdir(directory):
-            return None
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, n = f"{directory}.previous-{stamp}", 1
-    while os.path.exists(target):
-        target, n = f"{directory}.previous-{stamp}-{n}", n + 1
-    os.rename(directory, target)
-    logger.warning("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
-                   "run writes %s", directory, target, writes or directory)
-    return target
 
 
 def _snapshot(tensor):
@@ -402,25 +355,20 @@ class Runtime:
 
     # ------------------------------------------------------------------ step directories
     def resolve_rank(self):
+        """This process's rank: ``start(rank_id=...)`` when given, else :func:`layout.current_rank`
+        (``None`` until ``mindspore.communication.init()`` has run)."""
         if self.rank_override is not None:
             return self.rank_override
-        try:
-            from mindspore.communication import GlobalComm, get_rank
-
-            if GlobalComm.INITED:
-                return get_rank()
-        except Exception:  # communication unavailable: single process
-            pass
-        return None
+        return layout.current_rank()
 
     def step_directory(self) -> str:
-        rank_dir = f"rank{self.rank}" if self.rank is not None else f"proc{os.getpid()}"
-        return os.path.join(self.config.dump_path, f"step{self.step}", rank_dir)
+        """Directory of the current step and rank (:func:`layout.step_directory`)."""
+        return layout.step_directory(self.config.dump_path, self.step, self.rank)
 
     def open_step(self):
         """Create (once per step) the writer of the current step and rank.
 
-        A directory left by an earlier run is moved aside first (:func:`move_aside`). Returns the
+        A directory left by an earlier run is moved aside first (:func:`layout.clear_for`). Returns the
         step's :attr:`step_token`, ``None`` when the dump is switched off after a write error
         (:meth:`disk_failure`).
         """
@@ -433,9 +381,7 @@ class Runtime:
             directory = self.step_directory()
             self._token += 1  # before the new writer exists: records of older tokens never reach it
             try:
-                move_aside(directory)
-                if self.rank is None:
-                    _move_aside_dead_procs(os.path.dirname(directory), directory)
+                layout.clear_for(directory, self.rank)
                 def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
                     return StepWriter(path, header, tensor_data=tensor_data,
                                       extra_info=self.config.extra_info and not debug,
@@ -472,7 +418,7 @@ class Runtime:
         self.rank = rank
         target = self.step_directory()
         try:
-            move_aside(target)
+            layout.clear_for(target, rank)
             self.writer.relocate(target)
         except OSError as exc:
             self.disk_failure(exc)
