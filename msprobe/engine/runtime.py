@@ -1,11 +1,16 @@
 """Runtime: the one object that owns dump state (lesson "One owner of runtime state" in STYLE.md).
 
 It holds the step number, the per-step call counters (API, Primitive, Cell, parameter gradients),
-the per-thread Cell stack and "inside tool code" depth, the pending batch of records and the writer of
-the current step. :meth:`Runtime.end_step` is the single place where per-step state is reset.
+the per-thread Cell stack and "inside tool code" depth, the recording gate (started, ``token_range``
+forward passes), the pending batch of records, the outputs waiting for an asynchronous ``wait()``,
+the rank, and the writer of the current step with its :attr:`Runtime.step_token`.
+:meth:`Runtime._reset_step` is the single place where per-step state is reset (by ``step()`` and by
+``set_init_step`` discarding an empty step); per-run state lives as long as the runtime.
 
 Capture code talks to it through :meth:`record`, :meth:`record_item`, :meth:`next_count`,
-:meth:`flush` and :meth:`busy`; it never touches the writer or files directly.
+:meth:`flush`, :meth:`tool_error`/:meth:`report_error`/:meth:`add_note` and the gate
+:meth:`capturing`; it never touches the writer or files directly. Where step directories go is
+:mod:`msprobe.engine.layout`.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from msprobe.read import report
 from msprobe.tensors import stats
 from msprobe.engine import layout
 from msprobe.engine.budget import TensorBudget
+from msprobe.engine.deferred import DeferredOutputs
 from msprobe.engine.filters import Selector
 from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
 from msprobe.tensors.records import Describer
@@ -106,7 +112,16 @@ class Runtime:
         self.config = config
         self.loop = 0
         self.init_step = 0
+        #: recording is on now (read through :meth:`capturing`; set only by the methods of the
+        #: "recording gate" section and :meth:`disk_failure`)
         self.running = False
+        #: capture is installed for the open step (``start()`` until ``stop()``)
+        self.active = False
+        #: the last configured step is over: the dump is off for good
+        self.finished = False
+        #: ``(first, last)`` forward passes of the root model recorded per started section, or None
+        self.token_range = None
+        self.forward_passes = 0  # root-model forward passes since start() (token_range)
         self.rank = None
         self.rank_override = None
         self.counters: dict = defaultdict(int)
@@ -145,6 +160,9 @@ class Runtime:
         #: tool-failure key -> repeats not written again (tool_error)
         self.reported_errors: dict = {}
         self.late_pieces = 0
+        #: calls whose output is recorded after an asynchronous ``wait()`` (capture/async_handles.py)
+        self.deferred = DeferredOutputs()
+        self._noted: set = set()  # keys of the run's once-only messages (first_time)
         #: set by the first failed write (disk full, file too large, ...): dumping is off for good
         self.failed = False
         #: watch mode (README "Watch mode"): run-wide history and anomaly state, or None
@@ -247,9 +265,51 @@ class Runtime:
         """Current step number (``set_init_step`` offset plus completed ``step()`` calls)."""
         return self.init_step + self.loop
 
+    # ------------------------------------------------------------------ the recording gate
+    def capturing(self) -> bool:
+        """The gate of every hook and wrapper: True when recording is on (between ``start()`` and
+        ``stop()``, inside ``token_range``) and this thread is neither in tool code nor inside an
+        already-recorded call, in the process that made the runtime. False: call the original."""
+        return self.running and getattr(self._tls, "depth", 0) == 0 and os.getpid() == self._pid
+
     def busy(self) -> bool:
         """True inside tool code or inside an already-recorded call on this thread (skip hooks)."""
         return getattr(self._tls, "depth", 0) > 0 or os.getpid() != self._pid
+
+    def begin_capture(self) -> None:
+        """``start()`` installed the capture: recording is on (from the first forward pass of
+        ``token_range`` when one is set)."""
+        self.active = True
+        self.forward_passes = 0
+        self.running = self.token_range is None
+
+    def end_capture(self) -> None:
+        """``stop()`` (or a discarded step): recording is off until the next :meth:`begin_capture`."""
+        self.active = False
+        self.running = False
+
+    def forward_pass_begins(self) -> None:
+        """A forward pass of the root model starts: with ``token_range``, recording is on for the
+        passes ``first..last`` (0-based, counted since ``start()``)."""
+        first, last = self.token_range
+        self.running = first <= self.forward_passes <= last
+
+    def forward_pass_ends(self) -> None:
+        self.running = False
+        self.forward_passes += 1
+
+    def finish(self) -> None:
+        """The last configured step is over: nothing is recorded any more in this run."""
+        self.finished = True
+        self.close_timer()
+
+    def first_time(self, key) -> bool:
+        """True the first time ``key`` (hashable) is asked in this run: messages given once per run."""
+        with self._lock:
+            if key in self._noted:
+                return False
+            self._noted.add(key)
+            return True
 
     def forked(self) -> bool:
         """True in a child process forked after the runtime was created: it never writes files."""
@@ -729,7 +789,8 @@ class Runtime:
         return f"{calls} hooked call{'s' if calls != 1 else ''} ran in this step, but " + "; ".join(causes)
 
     def end_step(self) -> None:
-        """Close the current step and reset every per-step state (``step()``). The only reset path."""
+        """Close the current step and reset every per-step state (``step()``)."""
+        self._release_deferred()  # listed in this step's coverage.json, written when it closes
         if self.forked():
             return
         self.refresh_rank()
@@ -743,6 +804,33 @@ class Runtime:
         if self.late_pieces:
             logger.warning("msprobe: %d gradient records arrived after their step was closed and were "
                            "not written", self.late_pieces)
+        self._reset_step()
+        self.loop += 1
+
+    def discard_empty_step(self) -> bool:
+        """``set_init_step`` while the step is open: when nothing but its header was journaled, the
+        step directory is deleted, recording stops (:meth:`end_capture`) and per-step state is reset
+        without counting a step. Returns False (nothing changed) when the step holds records (or no
+        step is open); a user failure met by the flush is raised by the next ``stop()``/``step()``."""
+        self.flush_quietly()
+        writer = self.writer
+        if writer is None or not writer.discard_if_empty():
+            return False
+        self.end_capture()
+        self._reset_step()
+        return True
+
+    def renumber(self, step: int) -> None:
+        """``set_init_step(step)``: the current step is numbered ``step``, later ones count on."""
+        self.init_step = step
+        self.loop = 0
+
+    def _reset_step(self) -> None:
+        """The one reset of per-step state: the writer and its token, late-record count, hooks on
+        the user's leaf tensors, waiting asynchronous outputs, call counters, Cell selection, the
+        step's user failure, per-thread Cell stacks and tool depth. (The writer is closed or
+        discarded by the caller first.)"""
+        self._release_deferred()
         self.writer = None
         self.late_pieces = 0
         while self.leaf_hooks:
@@ -752,7 +840,17 @@ class Runtime:
         self._step_failure = None
         self._asked = 0
         self._tls = threading.local()
-        self.loop += 1
+
+    def _release_deferred(self) -> None:
+        """Release the asynchronous calls never waited (one WARNING; ``coverage.json``
+        ``unwaited_async_handles`` of the open step)."""
+        if not len(self.deferred):
+            return
+        names = self.deferred.release()
+        logger.warning("msprobe: %d async handle(s) were never waited before step end, their "
+                       "outputs are not recorded: %s", len(names), ", ".join(names))
+        self.add_note("unwaited_async_handles",
+                      [{"entry": n, "note": "handle never waited; output not recorded"} for n in names])
 
     def close_writer(self) -> None:
         """Flush and close the current step's writer (``step()``, process exit)."""

@@ -539,7 +539,7 @@ class GraphDump:
                 sink.end_step()
             sink.init_step, sink.loop, sink.rank_override = rt.init_step, rt.loop, rt.rank_override
             sink.open_step()
-            sink.running = True  # parameter-gradient hooks of jit children check it
+            sink.begin_capture()  # parameter-gradient hooks of jit children check it
         if self._handle is None:
             models = self.service.models
             self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
@@ -566,7 +566,7 @@ class GraphDump:
 
     def write_files(self) -> None:
         if self.sink is not self.service.runtime:
-            self.sink.running = False
+            self.sink.end_capture()
             self.sink.write_files()
 
     def end_step(self) -> None:
