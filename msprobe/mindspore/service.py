@@ -42,7 +42,12 @@ _API_LEVELS = ("L1", "mix")
 
 
 class DumpService:
-    """Owns the runtime and the installed capture of one :class:`PrecisionDebugger`."""
+    """Owns the runtime and the installed capture of one :class:`PrecisionDebugger`.
+
+    The service keeps what it installs (hook plans, patches, handles, the models held weakly); the
+    dump's state — step, recording gate, started/finished, ``token_range`` — is the runtime's
+    (:class:`msprobe.engine.runtime.Runtime`), which :attr:`active`, :attr:`finished` and
+    :attr:`token_range` read."""
 
     def __init__(self, config):
         self.config = config
