@@ -165,12 +165,12 @@ def make_wrapper(runtime, recorder: CallRecorder, original, api: str, home: dict
 
     if home is None:
         def wrapper(*args, **kwargs):
-            if not runtime.running or runtime.busy():
+            if not runtime.capturing():
                 return original(*args, **kwargs)
             return recorder.call(api, original, args, kwargs, inplace)
     else:
         def wrapper(*args, **kwargs):
-            if not runtime.running or runtime.busy() or _mindspore_internal(sys._getframe(1).f_globals):
+            if not runtime.capturing() or _mindspore_internal(sys._getframe(1).f_globals):
                 return original(*args, **kwargs)
             return recorder.call(api, original, args, kwargs, inplace)
 

@@ -110,12 +110,12 @@ class BackwardProbe:
         want_output: record gradients w.r.t. inputs (``data_mode`` allows backward output).
     """
 
-    __slots__ = ("runtime", "entry", "writer", "want_input", "want_output", "size", "parts", "lists")
+    __slots__ = ("runtime", "entry", "token", "want_input", "want_output", "size", "parts", "lists")
 
     def __init__(self, runtime, entry: str, want_input: bool, want_output: bool):
         self.runtime = runtime
         self.entry = entry
-        self.writer = runtime.writer
+        self.token = runtime.step_token  # the step this call belongs to (its gradients come later)
         self.want_input = want_input
         self.want_output = want_output
         self.size = 0          # number of positional arguments (length of backward ``output``)
@@ -312,11 +312,12 @@ class BackwardProbe:
 
     def _record(self, side: str, index: int, size: int, grad) -> None:
         """Item ``index`` of backward ``side`` (``input``: w.r.t. outputs, ``output``: w.r.t. inputs)."""
-        self.runtime.record_item(self.entry, side, index, size, grad, side, self.writer)
+        self.runtime.record_item(self.entry, side, index, size, grad, side, self.token)
 
     def report_lost_inputs(self, why: str) -> None:
         """Say in ``dump_error_info.log`` that this call's input gradients could not be captured."""
-        self.writer.error(f"{self.entry}: gradients w.r.t. the inputs not captured ({why})")
+        self.runtime.report_error(f"{self.entry}: gradients w.r.t. the inputs not captured ({why})",
+                                  self.token)
 
     # ------------------------------------------------------------------ custom bprop Cells
     def record_bprop(self, douts, result) -> None:

@@ -17,8 +17,15 @@ user's modules are scanned: the ``__main__`` module and the modules defining the
   makes a new Primitive at each call, which no Cell holds, so it is not hooked (found in the
   bytecode: a Primitive class called with constant arguments only).
 
-Each one found is logged once as a WARNING and listed in the step's ``coverage.json`` under
+Each one found is logged once per run as a WARNING and listed in the step's ``coverage.json`` under
 ``not_captured``, with the module, the name and how to call it so that it is captured.
+
+The module-level caches below hold no state of a run: each is a function of code only — the listed
+APIs' original functions (``_originals_cache``, keyed by the target list), the bytecode of a user
+module (``_chains_cache``, kept with the module object so a reloaded module is read again) and of a
+Cell class (``_inline_cache``, weak keys: a dropped class takes its entry with it). Scanning the
+same code again would give the same answer; which warnings were already given belongs to the run
+(:meth:`msprobe.engine.runtime.Runtime.first_time`).
 """
 from __future__ import annotations
 
@@ -33,7 +40,6 @@ from mindspore.ops import Primitive
 logger = logging.getLogger("msprobe")
 
 _SKIP_PREFIXES = ("mindspore", "msprobe", "numpy", "builtins")
-_warned: set = set()
 _originals_cache: dict = {}
 _chains_cache: dict = {}  # module name -> (module, its "G.attr" chains)
 _inline_cache = weakref.WeakKeyDictionary()  # Cell class -> its "Primitive created per call" items
@@ -176,7 +182,7 @@ def stale_bindings(targets: list, models, aliases=()) -> list:
             bindings of the same functions (:func:`msprobe.capture.api.alias_targets`).
         models: ``[(index, root Cell)]`` or ``None``.
 
-    Returns a list of ``{"name", "module", "api", "call_as", "reason"}`` dicts.
+    Returns a list of ``{"name", "module", "api", "call_as", "reason"}`` dicts (nothing is logged).
     """
     originals = _originals(targets)
     wrapped = {(id(owner), attr) for owner, attr, _ in list(targets) + list(aliases)}
@@ -193,11 +199,6 @@ def stale_bindings(targets: list, models, aliases=()) -> list:
                                     f"before start(): its calls are not recorded as {api}; call it "
                                     f"as {qualified} (module attribute) to have it captured"})
     found.extend(inline_primitives(models))
-    for item in found:
-        key = (item["module"], item["name"])
-        if key not in _warned:
-            _warned.add(key)
-            logger.warning("msprobe: not captured: %s", item["reason"])
     return found
 
 
@@ -259,13 +260,15 @@ def inline_primitives(models) -> list:
     return found
 
 
-def note_stale_bindings(writer, targets: list, models, aliases=()) -> None:
-    """Scan for the gaps of :func:`stale_bindings` and list them in ``writer``'s ``coverage.json``
-    (``not_captured``)."""
+def note_stale_bindings(runtime, targets: list, models, aliases=()) -> None:
+    """Scan for the gaps of :func:`stale_bindings` and list them in the open step's ``coverage.json``
+    (``not_captured``) through ``runtime`` (:meth:`~msprobe.engine.runtime.Runtime.add_note`)."""
     try:
         found = stale_bindings(targets, models, aliases)
     except Exception as exc:  # a coverage scan must never break start()
         logger.warning("msprobe: coverage scan failed: %r", exc)
         return
-    if found and writer is not None:
-        writer.add_note("not_captured", found)
+    for item in found:
+        if runtime.first_time(("not captured", item["module"], item["name"])):
+            logger.warning("msprobe: not captured: %s", item["reason"])
+    runtime.add_note("not_captured", found)

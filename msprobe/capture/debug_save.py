@@ -78,23 +78,23 @@ def save(runtime, variable, name: str, save_backward: bool = True) -> None:
     if not cfg.dumps_step(runtime.step):
         return
     with runtime.tool_code():
-        writer = runtime.open_step()
+        token = runtime.open_step()
         count = runtime.next_count(f"{name}.debug")
         entry = f"{name}.{count}.debug"
-        runtime.record_value(entry, variable, writer)
+        runtime.record_value(entry, variable, token)
         if save_backward:
             grad_entry = f"{name}_grad.{count}.debug"
             tensors = list(_tensor_paths(variable))
             if tensors:
                 with runtime.lock:
-                    runtime.queue_line({"e": grad_entry, "v": _null_shape(variable)}, writer)
+                    runtime.queue_line({"e": grad_entry, "v": _null_shape(variable)}, token)
                 for path, tensor in tensors:
-                    tensor.register_hook(_grad_hook(runtime, grad_entry, path, writer))
+                    tensor.register_hook(_grad_hook(runtime, grad_entry, path, token))
 
 
-def _grad_hook(runtime, grad_entry: str, path: tuple, writer):
+def _grad_hook(runtime, grad_entry: str, path: tuple, token):
     file_entry = ".".join([grad_entry, *map(str, path)])
 
     def hook(grad):
-        runtime.record_at(grad_entry, path, grad, file_entry, writer)
+        runtime.record_at(grad_entry, path, grad, file_entry, token)
     return hook

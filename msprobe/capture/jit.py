@@ -38,7 +38,7 @@ def install_jit_capture(recorder) -> HandleSet:
     rt = recorder.rt
 
     def __call__(self, *args, **kwargs):
-        if not rt.running or rt.busy():
+        if not rt.capturing():
             return original(self, *args, **kwargs)
         head, call_args = (args[:1], args[1:]) if self.obj is not None else ((), args)
 

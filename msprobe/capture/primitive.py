@@ -4,6 +4,12 @@ model's Cells (``nn.Dense`` -> ``MatMul``, ``BiasAdd``; ``nn.Conv2d`` -> ``Conv2
 Python looks ``__call__`` up on the type, so each hooked instance gets its class swapped to a cached
 subclass whose ``__call__`` records the call; the handle swaps the original class back. Entries are
 named ``Primitive.{attribute}.{PrimitiveClass}.{n}.{forward|backward}``.
+
+What a run hooks is kept on the instance (``_msprobe_probe``: recorder, API name, in-place flag),
+removed by the handle. The one module-level cache, ``_SUBCLASSES`` (Primitive class -> its hooked
+subclass), is a function of the class only: the subclass's ``__call__`` finds the run through the
+instance's probe, so one subclass per class serves every run (and an instance hooked by one
+debugger and later by another gets the same class).
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ def _hooked_class(cls):
             return original_call(self, *args, **kwargs)
         recorder, api, inplace = probe
         rt = recorder.rt
-        if not rt.running or rt.busy():
+        if not rt.capturing():
             return original_call(self, *args, **kwargs)
         return recorder.call(api, functools.partial(original_call, self), args, kwargs, inplace)
 

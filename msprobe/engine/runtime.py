@@ -1,18 +1,22 @@
 """Runtime: the one object that owns dump state (lesson "One owner of runtime state" in STYLE.md).
 
 It holds the step number, the per-step call counters (API, Primitive, Cell, parameter gradients),
-the per-thread Cell stack and "inside tool code" depth, the pending batch of records and the writer of
-the current step. :meth:`Runtime.end_step` is the single place where per-step state is reset.
+the per-thread Cell stack and "inside tool code" depth, the recording gate (started, ``token_range``
+forward passes), the pending batch of records, the outputs waiting for an asynchronous ``wait()``,
+the rank, and the writer of the current step with its :attr:`Runtime.step_token`.
+:meth:`Runtime._reset_step` is the single place where per-step state is reset (by ``step()`` and by
+``set_init_step`` discarding an empty step); per-run state lives as long as the runtime.
 
 Capture code talks to it through :meth:`record`, :meth:`record_item`, :meth:`next_count`,
-:meth:`flush` and :meth:`busy`; it never touches the writer or files directly.
+:meth:`flush`, :meth:`tool_error`/:meth:`report_error`/:meth:`add_note` and the gate
+:meth:`capturing`; it never touches the writer or files directly. Where step directories go is
+:mod:`msprobe.engine.layout`.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -23,7 +27,9 @@ from mindspore import Parameter, Tensor, ops
 from msprobe.format import naming
 from msprobe.read import report
 from msprobe.tensors import stats
+from msprobe.engine import layout
 from msprobe.engine.budget import TensorBudget
+from msprobe.engine.deferred import DeferredOutputs
 from msprobe.engine.filters import Selector
 from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
 from msprobe.tensors.records import Describer
@@ -48,6 +54,19 @@ FLUSH_DEADLINE = 0.75
 
 def _no_file(path):
     return None
+
+
+#: process state, not a run's: counts the forks this process descends from (``os.register_at_fork``),
+#: so a runtime made before a fork knows it is in the child without a ``getpid()`` system call per
+#: hook (~0.5 µs each on a shared machine)
+_FORKS = [0]
+
+
+def _count_fork() -> None:
+    _FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
 
 
 def _holds_failed_tensor(value, depth: int = 0) -> bool:
@@ -78,53 +97,6 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _move_aside_dead_procs(step_dir: str, writes: str) -> None:
-    """``proc{pid}`` directories of processes that no longer run are earlier runs of a process with no
-    rank (each run has a new pid, so :func:`move_aside` never sees them): moved aside the same way, so
-    readers do not mix runs. A pid that runs (another process, or a reused pid) is left alone."""
-    try:
-        names = os.listdir(step_dir)
-    except OSError:
-        return
-    for name in names:
-        m = _PROC_DIR.match(name)
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
-            move_aside(os.path.join(step_dir, name), writes)
-
-
-_PROC_DIR = re.compile(r"^proc(\d+)$")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def move_aside(directory: str, writes: str | None = None):
-    """Never overwrite silently: a non-empty ``directory`` left by an earlier run is renamed to
-    ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (WARNING naming both paths and ``writes``, the directory
-    this run writes, by default ``directory`` itself), so readers (``iter_step_dirs``, compare tools)
-    find the newest run. Returns the new name."""
-    try:
-        if not os.listdir(directory):
-            return None
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, n = f"{directory}.previous-{stamp}", 1
-    while os.path.exists(target):
-        target, n = f"{directory}.previous-{stamp}-{n}", n + 1
-    os.rename(directory, target)
-    logger.warning("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
-                   "run writes %s", directory, target, writes or directory)
-    return target
-
-
 def _snapshot(tensor):
     """Parameters change in place (optimizer) before the flush reads them: a copy on device (an op,
     ~45 µs, no synchronisation)."""
@@ -153,7 +125,16 @@ class Runtime:
         self.config = config
         self.loop = 0
         self.init_step = 0
+        #: recording is on now (read through :meth:`capturing`; set only by the methods of the
+        #: "recording gate" section and :meth:`disk_failure`)
         self.running = False
+        #: capture is installed for the open step (``start()`` until ``stop()``)
+        self.active = False
+        #: the last configured step is over: the dump is off for good
+        self.finished = False
+        #: ``(first, last)`` forward passes of the root model recorded per started section, or None
+        self.token_range = None
+        self.forward_passes = 0  # root-model forward passes since start() (token_range)
         self.rank = None
         self.rank_override = None
         self.counters: dict = defaultdict(int)
@@ -165,7 +146,9 @@ class Runtime:
         self.stacks = StackTable()
         #: how Parameters are copied when recorded (chosen per step, see open_step)
         self.snapshot = _snapshot
+        #: the writer of the open step; capture code never uses it (it holds :attr:`step_token`)
         self.writer: StepWriter | None = None
+        self._token = 0  # :attr:`step_token` of the newest opened step (one more per opened step)
         self._tls = threading.local()
         self._lock = threading.RLock()
         #: held for a whole flush (take batch, read, append), so batches reach the journal in order
@@ -182,7 +165,7 @@ class Runtime:
         self._step_failure: str | None = None  # the first user failure of this step, for messages
         self._asked = 0  # values handed to record*() in this step (for empty_reason)
         self._emitted_stacks: set = set()
-        self._pid = os.getpid()
+        self._fork = _FORKS[0]  # another value in a forked child (forked())
         #: hook handles on the user's leaf tensors (capture/backward.py), removed at the end of the step
         self.leaf_hooks: list = []
         #: > 0 while MindSpore re-runs a recomputed forward (:meth:`replaying`)
@@ -190,6 +173,9 @@ class Runtime:
         #: tool-failure key -> repeats not written again (tool_error)
         self.reported_errors: dict = {}
         self.late_pieces = 0
+        #: calls whose output is recorded after an asynchronous ``wait()`` (capture/async_handles.py)
+        self.deferred = DeferredOutputs()
+        self._noted: set = set()  # keys of the run's once-only messages (first_time)
         #: set by the first failed write (disk full, file too large, ...): dumping is off for good
         self.failed = False
         #: watch mode (README "Watch mode"): run-wide history and anomaly state, or None
@@ -203,6 +189,52 @@ class Runtime:
         of the step may still arrive)."""
         writer = self.writer
         return writer is not None and not writer.closed
+
+    @property
+    def step_token(self):
+        """Which step a record belongs to: an opaque value, new for every opened step, ``None`` when
+        no step is open. Code that records later than it decides to (gradients, the output of an
+        asynchronous call after its ``wait()``) keeps the token of the step it started in and passes
+        it back (:meth:`record_item`, :meth:`record_at`, ``record(..., token=)``); a record whose
+        step was closed meanwhile is dropped as late (counted, one WARNING), never written into
+        another step."""
+        writer = self.writer
+        return self._token if writer is not None and not writer.closed else None
+
+    def _writer_of(self, token):
+        """The writer for records of ``token`` (``None``: the open step); ``None`` when that step is
+        closed (the record is then counted as late at the flush)."""
+        if token is None or token == self._token:
+            return self.writer
+        return None
+
+    def report_error(self, message: str, token=None) -> None:
+        """Write ``message`` into ``dump_error_info.log`` of the step of ``token`` (default: the open
+        step), every time (unlike :meth:`tool_error`); a WARNING only when that step is closed."""
+        writer = self._writer_of(token)
+        if writer is not None and not writer.closed:
+            writer.error(message)
+        else:
+            logger.warning("msprobe: %s", message)
+
+    def add_note(self, key: str, items: list) -> None:
+        """Add ``items`` (JSON values) to ``coverage.json[key]`` of the open step (nothing when no
+        step is open)."""
+        writer = self.writer
+        if items and writer is not None and not writer.closed:
+            writer.add_note(key, items)
+
+    def mark_abnormal(self, reason: str) -> None:
+        """Record in the open step's ``dump.json`` why it ended abnormally (first reason kept)."""
+        writer = self.writer
+        if writer is not None and not writer.closed:
+            writer.mark_abnormal(reason)
+
+    @property
+    def step_dir(self) -> str | None:
+        """Directory of the open step, ``None`` when none is open."""
+        writer = self.writer
+        return writer.directory if writer is not None and not writer.closed else None
 
     def tool_error(self, message: str, key=None) -> None:
         """Report a failure of the tool itself (the training goes on): written to the step's
@@ -246,13 +278,55 @@ class Runtime:
         """Current step number (``set_init_step`` offset plus completed ``step()`` calls)."""
         return self.init_step + self.loop
 
+    # ------------------------------------------------------------------ the recording gate
+    def capturing(self) -> bool:
+        """The gate of every hook and wrapper: True when recording is on (between ``start()`` and
+        ``stop()``, inside ``token_range``) and this thread is neither in tool code nor inside an
+        already-recorded call, in the process that made the runtime. False: call the original."""
+        return self.running and getattr(self._tls, "depth", 0) == 0 and _FORKS[0] == self._fork
+
     def busy(self) -> bool:
         """True inside tool code or inside an already-recorded call on this thread (skip hooks)."""
-        return getattr(self._tls, "depth", 0) > 0 or os.getpid() != self._pid
+        return getattr(self._tls, "depth", 0) > 0 or _FORKS[0] != self._fork
+
+    def begin_capture(self) -> None:
+        """``start()`` installed the capture: recording is on (from the first forward pass of
+        ``token_range`` when one is set)."""
+        self.active = True
+        self.forward_passes = 0
+        self.running = self.token_range is None
+
+    def end_capture(self) -> None:
+        """``stop()`` (or a discarded step): recording is off until the next :meth:`begin_capture`."""
+        self.active = False
+        self.running = False
+
+    def forward_pass_begins(self) -> None:
+        """A forward pass of the root model starts: with ``token_range``, recording is on for the
+        passes ``first..last`` (0-based, counted since ``start()``)."""
+        first, last = self.token_range
+        self.running = first <= self.forward_passes <= last
+
+    def forward_pass_ends(self) -> None:
+        self.running = False
+        self.forward_passes += 1
+
+    def finish(self) -> None:
+        """The last configured step is over: nothing is recorded any more in this run."""
+        self.finished = True
+        self.close_timer()
+
+    def first_time(self, key) -> bool:
+        """True the first time ``key`` (hashable) is asked in this run: messages given once per run."""
+        with self._lock:
+            if key in self._noted:
+                return False
+            self._noted.add(key)
+            return True
 
     def forked(self) -> bool:
         """True in a child process forked after the runtime was created: it never writes files."""
-        return os.getpid() != self._pid
+        return _FORKS[0] != self._fork
 
     def enter(self) -> None:
         self._tls.depth = getattr(self._tls, "depth", 0) + 1
@@ -354,26 +428,22 @@ class Runtime:
 
     # ------------------------------------------------------------------ step directories
     def resolve_rank(self):
+        """This process's rank: ``start(rank_id=...)`` when given, else :func:`layout.current_rank`
+        (``None`` until ``mindspore.communication.init()`` has run)."""
         if self.rank_override is not None:
             return self.rank_override
-        try:
-            from mindspore.communication import GlobalComm, get_rank
-
-            if GlobalComm.INITED:
-                return get_rank()
-        except Exception:  # communication unavailable: single process
-            pass
-        return None
+        return layout.current_rank()
 
     def step_directory(self) -> str:
-        rank_dir = f"rank{self.rank}" if self.rank is not None else f"proc{os.getpid()}"
-        return os.path.join(self.config.dump_path, f"step{self.step}", rank_dir)
+        """Directory of the current step and rank (:func:`layout.step_directory`)."""
+        return layout.step_directory(self.config.dump_path, self.step, self.rank)
 
     def open_step(self):
         """Create (once per step) the writer of the current step and rank.
 
-        A directory left by an earlier run is moved aside first (:func:`move_aside`). Returns
-        ``None`` when the dump is switched off after a write error (:meth:`disk_failure`).
+        A directory left by an earlier run is moved aside first (:func:`layout.clear_for`). Returns the
+        step's :attr:`step_token`, ``None`` when the dump is switched off after a write error
+        (:meth:`disk_failure`).
         """
         if self.failed or self.forked():
             return None
@@ -382,10 +452,9 @@ class Runtime:
             header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
             debug = self.config.level == "debug"
             directory = self.step_directory()
+            self._token += 1  # before the new writer exists: records of older tokens never reach it
             try:
-                move_aside(directory)
-                if self.rank is None:
-                    _move_aside_dead_procs(os.path.dirname(directory), directory)
+                layout.clear_for(directory, self.rank)
                 def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
                     return StepWriter(path, header, tensor_data=tensor_data,
                                       extra_info=self.config.extra_info and not debug,
@@ -403,7 +472,7 @@ class Runtime:
                 return None
             self._emitted_stacks = set()
             self.snapshot = _host_snapshot if stats.synchronous_cpu() else _snapshot
-        return self.writer
+        return self.step_token
 
     def refresh_rank(self) -> None:
         """Late rank discovery: ``init()`` ran after ``start()`` opened this step as ``proc{pid}``.
@@ -422,7 +491,7 @@ class Runtime:
         self.rank = rank
         target = self.step_directory()
         try:
-            move_aside(target)
+            layout.clear_for(target, rank)
             self.writer.relocate(target)
         except OSError as exc:
             self.disk_failure(exc)
@@ -458,36 +527,40 @@ class Runtime:
             return self.budget.allows()
         return any(item in entry for item in self.config.tensor_list)
 
-    def record(self, entry: str, key: str, value, category: str, writer=None) -> None:
-        """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files."""
-        self._describe_and_queue({"e": entry, "k": key}, value, entry, category, (), writer or self.writer)
+    def record(self, entry: str, key: str, value, category: str, token=None) -> None:
+        """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files.
+        ``token``: the :attr:`step_token` of the step it belongs to (default: the open step)."""
+        self._describe_and_queue({"e": entry, "k": key}, value, entry, category, (),
+                                 self._writer_of(token))
 
     def record_item(self, entry: str, key: str, index: int, size: int, tensor, category: str,
-                    writer) -> None:
-        """Queue item ``index`` of the list ``data[entry][key]`` (backward gradients, one by one)."""
-        if self._is_late(entry, writer):
+                    token) -> None:
+        """Queue item ``index`` of the list ``data[entry][key]`` (backward gradients, one by one) for
+        the step of ``token`` (a :attr:`step_token`); dropped as late when that step is closed."""
+        if self._is_late(entry, token):
             return
         self._describe_and_queue({"e": entry, "k": key, "i": index, "n": size}, tensor, entry,
-                                 category, (index,), writer)
+                                 category, (index,), self.writer)
 
     def record_param_grad(self, entry: str, pname: str, grad) -> None:
         """Queue ``data[entry][pname] = [describe(grad)]`` (file ``{entry}.{pname}.npy``)."""
         self._describe_and_queue({"e": entry, "k": pname}, grad, entry, "", (pname,), self.writer,
                                  as_list=True, fixed_name=True)
 
-    def record_value(self, entry: str, value, writer=None) -> None:
+    def record_value(self, entry: str, value, token=None) -> None:
         """Queue ``data[entry] = describe(value)`` (debug level; files ``{entry}.{index path}.npy``)."""
-        self._describe_and_queue({"e": entry}, value, entry, "", (), writer or self.writer)
+        self._describe_and_queue({"e": entry}, value, entry, "", (), self._writer_of(token))
 
-    def record_at(self, entry: str, path: tuple, tensor, file_entry: str, writer) -> None:
-        """Queue a nested item of ``data[entry]`` at ``path`` (debug-level gradients)."""
-        if self._is_late(entry, writer):
+    def record_at(self, entry: str, path: tuple, tensor, file_entry: str, token) -> None:
+        """Queue a nested item of ``data[entry]`` at ``path`` (debug-level gradients) for the step of
+        ``token``; dropped as late when that step is closed."""
+        if self._is_late(entry, token):
             return
-        self._describe_and_queue({"e": entry, "p": list(path)}, tensor, file_entry, "", (), writer,
+        self._describe_and_queue({"e": entry, "p": list(path)}, tensor, file_entry, "", (), self.writer,
                                  fixed_name=True)
 
-    def _is_late(self, entry: str, writer) -> bool:
-        if writer is not None and not writer.closed:
+    def _is_late(self, entry: str, token) -> bool:
+        if token is not None and token == self.step_token:
             return False
         self.late_pieces += 1
         if self.late_pieces == 1:
@@ -525,11 +598,11 @@ class Runtime:
         line["v"] = [described] if as_list else described
         self._queue(line, describer.slots, writer)
 
-    def record_stack(self, entry: str, writer=None) -> None:
+    def record_stack(self, entry: str, token=None) -> None:
         """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""
         if not self.config.extra_info or self.failed:
             return
-        writer = writer or self.writer
+        writer = self._writer_of(token)
         with self._lock:  # stack ids and "emitted" marks are shared by all threads
             sid = self.stacks.current()
             lines = []
@@ -540,12 +613,12 @@ class Runtime:
             self._pending.extend((writer, line) for line in lines)
             self._started_pending()
 
-    def record_parent(self, name: str, parent, writer=None) -> None:
+    def record_parent(self, name: str, parent, token=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
         if not self.config.extra_info or self.failed:
             return
         with self._lock:
-            self._pending.append((writer or self.writer, {"c": name, "p": parent}))
+            self._pending.append((self._writer_of(token), {"c": name, "p": parent}))
             self._started_pending()
 
     def _queue(self, line: dict, slots: list, writer) -> None:
@@ -607,9 +680,10 @@ class Runtime:
     def lock(self):
         return self._lock
 
-    def queue_line(self, line: dict, writer) -> None:
-        """Queue a journal line that holds no tensors (call with :attr:`lock` held)."""
-        self._pending.append((writer, line))
+    def queue_line(self, line: dict, token) -> None:
+        """Queue a journal line that holds no tensors for the step of ``token`` (call with
+        :attr:`lock` held)."""
+        self._pending.append((self._writer_of(token), line))
         self._started_pending()
 
     @property
@@ -728,7 +802,8 @@ class Runtime:
         return f"{calls} hooked call{'s' if calls != 1 else ''} ran in this step, but " + "; ".join(causes)
 
     def end_step(self) -> None:
-        """Close the current step and reset every per-step state (``step()``). The only reset path."""
+        """Close the current step and reset every per-step state (``step()``)."""
+        self._release_deferred()  # listed in this step's coverage.json, written when it closes
         if self.forked():
             return
         self.refresh_rank()
@@ -742,6 +817,33 @@ class Runtime:
         if self.late_pieces:
             logger.warning("msprobe: %d gradient records arrived after their step was closed and were "
                            "not written", self.late_pieces)
+        self._reset_step()
+        self.loop += 1
+
+    def discard_empty_step(self) -> bool:
+        """``set_init_step`` while the step is open: when nothing but its header was journaled, the
+        step directory is deleted, recording stops (:meth:`end_capture`) and per-step state is reset
+        without counting a step. Returns False (nothing changed) when the step holds records (or no
+        step is open); a user failure met by the flush is raised by the next ``stop()``/``step()``."""
+        self.flush_quietly()
+        writer = self.writer
+        if writer is None or not writer.discard_if_empty():
+            return False
+        self.end_capture()
+        self._reset_step()
+        return True
+
+    def renumber(self, step: int) -> None:
+        """``set_init_step(step)``: the current step is numbered ``step``, later ones count on."""
+        self.init_step = step
+        self.loop = 0
+
+    def _reset_step(self) -> None:
+        """The one reset of per-step state: the writer and its token, late-record count, hooks on
+        the user's leaf tensors, waiting asynchronous outputs, call counters, Cell selection, the
+        step's user failure, per-thread Cell stacks and tool depth. (The writer is closed or
+        discarded by the caller first.)"""
+        self._release_deferred()
         self.writer = None
         self.late_pieces = 0
         while self.leaf_hooks:
@@ -751,7 +853,17 @@ class Runtime:
         self._step_failure = None
         self._asked = 0
         self._tls = threading.local()
-        self.loop += 1
+
+    def _release_deferred(self) -> None:
+        """Release the asynchronous calls never waited (one WARNING; ``coverage.json``
+        ``unwaited_async_handles`` of the open step)."""
+        if not len(self.deferred):
+            return
+        names = self.deferred.release()
+        logger.warning("msprobe: %d async handle(s) were never waited before step end, their "
+                       "outputs are not recorded: %s", len(names), ", ".join(names))
+        self.add_note("unwaited_async_handles",
+                      [{"entry": n, "note": "handle never waited; output not recorded"} for n in names])
 
     def close_writer(self) -> None:
         """Flush and close the current step's writer (``step()``, process exit)."""

@@ -24,6 +24,7 @@ import time
 
 from msprobe.read import report
 from msprobe.tensors import stats
+from msprobe.engine import layout
 from msprobe.engine.writer import StepWriter, resolve_slots
 from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
 
@@ -175,7 +176,7 @@ class Watch:
                 "anomaly": self.triggered}
         try:
             os.makedirs(self.dump_path, exist_ok=True)
-            who = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
+            who = layout.rank_dir_name(rank)
             atomic_write_json(os.path.join(self.dump_path, HEARTBEAT.format(who=who)), body, False)
         except OSError as exc:
             logger.warning("msprobe: watch heartbeat not written: %r", exc)

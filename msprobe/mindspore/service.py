@@ -24,7 +24,6 @@ from mindspore import nn
 from msprobe.capture import debug_save
 from msprobe.capture.cells import graph_cell
 from msprobe.capture.api import alias_targets, build_wrappers, load_api_list, make_wrapper, resolve_targets
-from msprobe.capture.async_handles import release_pending
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
 from msprobe.capture.cells.cell import CellCapture, install_recompute_replays, recompute_cells
@@ -43,7 +42,12 @@ _API_LEVELS = ("L1", "mix")
 
 
 class DumpService:
-    """Owns the runtime and the installed capture of one :class:`PrecisionDebugger`."""
+    """Owns the runtime and the installed capture of one :class:`PrecisionDebugger`.
+
+    The service keeps what it installs (hook plans, patches, handles, the models held weakly); the
+    dump's state — step, recording gate, started/finished, ``token_range`` — is the runtime's
+    (:class:`msprobe.engine.runtime.Runtime`), which :attr:`active`, :attr:`finished` and
+    :attr:`token_range` read."""
 
     def __init__(self, config):
         self.config = config
@@ -51,8 +55,6 @@ class DumpService:
         self.recorder = CallRecorder(self.runtime)
         #: the model(s) of ``start(model)``, held weakly: ``[(index or None, weakref to Cell)]``
         self._model_refs: list | None = None
-        self.finished = False
-        self.active = False
         self._installed = HandleSet()
         self._api_targets = None
         self._api_aliases = None  # other public names of the listed functions (F.cast, ...)
@@ -62,11 +64,8 @@ class DumpService:
         self._cells = CellCapture(self.runtime)  # its hook plan is built at the first start(model)
         self._primitives = None  # (models key, primitive_targets) read at the first start(model)
         self._recompute = None  # recompute_cells(models), read at the first start(model) at L1
-        self.token_range = None
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
-        self._token = 0
-        self._rank_noted = False  # the "rank left out" warning is given once
         self._process_state = _ProcessState()
         atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE_SERVICES.add(self)
@@ -77,6 +76,21 @@ class DumpService:
         weakref.finalize(self, self._process_state.restore)
         # dropped with a step open (a debugger made inside a function): the step is written then
         weakref.finalize(self, _finish_runtime, self.runtime)
+
+    @property
+    def active(self) -> bool:
+        """Capture is installed for the open step (``start()`` until ``stop()``)."""
+        return self.runtime.active
+
+    @property
+    def finished(self) -> bool:
+        """The last configured step is over: the dump is off for good."""
+        return self.runtime.finished
+
+    @property
+    def token_range(self):
+        """``(first, last)`` forward passes dumped per ``start()``, or ``None``."""
+        return self.runtime.token_range
 
     # ------------------------------------------------------------------ models
     def set_model(self, model) -> None:
@@ -146,20 +160,17 @@ class DumpService:
         rt.refresh_rank()  # init() may have run since this step was opened as proc{pid}
         rank = rt.resolve_rank()
         if not cfg.dumps_rank(rank):
-            if not self._rank_noted:
-                self._rank_noted = True
+            if rt.first_time(("rank left out",)):
                 logger.warning("msprobe: this process is rank %s, which the config's rank list %s leaves "
                                "out: nothing is dumped here", 0 if rank is None else rank, list(cfg.rank))
             return False
         if rt.open_step() is None:
             return False
         if cfg.level in _API_LEVELS:  # B08: names bound to an API before start() are not captured
-            note_stale_bindings(rt.writer, self._listed_targets(), self.models, self._aliases())
+            note_stale_bindings(rt, self._listed_targets(), self.models, self._aliases())
         self._install()
-        self._token = 0
-        self.active = True
-        rt.running = self.token_range is None
-        logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.writer.directory)
+        rt.begin_capture()
+        logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.step_dir)
         return True
 
     def _install(self) -> None:
@@ -179,7 +190,7 @@ class DumpService:
                 self._installed.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
                 if level not in _CELL_LEVELS:  # at mix the Cell hooks replay recomputed forwards
                     if self._recompute is None:
-                        self._recompute = recompute_cells(self.models)
+                        self._recompute = recompute_cells(self.models, self.runtime)
                     self._installed.add(install_recompute_replays(self.runtime, self._recompute))
         if level in _CELL_LEVELS:
             if not (self._graph and self._graph.graph_mode):  # Python hooks do not run in a graph
@@ -239,18 +250,16 @@ class DumpService:
                               kind="argument")
         if len(self.models) > 1:
             logger.warning("msprobe: token_range counts forward passes of the first model only")
-        self.token_range = tuple(token_range)
+        self.runtime.token_range = tuple(token_range)
 
     def _install_token_counter(self, root) -> HandleSet:
         rt = self.runtime
-        first, last = self.token_range
 
         def pre_hook(cell, args):
-            rt.running = first <= self._token <= last
+            rt.forward_pass_begins()
 
         def post_hook(cell, args, output):
-            rt.running = False
-            self._token += 1
+            rt.forward_pass_ends()
 
         handles = HandleSet()
         # the token gate must run before the Cell capture hooks of the root's children
@@ -321,8 +330,7 @@ class DumpService:
             if self._graph:
                 self._graph.wait()
         finally:
-            self.active = False
-            rt.running = False
+            rt.end_capture()
             self._installed.remove()
             if self._graph:
                 self._graph.note_unrecorded()
@@ -340,31 +348,22 @@ class DumpService:
         rt = self.runtime
         was_running = self.active and self._kernel_dump is None
         if was_running:
-            rt.flush_quietly()  # a user failure met here is raised by the next stop()/step()
-            if rt.writer is not None and rt.writer.discard_if_empty():
-                self.active = False
-                rt.running = False
+            if rt.discard_empty_step():  # nothing recorded yet: the step directory is deleted
                 self._installed.remove()
-                rt.writer = None
-                rt.counters.clear()
             else:
                 self._stop()
                 rt.end_step()
-        rt.init_step = step
-        rt.loop = 0
+        rt.renumber(step)
         if was_running:
             self.start()
 
     def note_abnormal(self, reason: str) -> None:
         """Mark the open step abnormal (its records so far are flushed when it is closed)."""
-        writer = self.runtime.writer
-        if writer is not None and not writer.closed:
-            writer.mark_abnormal(reason)
+        self.runtime.mark_abnormal(reason)
 
     def step(self) -> None:
         rt = self.runtime
-        release_pending(rt)  # B26: async handles never waited are released with a warning
-        directory = rt.writer.directory if rt.writer is not None and not rt.writer.closed else None
+        directory = rt.step_dir
         step = rt.step
         exc = sys.exc_info()[1]
         # step() while recording: stop() was skipped, usually by an exception; in GRAPH_MODE the
@@ -385,8 +384,7 @@ class DumpService:
     def _finish(self) -> None:
         if self.finished:
             return
-        self.finished = True
-        self.runtime.close_timer()
+        self.runtime.finish()
         # graph probes stay compiled in (and need MS_JIT_MODULES) until close()
         self._process_state.restore(env=not self._graph)
         logger.info("msprobe: the last configured step (%s) is over; the dump is switched off",

@@ -22,15 +22,16 @@ from msprobe.engine.handles import Handle, HandleSet
 logger = logging.getLogger("msprobe")
 
 
-def iter_cells(models):
+def iter_cells(models, runtime):
     """Yield ``(prefix, cell)`` for every descendant Cell, each object once, depth first.
 
     Args:
         models: ``list[(index or None, root Cell)]``.
+        runtime: the :class:`~msprobe.engine.runtime.Runtime` (its once-per-run messages).
 
     A Cell whose ``construct`` is decorated with ``mindspore.jit`` is yielded (captured as one unit)
     but its sub-Cells are not: they run inside the compiled graph, where Python hooks
-    would run at trace time only. A note is logged once per such Cell.
+    would run at trace time only. A note is logged once per such Cell and run.
     """
     seen = set()
     for index, root in models:
@@ -45,14 +46,10 @@ def iter_cells(models):
             prefix = naming.cell_prefix(name, type(cell).__name__, index)
             if is_jit_cell(cell):
                 compiled.append(name)
-                if id(cell) not in _JIT_NOTED:
-                    _JIT_NOTED.add(id(cell))
+                if runtime.first_time(("jit cell", prefix, id(cell))):
                     logger.info("msprobe: %s has a mindspore.jit construct: captured as one unit, its "
                                 "sub-Cells run compiled and are not hooked", prefix)
             yield prefix, cell
-
-
-_JIT_NOTED: set = set()
 
 
 def is_jit_cell(cell) -> bool:
@@ -89,7 +86,7 @@ class CellCapture:
         #: (models key, [(prefix, weakref to the Cell, pre-hook, post-hook, [(weakref to a Parameter,
         #: hook)])]): user objects are held weakly, so the plan never keeps a network alive
         self._plan = None
-        self._param_loop = None  # Runtime.loop whose parameter hooks are registered (until step())
+        self._param_token = None  # step token of the step whose parameter hooks are registered
 
     def install(self, models) -> HandleSet:
         """Register the hooks on every descendant Cell of ``models`` (``list[(index or None, Cell)]``).
@@ -123,9 +120,10 @@ class CellCapture:
         the step (a forward-only step registers none). They stay until ``step()``, so a backward run
         after ``stop()`` (seed: start -> forward -> stop -> backward -> step) is still recorded."""
         rt = self.rt
-        if self._param_loop == rt.loop or self._plan is None:
+        token = rt.step_token
+        if self._param_token == token or self._plan is None:
             return
-        self._param_loop = rt.loop
+        self._param_token = token
         for _, _, _, _, param_hooks in self._plan[1]:
             for param_ref, hook in param_hooks:
                 param = param_ref()
@@ -134,7 +132,7 @@ class CellCapture:
 
     def _build_plan(self, models) -> list:
         plan = []
-        for prefix, cell in iter_cells(models):
+        for prefix, cell in iter_cells(models, self.rt):
             kind = _recompute_kind(cell)
             if kind == "wrapper":  # MindSpore's own wrapper of the recomputed construct: not a layer
                 continue
@@ -156,7 +154,7 @@ class CellCapture:
         frames = rt.cell_frames
 
         def pre_hook(cell, args, kwargs):
-            if not rt.running or rt.busy():
+            if not rt.capturing():
                 frames().append(None)
                 return None
             rt.enter()
@@ -181,7 +179,7 @@ class CellCapture:
                         rt.record(fwd, "input_kwargs", kwargs, "kwargs")
                 probe = mark = None
                 if (self.bwd_in or self.bwd_out) and grad_enabled():
-                    if self.param_grads and self._param_loop != rt.loop:
+                    if self.param_grads and self._param_token != rt.step_token:
                         self._hook_parameters()
                     bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
                     rt.record_parent(bwd, naming.backward_of(parent))
@@ -265,8 +263,9 @@ class CellCapture:
 
         def armed_pre_hook(c, args, kwargs):
             armed[0] += 1
-            if probes and probes[0].writer is not rt.writer:  # forward without backward, earlier step
-                probes[:] = [p for p in probes if p.writer is rt.writer]
+            token = rt.step_token
+            if probes and probes[0].token != token:  # forward without backward, earlier step
+                probes[:] = [p for p in probes if p.token == token]
             return pre(c, args, kwargs)
 
         pre_handle = cell.register_forward_pre_hook(armed_pre_hook, with_kwargs=True)
@@ -384,10 +383,10 @@ def install_recompute_replay(rt, prefix: str, cell) -> Handle:
     return Handle(undo, f"{prefix} (recompute)")
 
 
-def recompute_cells(models) -> list:
+def recompute_cells(models, runtime) -> list:
     """``[(prefix, weakref to the Cell)]`` of MindSpore's ``Cell.recompute()`` wrappers in ``models``
-    (``list[(index or None, root Cell)]``)."""
-    return [(prefix, weakref.ref(cell)) for prefix, cell in iter_cells(models)
+    (``list[(index or None, root Cell)]``); ``runtime`` as for :func:`iter_cells`."""
+    return [(prefix, weakref.ref(cell)) for prefix, cell in iter_cells(models, runtime)
             if _recompute_kind(cell) == "recompute"]
 
 

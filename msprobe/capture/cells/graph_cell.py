@@ -140,7 +140,7 @@ class GraphCellCapture:
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = sink.data_flags()
         self.param_grads = self.bwd_in or self.bwd_out
         self._lock = threading.RLock()
-        self._writer = None
+        self.step_token = None  # the runtime's step token of the step whose calls are tracked
         self.param_values: dict = {}  # id(cell) -> {name: host Tensor}, taken at begin of step
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
         self._reset()
@@ -164,10 +164,10 @@ class GraphCellCapture:
 
     def _recording(self) -> bool:
         rt = self.rt
-        if not self.gate.running or rt.failed or rt.forked() or rt.writer is None or rt.writer.closed:
+        if not self.gate.running or rt.failed or rt.forked() or rt.step_token is None:
             return False
-        if self._writer is not rt.writer:  # a new step: calls of the previous one are forgotten
-            self._writer = rt.writer
+        if self.step_token != rt.step_token:  # a new step: calls of the previous one are forgotten
+            self.step_token = rt.step_token
             self._reset()
         return True
 
@@ -213,7 +213,7 @@ class GraphCellCapture:
                     if rt.selector.selects(bwd):
                         rt.selector.note_backward(prefix)
                         bparent = parent.replace(".forward.", ".backward.") if parent else None
-                        self.done[prefix].append((bwd, bparent, rt.writer))
+                        self.done[prefix].append((bwd, bparent, rt.step_token))
 
     def _output_grads(self, prefix: str, arrays) -> None:
         """bprop of the output probe: gradients w.r.t. the Cell's outputs (backward ``input``)."""
@@ -221,14 +221,14 @@ class GraphCellCapture:
             pending = self.done.get(prefix)
             if not pending:
                 return
-            bwd, bparent, writer = pending.pop()
+            bwd, bparent, token = pending.pop()
             rt = self.rt
-            if writer is not rt.writer:
+            if token != rt.step_token:
                 return
             with rt.tool_code():
                 rt.record_parent(bwd, bparent)
                 if self.bwd_in:
-                    _record_grads(rt, bwd, "input", arrays, writer)
+                    _record_grads(rt, bwd, "input", arrays, token)
 
     def _param_grads(self, owners: list, arrays) -> None:
         """Gradients entering an optimizer: ``owners[i]`` = (prefix, short name, first-of-Cell) or None."""
@@ -416,12 +416,12 @@ def _set_construct(cell, construct):
     return restore
 
 
-def _record_grads(rt, entry: str, key: str, arrays, writer) -> None:
+def _record_grads(rt, entry: str, key: str, arrays, token) -> None:
     """Gradients of floating-point tensors only (as the PyNative probes: others give null items)."""
     size = len(arrays)
     for i, array in enumerate(arrays):
         if array.dtype.kind == "f":
-            rt.record_item(entry, key, i, size, _host_tensor(array), key, writer)
+            rt.record_item(entry, key, i, size, _host_tensor(array), key, token)
 
 
 def _own_parameter_values(cell) -> dict:
@@ -535,11 +535,11 @@ class GraphDump:
         self.wait()
         rt, sink = self.service.runtime, self.sink
         if sink is not rt:
-            if sink.writer is not None and not sink.writer.closed and sink.step != rt.step:
+            if sink.step_token is not None and sink.step != rt.step:
                 sink.end_step()
             sink.init_step, sink.loop, sink.rank_override = rt.init_step, rt.loop, rt.rank_override
             sink.open_step()
-            sink.running = True  # parameter-gradient hooks of jit children check it
+            sink.begin_capture()  # parameter-gradient hooks of jit children check it
         if self._handle is None:
             models = self.service.models
             self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
@@ -553,12 +553,11 @@ class GraphDump:
         """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
         probes ran in this step although others did (the graph ran). Call before the files are
         written."""
-        capture, writer = getattr(self, "_capture", None), self.sink.writer
-        if capture is None or writer is None or writer.closed or capture._writer is not writer \
-                or not capture.entered:
+        capture, token = getattr(self, "_capture", None), self.sink.step_token
+        if capture is None or token is None or capture.step_token != token or not capture.entered:
             return
         missing = [prefix for prefix, _ in self._cells if prefix not in capture.entered]
-        writer.add_note("not_recorded_in_graph", [
+        self.sink.add_note("not_recorded_in_graph", [
             {"cell": prefix, "note": "no probe of this Cell ran in the compiled graph in this step: it "
                                      "was not called (a container such as CellList, a branch not "
                                      "taken) or the compiler removed it; a compiled Cell's data exist "
@@ -567,7 +566,7 @@ class GraphDump:
 
     def write_files(self) -> None:
         if self.sink is not self.service.runtime:
-            self.sink.running = False
+            self.sink.end_capture()
             self.sink.write_files()
 
     def end_step(self) -> None:

@@ -43,6 +43,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from msprobe.engine import layout
 from msprobe.engine.handles import Handle
 from msprobe.format.naming import MAX_FILE_NAME_BYTES
 
@@ -229,23 +230,6 @@ def _stat_items(summary_mode) -> Tuple[str, ...]:
     return tuple(items) or _DEFAULT_ITEMS
 
 
-# ------------------------------------------------------------------------------------ rank
-
-def _current_rank() -> int:
-    """The process's rank: MindSpore's when communication is initialised, else RANK_ID, else 0."""
-    try:
-        from mindspore.communication import GlobalComm, get_rank
-        if GlobalComm.INITED:
-            return int(get_rank())
-    except Exception:  # noqa: BLE001 - any failure means "not distributed"
-        pass
-    for var in ("RANK_ID", "RANK"):
-        value = os.environ.get(var)
-        if value is not None and value.strip().isdigit():
-            return int(value)
-    return 0
-
-
 def _synchronize() -> None:
     """Wait for launched kernels (and so their dump files): PyNative runs jit graphs async."""
     ms = sys.modules.get("mindspore")
@@ -326,7 +310,7 @@ class KernelDump:
         The handle restores the previous value of the variable; MindSpore itself keeps dumping if
         it already compiled a graph with the variable set (it parses the config only once).
         """
-        rank = _current_rank()
+        rank = layout.launch_rank()  # configured before the first graph compiles, often before init()
         self.enabled = not self.rank or rank in self.rank
         if not self.enabled:
             logger.info("L2 kernel dump: rank %d not in rank %s; nothing dumped", rank, list(self.rank))

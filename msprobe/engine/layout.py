@@ -1,0 +1,125 @@
+"""Step directories: where a step's files go, and what happens to what an earlier run left there.
+
+* A step of rank ``R`` is written to ``{dump_path}/step{N}/rank{R}``. The rank is
+  :func:`current_rank`: MindSpore's communication rank once ``mindspore.communication.init()`` has
+  run, else unknown, and the step is written to ``{dump_path}/step{N}/proc{pid}`` until it is known
+  (the runtime renames it to ``rank{R}`` then: records made before ``init()`` exist).
+* A directory an earlier run left is never overwritten: :func:`move_aside` renames it to
+  ``{directory}.previous-{YYYYmmdd-HHMMSS}``; ``proc{pid}`` directories of processes that no longer
+  run are earlier runs too (:func:`clear_for`).
+
+The functions here hold no state: the :class:`msprobe.engine.runtime.Runtime` keeps the rank of the
+open step and the ``start(rank_id=...)`` override.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+
+logger = logging.getLogger("msprobe")
+
+_PROC_DIR = re.compile(r"^proc(\d+)$")
+
+
+def current_rank() -> int | None:
+    """MindSpore's communication rank (``mindspore.communication.get_rank()``) when communication is
+    initialised (``GlobalComm.INITED``), else ``None`` (a single process, or ``init()`` not called
+    yet). The one rank lookup of the package."""
+    try:
+        from mindspore.communication import GlobalComm, get_rank
+
+        if GlobalComm.INITED:
+            return int(get_rank())
+    except Exception:  # communication unavailable: a single process
+        pass
+    return None
+
+
+def launch_rank() -> int:
+    """The rank for a decision that cannot wait for ``init()`` (level L2: MindSpore's native dump
+    is configured before the first graph compiles, often before ``init()``): :func:`current_rank`
+    when known, else the launcher's ``RANK_ID`` (or ``RANK``) environment variable — msrun sets it,
+    and ``init()`` gives the process that rank —, else 0."""
+    rank = current_rank()
+    if rank is not None:
+        return rank
+    for var in ("RANK_ID", "RANK"):
+        value = os.environ.get(var)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def rank_dir_name(rank: int | None) -> str:
+    """``rank{R}``, or ``proc{pid}`` (this process) while the rank is unknown (``None``)."""
+    return f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
+
+
+def step_directory(dump_path: str, step: int, rank: int | None) -> str:
+    """``{dump_path}/step{step}/`` + :func:`rank_dir_name`."""
+    return os.path.join(dump_path, f"step{step}", rank_dir_name(rank))
+
+
+def clear_for(directory: str, rank: int | None) -> None:
+    """Make room for a step directory this run is about to write (or rename a step to): an earlier
+    run's ``directory`` is moved aside (:func:`move_aside`); while the rank is unknown, so are the
+    ``proc{pid}`` siblings of processes that no longer run (each run has a new pid, so their names
+    never collide: they are earlier runs of a process without a rank, moved aside so readers do not
+    mix runs). A ``proc{pid}`` of a process that runs (another process, or a reused pid) is left.
+
+    Raises:
+        OSError: a rename failed.
+    """
+    move_aside(directory)
+    if rank is None:
+        _move_aside_dead_procs(os.path.dirname(directory), directory)
+
+
+def _move_aside_dead_procs(step_dir: str, writes: str) -> None:
+    try:
+        names = os.listdir(step_dir)
+    except OSError:
+        return
+    for name in names:
+        m = _PROC_DIR.match(name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            move_aside(os.path.join(step_dir, name), writes)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def move_aside(directory: str, writes: str | None = None) -> str | None:
+    """Never overwrite silently: a non-empty ``directory`` left by an earlier run is renamed to
+    ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (``-{k}`` appended when that exists too), with a
+    WARNING naming both paths and ``writes``, the directory this run writes (default ``directory``
+    itself), so readers (``iter_step_dirs``, compare tools) find the newest run.
+
+    Returns:
+        The new name, ``None`` when there was nothing to move.
+
+    Raises:
+        OSError: the rename failed.
+    """
+    try:
+        if not os.listdir(directory):
+            return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = f"{directory}.previous-{stamp}", 1
+    while os.path.exists(target):
+        target, n = f"{directory}.previous-{stamp}-{n}", n + 1
+    os.rename(directory, target)
+    logger.warning("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
+                   "run writes %s", directory, target, writes or directory)
+    return target
