@@ -148,6 +148,13 @@ class Runtime:
         self.snapshot = _snapshot
         #: the writer of the open step; capture code never uses it (it holds :attr:`step_token`)
         self.writer: StepWriter | None = None
+        #: sub-directory of ``dump_path`` holding the step directories: ``"pynative"`` when the Cells
+        #: compiled inside ``mindspore.jit`` Cells are written to a ``graph`` tree beside it (seed:
+        #: the ``graph`` and ``pynative`` directories), else ``""``; decided before the first step
+        self.tree_root = ""
+        #: writers of the open step in the other trees of ``dump_path``, by tree name (:meth:`tree`)
+        self.trees: dict = {}
+        self._tree_stacks: dict = {}  # tree name -> stack ids written into its stack.json this step
         self._token = 0  # :attr:`step_token` of the newest opened step (one more per opened step)
         self._tls = threading.local()
         self._lock = threading.RLock()
@@ -434,9 +441,44 @@ class Runtime:
             return self.rank_override
         return layout.current_rank()
 
-    def step_directory(self) -> str:
-        """Directory of the current step and rank (:func:`layout.step_directory`)."""
-        return layout.step_directory(self.config.dump_path, self.step, self.rank)
+    def step_directory(self, tree: str | None = None) -> str:
+        """Directory of the current step and rank (:func:`layout.step_directory`) in the main tree,
+        or in the tree ``tree`` of ``dump_path``."""
+        return layout.step_directory(os.path.join(self.config.dump_path, tree or self.tree_root),
+                                     self.step, self.rank)
+
+    @contextlib.contextmanager
+    def tree(self, name: str):
+        """``with runtime.tree("graph"):`` — records made inside, on this thread, go to the open
+        step's directory in the tree ``{dump_path}/{name}/`` (same step, rank and counters; opened at
+        the first use in a step, closed with the step). Yields False (and records nothing there)
+        when no step is open. Used from the thread that starts and ends steps, while no other thread
+        records: what is pending is flushed on entry and on exit, so no batch mixes two trees."""
+        main = self.writer
+        if main is None or main.closed or self.failed or self.forked():
+            yield False
+            return
+        self.flush_quietly()
+        writer = self.trees.get(name)
+        if writer is None:
+            directory = self.step_directory(name)
+            try:
+                layout.clear_for(directory, self.rank)
+                writer = self.trees[name] = self._new_writer(directory)
+            except OSError as exc:
+                self.disk_failure(exc, directory)
+                yield False
+                return
+        emitted, self._emitted_stacks = self._emitted_stacks, self._tree_stacks.setdefault(name, set())
+        self.writer = writer
+        try:
+            yield True
+        finally:
+            try:
+                self.flush_quietly()
+            finally:
+                self._emitted_stacks = emitted
+                self.writer = main
 
     def open_step(self):
         """Create (once per step) the writer of the current step and rank.
@@ -449,30 +491,34 @@ class Runtime:
             return None
         if self.writer is None or self.writer.closed:
             self.rank = self.resolve_rank()
-            header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
-            debug = self.config.level == "debug"
             directory = self.step_directory()
             self._token += 1  # before the new writer exists: records of older tokens never reach it
             try:
                 layout.clear_for(directory, self.rank)
-                def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
-                    return StepWriter(path, header, tensor_data=tensor_data,
-                                      extra_info=self.config.extra_info and not debug,
-                                      data_file="debug.json" if debug else "dump.json",
-                                      empty_reason=self._empty_reason)
-
-                if self.watch is not None:  # memory only until an anomaly (core/watch.py)
-                    self.writer = WatchWriter(self.watch, self.step, directory, self.rank,
-                                              lambda path: make_writer(path, self.config.watch.save_tensors),
-                                              on_raise=self._watch_raise, level=self.config.level)
-                else:
-                    self.writer = make_writer(directory)
+                self.writer = self._new_writer(directory)
             except OSError as exc:
                 self.disk_failure(exc, directory)
                 return None
             self._emitted_stacks = set()
             self.snapshot = _host_snapshot if stats.synchronous_cpu() else _snapshot
         return self.step_token
+
+    def _new_writer(self, directory: str):
+        """The writer of one step directory (memory only until an anomaly in watch mode)."""
+        header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
+        debug = self.config.level == "debug"
+
+        def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
+            return StepWriter(path, header, tensor_data=tensor_data,
+                              extra_info=self.config.extra_info and not debug,
+                              data_file="debug.json" if debug else "dump.json",
+                              empty_reason=self._empty_reason)
+
+        if self.watch is not None:  # memory only until an anomaly (core/watch.py)
+            return WatchWriter(self.watch, self.step, directory, self.rank,
+                               lambda path: make_writer(path, self.config.watch.save_tensors),
+                               on_raise=self._watch_raise, level=self.config.level)
+        return make_writer(directory)
 
     def refresh_rank(self) -> None:
         """Late rank discovery: ``init()`` ran after ``start()`` opened this step as ``proc{pid}``.
@@ -493,6 +539,9 @@ class Runtime:
         try:
             layout.clear_for(target, rank)
             self.writer.relocate(target)
+            for name, writer in self.trees.items():
+                layout.clear_for(self.step_directory(name), rank)
+                writer.relocate(self.step_directory(name))
         except OSError as exc:
             self.disk_failure(exc)
             return
@@ -516,8 +565,9 @@ class Runtime:
                    "of this run; training goes on. What was written so far stays readable with "
                    "msprobe.dump.load (the unfinished step loads with complete=False)")
         logger.error("msprobe: %s", message)
-        if writer is not None:
-            writer.abandon(message)
+        for other in [writer] + [w for w in self.trees.values() if w is not writer]:
+            if other is not None:
+                other.abandon(message)
 
     # ------------------------------------------------------------------ recording
     def _saves(self, entry: str) -> bool:
@@ -769,11 +819,12 @@ class Runtime:
             return
         self.refresh_rank()
         self.flush_quietly()
-        if self.writer is not None and not self.writer.closed:
-            try:
-                self.writer.write_files()
-            except OSError as exc:
-                self.disk_failure(exc)
+        for writer in [self.writer] + list(self.trees.values()):
+            if writer is not None and not writer.closed:
+                try:
+                    writer.write_files()
+                except OSError as exc:
+                    self.disk_failure(exc)
 
     def _empty_reason(self) -> str:
         """Why a step's ``dump.json`` has no data (asked by the writer only when it has none).
@@ -870,8 +921,10 @@ class Runtime:
         if self.forked():
             return
         self.flush_quietly()
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except OSError as exc:
-                self.disk_failure(exc)
+        writers, self.trees, self._tree_stacks = [self.writer] + list(self.trees.values()), {}, {}
+        for writer in writers:
+            if writer is not None:
+                try:
+                    writer.close()
+                except OSError as exc:
+                    self.disk_failure(exc)
