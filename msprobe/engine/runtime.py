@@ -155,6 +155,7 @@ class Runtime:
         #: writers of the open step in the other trees of ``dump_path``, by tree name (:meth:`tree`)
         self.trees: dict = {}
         self._tree_stacks: dict = {}  # tree name -> stack ids written into its stack.json this step
+        self._bulk = 0  # > 0 inside bulk(): no batch-size, age or deadline flushes
         self._token = 0  # :attr:`step_token` of the newest opened step (one more per opened step)
         self._tls = threading.local()
         self._lock = threading.RLock()
@@ -648,13 +649,14 @@ class Runtime:
         line["v"] = [described] if as_list else described
         self._queue(line, describer.slots, writer)
 
-    def record_stack(self, entry: str, token=None) -> None:
-        """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""
+    def record_stack(self, entry: str, token=None, compiled: bool = False) -> None:
+        """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on;
+        ``compiled``: the call ran inside a compiled graph, it has no Python stack (no frames)."""
         if not self.config.extra_info or self.failed:
             return
         writer = self._writer_of(token)
         with self._lock:  # stack ids and "emitted" marks are shared by all threads
-            sid = self.stacks.current()
+            sid = self.stacks.empty() if compiled else self.stacks.current()
             lines = []
             if sid not in self._emitted_stacks:
                 self._emitted_stacks.add(sid)
@@ -671,6 +673,20 @@ class Runtime:
             self._pending.append((self._writer_of(token), {"c": name, "p": parent}))
             self._started_pending()
 
+    @contextlib.contextmanager
+    def bulk(self):
+        """``with runtime.bulk():`` — many records made at once on this thread (what the probes of a
+        compiled graph reported, once it has run): the batch is read once, on exit, instead of by
+        the size and age rules and the deadline thread (nothing is gained by reading part of it
+        earlier)."""
+        self._bulk += 1
+        try:
+            yield
+        finally:
+            self._bulk -= 1
+            if not self._bulk:
+                self.flush_quietly()
+
     def _queue(self, line: dict, slots: list, writer) -> None:
         with self._lock:
             self._pending.append((writer, line))
@@ -679,7 +695,7 @@ class Runtime:
                 self._pending_slots.extend(slots)
                 self._pending_bytes += sum(s.nbytes() for s in slots)
             # async_dump: nothing is read during the step except before an in-place op (guard)
-            full = not self.config.async_dump and (
+            full = not self.config.async_dump and not self._bulk and (
                     len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
                     or now - self._oldest >= FLUSH_SECONDS)
         if full:
@@ -691,7 +707,7 @@ class Runtime:
         now = time.monotonic()
         if self._oldest is None:
             self._oldest = now
-            if not self.config.async_dump and not self.forked():
+            if not self.config.async_dump and not self._bulk and not self.forked():
                 self._deadline_timer().wake()
         return now
 

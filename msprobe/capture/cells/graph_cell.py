@@ -243,6 +243,7 @@ class GraphCellCapture:
         with contextlib.ExitStack() as scope:
             if self.tree is not None and not scope.enter_context(rt.tree(self.tree)):
                 return
+            scope.enter_context(rt.bulk())
             scope.enter_context(rt.tool_code())
             for kind, *args in reports:
                 handlers[kind](*args)
@@ -254,7 +255,7 @@ class GraphCellCapture:
         fwd = naming.cell_entry(prefix, naming.FORWARD, k)
         parent = self.stack[-1] if self.stack else None
         rt.record_parent(fwd, parent)
-        rt.record_stack(fwd)
+        rt.record_stack(fwd, compiled=True)  # probes run on MindSpore's executor thread
         selected = rt.selector.selects(fwd)
         rt.selector.enter_cell(fwd)
         if selected and self.fwd_in:
