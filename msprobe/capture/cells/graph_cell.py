@@ -604,6 +604,8 @@ class GraphDump:
         first = self._handle is None
         if not first:
             stats.pynative_executor().sync()
+            if self._capture.step == self.rt.step:  # start() again in the same step: keep what came
+                self._capture.drain()               # since stop() (gradients of its sections)
         if self.tree is not None:
             with self.rt.tree(self.tree):
                 pass
