@@ -148,6 +148,14 @@ class Runtime:
         self.snapshot = _snapshot
         #: the writer of the open step; capture code never uses it (it holds :attr:`step_token`)
         self.writer: StepWriter | None = None
+        #: sub-directory of ``dump_path`` holding the step directories: ``"pynative"`` when the Cells
+        #: compiled inside ``mindspore.jit`` Cells are written to a ``graph`` tree beside it (seed:
+        #: the ``graph`` and ``pynative`` directories), else ``""``; decided before the first step
+        self.tree_root = ""
+        #: writers of the open step in the other trees of ``dump_path``, by tree name (:meth:`tree`)
+        self.trees: dict = {}
+        self._tree_stacks: dict = {}  # tree name -> stack ids written into its stack.json this step
+        self._bulk = 0  # > 0 inside bulk(): no batch-size, age or deadline flushes
         self._token = 0  # :attr:`step_token` of the newest opened step (one more per opened step)
         self._tls = threading.local()
         self._lock = threading.RLock()
@@ -434,9 +442,44 @@ class Runtime:
             return self.rank_override
         return layout.current_rank()
 
-    def step_directory(self) -> str:
-        """Directory of the current step and rank (:func:`layout.step_directory`)."""
-        return layout.step_directory(self.config.dump_path, self.step, self.rank)
+    def step_directory(self, tree: str | None = None) -> str:
+        """Directory of the current step and rank (:func:`layout.step_directory`) in the main tree,
+        or in the tree ``tree`` of ``dump_path``."""
+        return layout.step_directory(os.path.join(self.config.dump_path, tree or self.tree_root),
+                                     self.step, self.rank)
+
+    @contextlib.contextmanager
+    def tree(self, name: str):
+        """``with runtime.tree("graph"):`` — records made inside, on this thread, go to the open
+        step's directory in the tree ``{dump_path}/{name}/`` (same step, rank and counters; opened at
+        the first use in a step, closed with the step). Yields False (and records nothing there)
+        when no step is open. Used from the thread that starts and ends steps, while no other thread
+        records: what is pending is flushed on entry and on exit, so no batch mixes two trees."""
+        main = self.writer
+        if main is None or main.closed or self.failed or self.forked():
+            yield False
+            return
+        self.flush_quietly()
+        writer = self.trees.get(name)
+        if writer is None:
+            directory = self.step_directory(name)
+            try:
+                layout.clear_for(directory, self.rank)
+                writer = self.trees[name] = self._new_writer(directory)
+            except OSError as exc:
+                self.disk_failure(exc, directory)
+                yield False
+                return
+        emitted, self._emitted_stacks = self._emitted_stacks, self._tree_stacks.setdefault(name, set())
+        self.writer = writer
+        try:
+            yield True
+        finally:
+            try:
+                self.flush_quietly()
+            finally:
+                self._emitted_stacks = emitted
+                self.writer = main
 
     def open_step(self):
         """Create (once per step) the writer of the current step and rank.
@@ -449,30 +492,34 @@ class Runtime:
             return None
         if self.writer is None or self.writer.closed:
             self.rank = self.resolve_rank()
-            header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
-            debug = self.config.level == "debug"
             directory = self.step_directory()
             self._token += 1  # before the new writer exists: records of older tokens never reach it
             try:
                 layout.clear_for(directory, self.rank)
-                def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
-                    return StepWriter(path, header, tensor_data=tensor_data,
-                                      extra_info=self.config.extra_info and not debug,
-                                      data_file="debug.json" if debug else "dump.json",
-                                      empty_reason=self._empty_reason)
-
-                if self.watch is not None:  # memory only until an anomaly (core/watch.py)
-                    self.writer = WatchWriter(self.watch, self.step, directory, self.rank,
-                                              lambda path: make_writer(path, self.config.watch.save_tensors),
-                                              on_raise=self._watch_raise, level=self.config.level)
-                else:
-                    self.writer = make_writer(directory)
+                self.writer = self._new_writer(directory)
             except OSError as exc:
                 self.disk_failure(exc, directory)
                 return None
             self._emitted_stacks = set()
             self.snapshot = _host_snapshot if stats.synchronous_cpu() else _snapshot
         return self.step_token
+
+    def _new_writer(self, directory: str):
+        """The writer of one step directory (memory only until an anomaly in watch mode)."""
+        header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
+        debug = self.config.level == "debug"
+
+        def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
+            return StepWriter(path, header, tensor_data=tensor_data,
+                              extra_info=self.config.extra_info and not debug,
+                              data_file="debug.json" if debug else "dump.json",
+                              empty_reason=self._empty_reason)
+
+        if self.watch is not None:  # memory only until an anomaly (core/watch.py)
+            return WatchWriter(self.watch, self.step, directory, self.rank,
+                               lambda path: make_writer(path, self.config.watch.save_tensors),
+                               on_raise=self._watch_raise, level=self.config.level)
+        return make_writer(directory)
 
     def refresh_rank(self) -> None:
         """Late rank discovery: ``init()`` ran after ``start()`` opened this step as ``proc{pid}``.
@@ -493,6 +540,9 @@ class Runtime:
         try:
             layout.clear_for(target, rank)
             self.writer.relocate(target)
+            for name, writer in self.trees.items():
+                layout.clear_for(self.step_directory(name), rank)
+                writer.relocate(self.step_directory(name))
         except OSError as exc:
             self.disk_failure(exc)
             return
@@ -516,8 +566,9 @@ class Runtime:
                    "of this run; training goes on. What was written so far stays readable with "
                    "msprobe.dump.load (the unfinished step loads with complete=False)")
         logger.error("msprobe: %s", message)
-        if writer is not None:
-            writer.abandon(message)
+        for other in [writer] + [w for w in self.trees.values() if w is not writer]:
+            if other is not None:
+                other.abandon(message)
 
     # ------------------------------------------------------------------ recording
     def _saves(self, entry: str) -> bool:
@@ -598,13 +649,14 @@ class Runtime:
         line["v"] = [described] if as_list else described
         self._queue(line, describer.slots, writer)
 
-    def record_stack(self, entry: str, token=None) -> None:
-        """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""
+    def record_stack(self, entry: str, token=None, compiled: bool = False) -> None:
+        """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on;
+        ``compiled``: the call ran inside a compiled graph, it has no Python stack (no frames)."""
         if not self.config.extra_info or self.failed:
             return
         writer = self._writer_of(token)
         with self._lock:  # stack ids and "emitted" marks are shared by all threads
-            sid = self.stacks.current()
+            sid = self.stacks.empty() if compiled else self.stacks.current()
             lines = []
             if sid not in self._emitted_stacks:
                 self._emitted_stacks.add(sid)
@@ -621,6 +673,20 @@ class Runtime:
             self._pending.append((self._writer_of(token), {"c": name, "p": parent}))
             self._started_pending()
 
+    @contextlib.contextmanager
+    def bulk(self):
+        """``with runtime.bulk():`` — many records made at once on this thread (what the probes of a
+        compiled graph reported, once it has run): the batch is read once, on exit, instead of by
+        the size and age rules and the deadline thread (nothing is gained by reading part of it
+        earlier)."""
+        self._bulk += 1
+        try:
+            yield
+        finally:
+            self._bulk -= 1
+            if not self._bulk:
+                self.flush_quietly()
+
     def _queue(self, line: dict, slots: list, writer) -> None:
         with self._lock:
             self._pending.append((writer, line))
@@ -629,7 +695,7 @@ class Runtime:
                 self._pending_slots.extend(slots)
                 self._pending_bytes += sum(s.nbytes() for s in slots)
             # async_dump: nothing is read during the step except before an in-place op (guard)
-            full = not self.config.async_dump and (
+            full = not self.config.async_dump and not self._bulk and (
                     len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
                     or now - self._oldest >= FLUSH_SECONDS)
         if full:
@@ -641,7 +707,7 @@ class Runtime:
         now = time.monotonic()
         if self._oldest is None:
             self._oldest = now
-            if not self.config.async_dump and not self.forked():
+            if not self.config.async_dump and not self._bulk and not self.forked():
                 self._deadline_timer().wake()
         return now
 
@@ -769,11 +835,12 @@ class Runtime:
             return
         self.refresh_rank()
         self.flush_quietly()
-        if self.writer is not None and not self.writer.closed:
-            try:
-                self.writer.write_files()
-            except OSError as exc:
-                self.disk_failure(exc)
+        for writer in [self.writer] + list(self.trees.values()):
+            if writer is not None and not writer.closed:
+                try:
+                    writer.write_files()
+                except OSError as exc:
+                    self.disk_failure(exc)
 
     def _empty_reason(self) -> str:
         """Why a step's ``dump.json`` has no data (asked by the writer only when it has none).
@@ -870,8 +937,10 @@ class Runtime:
         if self.forked():
             return
         self.flush_quietly()
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except OSError as exc:
-                self.disk_failure(exc)
+        writers, self.trees, self._tree_stacks = [self.writer] + list(self.trees.values()), {}, {}
+        for writer in writers:
+            if writer is not None:
+                try:
+                    writer.close()
+                except OSError as exc:
+                    self.disk_failure(exc)

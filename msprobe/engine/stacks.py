@@ -52,6 +52,14 @@ class StackTable:
             self._ids[key] = sid
         return sid
 
+    def empty(self) -> int:
+        """Id of the stack without frames (a call made inside a compiled graph has no Python stack)."""
+        sid = self._by_render.get(())
+        if sid is None:
+            sid = self._by_render[()] = len(self.rendered)
+            self.rendered.append([])
+        return sid
+
     def _render(self, key: tuple) -> list[str]:
         lines = []
         for i in range(0, len(key), 2):

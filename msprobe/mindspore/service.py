@@ -156,7 +156,7 @@ class DumpService:
             return False
         if self._graph is None and cfg.level in _CELL_LEVELS:
             self._process_state.keep_env("MS_JIT_MODULES")  # graph_cell may extend it
-            self._graph = graph_cell.attach(self)  # before open_step: may set the pynative/ subtree
+            self._graph = graph_cell.attach(rt, self.models)  # before open_step: may set the pynative/ tree
         rt.refresh_rank()  # init() may have run since this step was opened as proc{pid}
         rank = rt.resolve_rank()
         if not cfg.dumps_rank(rank):
@@ -196,7 +196,7 @@ class DumpService:
             if not (self._graph and self._graph.graph_mode):  # Python hooks do not run in a graph
                 self._installed.add(self._cells.install(self.models))
             if self._graph:
-                self._graph.begin_step()
+                self._graph.begin_step(self.models)
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
         if self._guard is None:  # the wrapped set is the same at every start (one level per service)
@@ -335,8 +335,6 @@ class DumpService:
             if self._graph:
                 self._graph.note_unrecorded()
             rt.write_files()
-            if self._graph:
-                self._graph.write_files()
 
     def set_init_step(self, step: int) -> None:
         """Number the current step ``step`` (``set_init_step``/``MsprobeInitStep``).
@@ -372,9 +370,9 @@ class DumpService:
             self.note_abnormal(f"step() called without stop(){': ' + repr(exc) if exc else ''} "
                                "(an exception in the step?); records up to that point are kept")
         self._stop()
-        rt.end_step()
-        if self._graph:
+        if self._graph:  # gradients the graph probes reported since stop()
             self._graph.end_step()
+        rt.end_step()
         if directory is not None:  # size estimate after the first dumped step
             rt.budget.estimate_after_step(directory, step, len(self.config.step))
         if self.config.last_step is not None and rt.step > self.config.last_step:

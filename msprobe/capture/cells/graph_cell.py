@@ -26,7 +26,11 @@ and the MindSpore dtype name, as in PyNative.
 
 Forward probes are ``side_effect_io`` ops, kept in program order even where their result is unused;
 each gradient probe runs after its forward probe (``ops.depend`` in the bprop). A graph call
-returns before the graph runs, so :meth:`GraphDump.wait` (called by ``start``/``stop``) waits for it.
+returns before the graph runs, so :meth:`GraphDump.wait` (called by ``start``/``stop``/``step``)
+waits for it. A probe runs on MindSpore's executor thread while the graph waits for it, so it only
+copies its arrays and appends a report; :meth:`GraphCellCapture.drain`, in :meth:`GraphDump.wait`,
+turns the reports into records on the thread that drives the dump (no flush, lock or file write
+inside a graph).
 
 Call numbering: probes run in execution order; the input probe of a call takes the next forward
 number of its Cell and opens the call (a call without Tensor positional inputs shows the probe a
@@ -51,6 +55,7 @@ dump is off they only pass values through, ~30 µs each).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import logging
@@ -66,13 +71,17 @@ from msprobe.capture.cells import graph_probes
 from msprobe.capture.cells.cell import is_jit_cell
 from msprobe.format import naming
 from msprobe.engine.handles import Handle
+from msprobe.tensors import stats
 
 logger = logging.getLogger("msprobe")
 
 
 def _host_tensor(array: np.ndarray) -> Tensor:
-    """A host ``mindspore.Tensor`` holding a copy of a probe's array (the buffer is reused)."""
-    return Tensor(np.array(array, copy=True))
+    """A host ``mindspore.Tensor`` holding a copy of a probe's array (the buffer is reused).
+
+    ``Tensor.from_numpy`` wraps the copy without copying it again (~1 µs; ``Tensor(array)`` checks
+    and copies, ~100 µs for a 150 KB array)."""
+    return Tensor.from_numpy(np.array(array, copy=True, order="C"))
 
 
 def _same_shape(*shapes):
@@ -126,27 +135,42 @@ def graph_cells(models, inside=None):
             yield naming.cell_prefix(name, type(cell).__name__, index), cell
 
 
+#: kinds of probe reports (:attr:`GraphCellCapture._reports`)
+_ENTER, _EXIT, _OUTPUT_GRADS, _PARAM_GRADS = range(4)
+
+
 class GraphCellCapture:
-    """Installs the probes and turns their calls into records.
+    """Installs the probes and turns their reports into records.
+
+    A probe runs on MindSpore's executor thread while the graph waits for it, so it only copies its
+    arrays (the buffers are reused) and appends a report; :meth:`drain`, called on the thread that
+    starts and stops the dump once the graphs launched so far have run, turns the reports into
+    records, in the order the probes ran. A flush never runs inside a probe (it could wait for the
+    graph that waits for the probe).
 
     Args:
-        gate: runtime whose ``running`` flag says whether forward data is recorded now.
-        sink: runtime that receives the records (``gate`` itself, or the ``graph/`` tree's runtime).
+        rt: the :class:`msprobe.engine.runtime.Runtime` receiving the records; its ``running`` flag
+            says whether forward data is reported now.
+        tree: the tree of ``dump_path`` the records go to (``"graph"``), or ``None``: the main one.
     """
 
-    def __init__(self, gate, sink):
-        self.gate = gate
-        self.rt = sink
-        self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = sink.data_flags()
+    def __init__(self, rt, tree: str | None = None):
+        self.rt = rt
+        self.tree = tree
+        self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = rt.data_flags()
         self.param_grads = self.bwd_in or self.bwd_out
-        self._lock = threading.RLock()
-        self.step_token = None  # the runtime's step token of the step whose calls are tracked
+        self._reports: list = []  # (kind, ...) appended by the probes, taken by drain()
+        self._reports_lock = threading.Lock()
+        #: True from begin_step() to end_step(): gradient probes report (also after stop())
+        self.collecting = False
+        self.step = None  # the step number whose calls are tracked (None: none since end_step())
         self.param_values: dict = {}  # id(cell) -> {name: host Tensor}, taken at begin of step
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
         self._reset()
 
-    def snapshot_parameters(self, cells) -> None:
-        """Copy the Cells' own parameters to host (main thread, before the step runs).
+    def snapshot_parameters(self, cells, synced: bool) -> None:
+        """Copy the Cells' own parameters to host (main thread, before the step runs); ``synced``:
+        every operation launched so far has run, so their memory is read directly.
 
         A probe cannot read a Parameter while its graph runs (``asnumpy()`` there waits for the
         graph: deadlock), so forward ``parameters`` are the values at ``start()``: the values the
@@ -154,7 +178,7 @@ class GraphCellCapture:
         """
         if not self.fwd_out:
             return
-        self.param_values = {id(cell): _own_parameter_values(cell) for _, cell in cells}
+        self.param_values = {id(cell): _own_parameter_values(cell, synced) for _, cell in cells}
 
     def _reset(self) -> None:
         self.stack: list = []  # open forward calls, outermost first (construct.json parents)
@@ -162,90 +186,129 @@ class GraphCellCapture:
         self.done = defaultdict(list)  # prefix -> finished forward calls awaiting their backward
         self.entered: set = set()  # prefixes whose input probe ran in this step
 
-    def _recording(self) -> bool:
-        rt = self.rt
-        if not self.gate.running or rt.failed or rt.forked() or rt.step_token is None:
-            return False
-        if self.step_token != rt.step_token:  # a new step: calls of the previous one are forgotten
-            self.step_token = rt.step_token
+    def begin_step(self, step: int) -> None:
+        """A dumped section of step ``step`` starts (``start()``): reports of graphs run before it
+        are dropped; calls of an earlier step are forgotten."""
+        self.take_reports()
+        if self.step != step:
+            self.step = step
             self._reset()
-        return True
+        self.collecting = True
+
+    def end_step(self) -> None:
+        """The step is over (``step()``): later reports are dropped until the next ``begin_step``."""
+        self.collecting = False
+        self.take_reports()
+        self.step = None
+        self.param_values = {}
+        self._reset()
 
     # ------------------------------------------------------------------ probe callbacks
-    def _enter(self, prefix: str, arrays) -> None:
-        with self._lock:
-            if not self._recording():
+    def _report(self, report: tuple) -> None:
+        with self._reports_lock:
+            self._reports.append(report)
+
+    def take_reports(self) -> list:
+        with self._reports_lock:
+            reports, self._reports = self._reports, []
+        return reports
+
+    def _on_input(self, prefix: str, arrays) -> None:
+        if self.collecting and self.rt.running:
+            self._report((_ENTER, prefix, _copies(arrays) if self.fwd_in else None))
+
+    def _on_output(self, prefix: str, cell, arrays) -> None:
+        if self.collecting and self.rt.running:
+            self._report((_EXIT, prefix, cell, _copies(arrays) if self.fwd_out else None))
+
+    def _on_output_grads(self, prefix: str, arrays) -> None:
+        if self.collecting:
+            self._report((_OUTPUT_GRADS, prefix, _copies(arrays) if self.bwd_in else None))
+
+    def _on_param_grads(self, owners: list, arrays) -> None:
+        if self.collecting and self.rt.running:
+            self._report((_PARAM_GRADS, owners, _copies(arrays)))
+
+    # ------------------------------------------------------------------ records
+    def drain(self) -> None:
+        """Turn the probes' reports so far into records (call once the graphs have run, on the
+        thread that starts and stops the dump)."""
+        reports = self.take_reports()
+        if not reports:
+            return
+        rt = self.rt
+        if rt.failed or rt.forked() or not rt.step_open:
+            return
+        handlers = (self._enter, self._exit, self._output_grads, self._param_grads)
+        with contextlib.ExitStack() as scope:
+            if self.tree is not None and not scope.enter_context(rt.tree(self.tree)):
                 return
-            rt = self.rt
-            self.entered.add(prefix)
-            with rt.tool_code():
-                k = rt.next_count(f"{prefix}.forward")
-                fwd = naming.cell_entry(prefix, naming.FORWARD, k)
-                parent = self.stack[-1] if self.stack else None
-                rt.record_parent(fwd, parent)
-                rt.record_stack(fwd)
-                selected = rt.selector.selects(fwd)
-                rt.selector.enter_cell(fwd)
-                if selected and self.fwd_in:
-                    rt.record(fwd, "input_args", [_host_tensor(a) for a in arrays], "input")
-                    rt.record(fwd, "input_kwargs", {}, "kwargs")
-                self.stack.append(fwd)
-                self.open[prefix].append((fwd, selected, parent))
+            scope.enter_context(rt.bulk())
+            scope.enter_context(rt.tool_code())
+            for kind, *args in reports:
+                handlers[kind](*args)
+
+    def _enter(self, prefix: str, arrays) -> None:
+        rt = self.rt
+        self.entered.add(prefix)
+        k = rt.next_count(f"{prefix}.forward")
+        fwd = naming.cell_entry(prefix, naming.FORWARD, k)
+        parent = self.stack[-1] if self.stack else None
+        rt.record_parent(fwd, parent)
+        rt.record_stack(fwd, compiled=True)  # probes run on MindSpore's executor thread
+        selected = rt.selector.selects(fwd)
+        rt.selector.enter_cell(fwd)
+        if selected and self.fwd_in:
+            rt.record(fwd, "input_args", [Tensor.from_numpy(a) for a in arrays], "input")
+            rt.record(fwd, "input_kwargs", {}, "kwargs")
+        self.stack.append(fwd)
+        self.open[prefix].append((fwd, selected, parent))
 
     def _exit(self, prefix: str, cell, arrays) -> None:
-        with self._lock:
-            if not self._recording():
-                return
-            frames = self.open[prefix]
-            if not frames:  # no call open: the forward MindSpore recomputes in the backward for
-                return      # Cell.recompute() re-runs the output probe (not the input probe): no call
-            fwd, selected, parent = frames.pop()
-            if self.stack and self.stack[-1] == fwd:
-                self.stack.pop()
-            rt = self.rt
-            rt.selector.exit_cell(fwd)
-            with rt.tool_code():
-                if selected and self.fwd_out:
-                    rt.record(fwd, "output", self._output_record(prefix, arrays), "output")
-                    rt.record(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
-                if self.bwd_in or self.bwd_out:
-                    bwd = fwd.replace(".forward.", ".backward.")
-                    if rt.selector.selects(bwd):
-                        rt.selector.note_backward(prefix)
-                        bparent = parent.replace(".forward.", ".backward.") if parent else None
-                        self.done[prefix].append((bwd, bparent, rt.step_token))
+        frames = self.open[prefix]
+        if not frames:  # no call open: the forward MindSpore recomputes in the backward for
+            return      # Cell.recompute() re-runs the output probe (not the input probe): no call
+        fwd, selected, parent = frames.pop()
+        if self.stack and self.stack[-1] == fwd:
+            self.stack.pop()
+        rt = self.rt
+        rt.selector.exit_cell(fwd)
+        if selected and self.fwd_out:
+            rt.record(fwd, "output", self._output_record(prefix, arrays), "output")
+            rt.record(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
+        if self.bwd_in or self.bwd_out:
+            bwd = naming.backward_of(fwd)
+            if rt.selector.selects(bwd):
+                rt.selector.note_backward(prefix)
+                self.done[prefix].append((bwd, naming.backward_of(parent) if parent else None))
 
     def _output_grads(self, prefix: str, arrays) -> None:
         """bprop of the output probe: gradients w.r.t. the Cell's outputs (backward ``input``)."""
-        with self._lock:
-            pending = self.done.get(prefix)
-            if not pending:
-                return
-            bwd, bparent, token = pending.pop()
-            rt = self.rt
-            if token != rt.step_token:
-                return
-            with rt.tool_code():
-                rt.record_parent(bwd, bparent)
-                if self.bwd_in:
-                    _record_grads(rt, bwd, "input", arrays, token)
+        pending = self.done.get(prefix)
+        if not pending:
+            return
+        bwd, bparent = pending.pop()
+        rt = self.rt
+        rt.record_parent(bwd, bparent)
+        if self.bwd_in:
+            # gradients of floating-point tensors only (as the PyNative probes: others give null)
+            rt.record(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" else None
+                                     for a in arrays], "input")
 
-    def _param_grads(self, owners: list, arrays) -> None:
-        """Gradients entering an optimizer: ``owners[i]`` = (prefix, short name, first-of-Cell) or None."""
-        with self._lock:
-            if not self._recording():
-                return
-            rt = self.rt
-            with rt.tool_code():
-                for owner, array in zip(owners, arrays):
-                    if owner is None:
-                        continue
-                    prefix, pname, first = owner
-                    key = f"{prefix}.parameters_grad"
-                    g = rt.next_count(key) if first else max(rt.counters[key] - 1, 0)
-                    entry = naming.param_grad_entry(prefix, g)
-                    if rt.selector.selects_param_grad(prefix, entry):
-                        rt.record_param_grad(entry, pname, _host_tensor(array))
+    def _param_grads(self, owners: list, grads) -> None:
+        """Gradients entering an optimizer (or reaching a Parameter's hook): ``owners[i]`` =
+        (prefix, short name, first-of-Cell) or None."""
+        rt = self.rt
+        for owner, grad in zip(owners, grads):
+            if owner is None:
+                continue
+            prefix, pname, first = owner
+            key = f"{prefix}.parameters_grad"
+            g = rt.next_count(key) if first else max(rt.counters[key] - 1, 0)
+            entry = naming.param_grad_entry(prefix, g)
+            if rt.selector.selects_param_grad(prefix, entry):
+                rt.record_param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray)
+                                     else grad)
 
     # ------------------------------------------------------------------ installation
     def install(self, cells, models, graph_mode: bool = True) -> Handle:
@@ -262,14 +325,7 @@ class GraphCellCapture:
                 logger.info("msprobe: %s defines bprop: only its forward data is recorded in a graph", prefix)
             undo.append(self._instrument(prefix, cell))
         if self.param_grads and not graph_mode:
-            from msprobe.capture.cells.cell import CellCapture
-            from msprobe.engine.handles import HandleSet
-
-            hooks = HandleSet()
-            capture = CellCapture(self.rt)
-            for prefix, cell in cells:
-                capture._hook_params(prefix, cell, hooks)
-            undo.append(hooks.remove)
+            self._hook_parameters(cells, undo)
         elif self.param_grads:
             self._instrument_optimizers(models, cells, undo)
 
@@ -279,13 +335,23 @@ class GraphCellCapture:
 
         return Handle(remove, "graph-mode Cell probes")
 
+    def _hook_parameters(self, cells, undo: list) -> None:
+        """PyNative (children of jit Cells): ``Parameter.register_hook`` on the Cells' own trainable
+        parameters reports each gradient (recorded at the next :meth:`drain`)."""
+        for param_id, (param, owner) in _parameter_owners(cells).items():
+            def hook(grad, owner=owner):
+                if self.collecting:
+                    self._report((_PARAM_GRADS, [owner], [grad]))
+            undo.append(param.register_hook(hook).remove)
+
     def _instrument(self, prefix: str, cell):
         arities = range(1, graph_probes.MAX_ARITY + 1)
-        probes_in = (_make_probe(lambda a, p=prefix: self._enter(p, ()), 1),) + tuple(
-            _make_probe(lambda a, p=prefix: self._enter(p, a), n) for n in arities)
+        probes_in = (_make_probe(lambda a, p=prefix: self._on_input(p, ()), 1),) + tuple(
+            _make_probe(lambda a, p=prefix: self._on_input(p, a), n) for n in arities)
+        grads = self.bwd_in or self.bwd_out
         probes_out = (None,) + tuple(
-            _make_probe(lambda a, p=prefix, c=cell: self._exit(p, c, a), n,
-                        (lambda a, p=prefix: self._output_grads(p, a)) if (self.bwd_in or self.bwd_out) else None)
+            _make_probe(lambda a, p=prefix, c=cell: self._on_output(p, c, a), n,
+                        (lambda a, p=prefix: self._on_output_grads(p, a)) if grads else None)
             for n in arities)
         return _set_construct(cell, graph_probes.make_construct(
             probes_in, probes_out, _too_many(prefix, "input"), _too_many(prefix, "output"),
@@ -304,7 +370,7 @@ class GraphCellCapture:
     def _output_record(self, prefix: str, arrays) -> list:
         """Forward ``output``: the tensors, or ``[{key: tensor}]`` where every compiled call of the
         Cell with that many output tensors returns a dict with the same keys (as PyNative records)."""
-        values = [_host_tensor(a) for a in arrays]
+        values = [Tensor.from_numpy(a) for a in arrays]
         kinds = self._output_kinds.get((prefix, len(values)), set())
         if len(kinds) == 1:
             (keys,) = kinds
@@ -330,19 +396,14 @@ class GraphCellCapture:
                 undo.append(restore)
 
     def _instrument_optimizer(self, optimizer, cells):
-        owners_by_id = {}
-        for prefix, cell in cells:
-            items = [(name.rsplit(".", 1)[-1], p) for name, p in cell.parameters_and_names(expand=False)
-                     if p.requires_grad]
-            for i, (pname, p) in enumerate(items):
-                owners_by_id[id(p)] = (prefix, pname, i == 0)
+        owners_by_id = _parameter_owners(cells)
         params = list(optimizer.parameters)
-        owners = [owners_by_id.get(id(p)) for p in params]
+        owners = [owners_by_id[id(p)][1] if id(p) in owners_by_id else None for p in params]
         if not any(owners):
             return None
         size = graph_probes.MAX_ARITY
         chunk_probes = tuple(
-            _make_probe(lambda a, o=owners[start:start + size]: self._param_grads(o, a),
+            _make_probe(lambda a, o=owners[start:start + size]: self._on_param_grads(o, a),
                         len(params[start:start + size]))
             for start in range(0, len(params), size))
         construct = graph_probes.make_grads_construct(chunk_probes, len(params),
@@ -416,20 +477,33 @@ def _set_construct(cell, construct):
     return restore
 
 
-def _record_grads(rt, entry: str, key: str, arrays, token) -> None:
-    """Gradients of floating-point tensors only (as the PyNative probes: others give null items)."""
-    size = len(arrays)
-    for i, array in enumerate(arrays):
-        if array.dtype.kind == "f":
-            rt.record_item(entry, key, i, size, _host_tensor(array), key, token)
+def _copies(arrays) -> list:
+    """C-contiguous copies of a probe's arrays (MindSpore reuses their buffers after the probe)."""
+    return [np.array(a, copy=True, order="C") for a in arrays]
 
 
-def _own_parameter_values(cell) -> dict:
-    """The Cell's own parameters, copied to host now."""
+def _parameter_owners(cells) -> dict:
+    """``id(Parameter) -> (Parameter, (prefix, short name, first of its Cell))`` for the Cells' own
+    trainable parameters (the first one of a Cell advances its ``parameters_grad`` count)."""
+    owners = {}
+    for prefix, cell in cells:
+        items = [(name.rsplit(".", 1)[-1], p) for name, p in cell.parameters_and_names(expand=False)
+                 if p.requires_grad]
+        for i, (pname, p) in enumerate(items):
+            owners[id(p)] = (p, (prefix, pname, i == 0))
+    return owners
+
+
+def _own_parameter_values(cell, synced: bool) -> dict:
+    """The Cell's own parameters, copied to host now; ``synced``: every operation launched so far
+    has run, so the memory holds the final values and is read directly
+    (:func:`msprobe.tensors.stats.host_copy`; ``asnumpy()`` costs ~0.2 ms per Parameter here)."""
     values = {}
     for name, p in cell.parameters_and_names(expand=False):
         try:
-            values[name.rsplit(".", 1)[-1]] = _host_tensor(p.asnumpy())
+            copy = stats.host_copy(p) if synced else None
+            values[name.rsplit(".", 1)[-1]] = Tensor.from_numpy(copy) if copy is not None \
+                else _host_tensor(p.asnumpy())
         except Exception:  # a parameter that cannot be read here is left out
             continue
     return values
@@ -485,112 +559,112 @@ def outermost_jit_cells(models) -> set:
 class GraphDump:
     """The graph part of an L0/mix dump, driven by :class:`msprobe.mindspore.service.DumpService`.
 
-    * GRAPH_MODE: every sub-Cell is probed; records go to the service's runtime, so the layout is the
-      PyNative one (``dump_path/step{N}/rank…``). The PyNative Cell hooks are not installed.
+    * GRAPH_MODE: every sub-Cell is probed; records go to the runtime's main tree, so the layout is
+      the PyNative one (``dump_path/step{N}/rank…``). The PyNative Cell hooks are not installed.
     * PyNative with ``mindspore.jit`` Cells: the descendants of each outermost jit Cell are probed and
-      recorded into a second runtime writing ``dump_path/graph/step{N}/rank…``; everything else
-      (including the jit Cell itself, recorded ONCE, as one unit) goes to
-      ``dump_path/pynative/step{N}/rank…`` (the seed's two subtrees).
+      recorded into the runtime's ``graph`` tree (``dump_path/graph/step{N}/rank…``); everything else
+      (including the jit Cell itself, recorded ONCE, as one unit) goes to the main tree, which is
+      ``dump_path/pynative/`` then (the seed's two subtrees, see :func:`attach`).
 
     The probes are installed at the first dumped ``start()`` and stay compiled in until the process
     ends (:meth:`close`); removing them would only force a recompilation.
+
+    Args:
+        rt: the service's :class:`msprobe.engine.runtime.Runtime` (the one owner of dump state).
+        graph_mode: True in GRAPH_MODE, False for children of jit Cells under PyNative.
+        jit_cells: ``(model index, path)`` of the outermost jit Cells (PyNative only).
     """
 
-    def __init__(self, service, graph_mode: bool, jit_cells: set):
-        from msprobe.engine.runtime import Runtime
-
-        self.service = service
+    def __init__(self, rt, graph_mode: bool, jit_cells: set):
+        self.rt = rt
         self.graph_mode = graph_mode
         self.jit_cells = jit_cells
-        rt = service.runtime
-        # Records made by probes are never flushed from inside the probe (it runs on MindSpore's
-        # executor thread while the graph waits; a flush there can block on the graph): the
-        # graph's records are flushed at stop()/step() (the runtime's async_dump behaviour).
-        if graph_mode:
-            self.sink = rt
-            rt.config = rt.config.model_copy(update={"async_dump": True})
-        else:
-            base = rt.config.dump_path
-            self.sink = Runtime(rt.config.model_copy(update={"dump_path": os.path.join(base, "graph"),
-                                                             "async_dump": True}))
-            rt.config = rt.config.model_copy(update={"dump_path": os.path.join(base, "pynative")})
+        self.tree = None if graph_mode else "graph"
+        self._capture = None
         self._handle = None
+        self._cells: list = []
 
     def wait(self) -> None:
-        """Wait until the compiled graphs launched so far have run, so their probes have reported.
+        """Wait until the compiled graphs launched so far have run, then record what their probes
+        reported.
 
         A graph call returns before the graph runs (also under ``mindspore.runtime.launch_blocking``);
         the PyNative executor's ``sync`` waits for it (``mindspore.runtime.synchronize`` does not
         on CPU). An exception the graph raised propagates, as at the user's next read of a result.
         """
         if self._handle is not None:
-            from msprobe.tensors.stats import pynative_executor
+            stats.pynative_executor().sync()
+            self._capture.drain()
 
-            pynative_executor().sync()
-
-    def begin_step(self) -> None:
-        """Called by ``start()`` once the service's step is open: let graphs launched before it
-        finish (their probes must not report into this step), open the graph tree's step (same
-        number and rank) and install the probes (first time only)."""
-        self.wait()
-        rt, sink = self.service.runtime, self.sink
-        if sink is not rt:
-            if sink.step_token is not None and sink.step != rt.step:
-                sink.end_step()
-            sink.init_step, sink.loop, sink.rank_override = rt.init_step, rt.loop, rt.rank_override
-            sink.open_step()
-            sink.begin_capture()  # parameter-gradient hooks of jit children check it
-        if self._handle is None:
-            models = self.service.models
+    def begin_step(self, models) -> None:
+        """Called by ``start()`` once the runtime's step is open: let graphs launched before it
+        finish (their probes must not report into this step), open the ``graph`` tree's step
+        directory (PyNative with jit Cells), install the probes (first time only; ``models``:
+        ``[(index or None, Cell)]``) and copy the probed Cells' parameters."""
+        first = self._handle is None
+        if not first:
+            stats.pynative_executor().sync()
+            if self._capture.step == self.rt.step:  # start() again in the same step: keep what came
+                self._capture.drain()               # since stop() (gradients of its sections)
+        if self.tree is not None:
+            with self.rt.tree(self.tree):
+                pass
+        if first:
             self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
-            self._capture = GraphCellCapture(rt, sink)
+            self._capture = GraphCellCapture(self.rt, self.tree)
             self._handle = self._capture.install(self._cells, models, self.graph_mode)
             logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
                         "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
-        self._capture.snapshot_parameters(self._cells)
+        self._capture.begin_step(self.rt.step)
+        import mindspore as ms
+
+        self._capture.snapshot_parameters(self._cells,
+                                          synced=not first and ms.get_context("device_target") == "CPU")
 
     def note_unrecorded(self) -> None:
         """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
-        probes ran in this step although others did (the graph ran). Call before the files are
-        written."""
-        capture, token = getattr(self, "_capture", None), self.sink.step_token
-        if capture is None or token is None or capture.step_token != token or not capture.entered:
+        probes ran in this step although others did (the graph ran). Call after :meth:`wait`,
+        before the files are written."""
+        capture = self._capture
+        if capture is None or capture.step != self.rt.step or not capture.entered:
             return
         missing = [prefix for prefix, _ in self._cells if prefix not in capture.entered]
-        self.sink.add_note("not_recorded_in_graph", [
-            {"cell": prefix, "note": "no probe of this Cell ran in the compiled graph in this step: it "
-                                     "was not called (a container such as CellList, a branch not "
-                                     "taken) or the compiler removed it; a compiled Cell's data exist "
-                                     "only if it runs"}
-            for prefix in missing])
-
-    def write_files(self) -> None:
-        if self.sink is not self.service.runtime:
-            self.sink.end_capture()
-            self.sink.write_files()
+        with contextlib.ExitStack() as scope:
+            if self.tree is not None and not scope.enter_context(self.rt.tree(self.tree)):
+                return
+            self.rt.add_note("not_recorded_in_graph", [
+                {"cell": prefix, "note": "no probe of this Cell ran in the compiled graph in this step: "
+                                         "it was not called (a container such as CellList, a branch not "
+                                         "taken) or the compiler removed it; a compiled Cell's data "
+                                         "exist only if it runs"}
+                for prefix in missing])
 
     def end_step(self) -> None:
-        if self.sink is not self.service.runtime:
-            self.sink.end_step()
+        """Before the runtime closes the step (``step()``): record the gradients reported since
+        ``stop()`` and forget the step's calls."""
+        if self._capture is not None:
+            self.wait()
+            self._capture.end_step()
 
     def close(self) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        if self.sink is not self.service.runtime:
-            self.sink.close_writer()
 
 
-def attach(service):
-    """The :class:`GraphDump` a service at level L0/mix needs, or ``False`` (nothing compiled to
-    probe: PyNative without jit Cells)."""
+def attach(rt, models):
+    """The :class:`GraphDump` a dump at level L0/mix of ``models`` (``[(index or None, Cell)]``)
+    needs, or ``False`` (nothing compiled to probe: PyNative without jit Cells). Call before the
+    first step is opened: with jit Cells the runtime's main tree becomes ``dump_path/pynative``
+    (:attr:`msprobe.engine.runtime.Runtime.tree_root`) beside the ``graph`` tree."""
     import mindspore as ms
 
-    if service.models is None:
+    if models is None:
         return False
     if ms.get_context("mode") == ms.GRAPH_MODE:
-        return GraphDump(service, True, set())
-    jit_cells = outermost_jit_cells(service.models)
+        return GraphDump(rt, True, set())
+    jit_cells = outermost_jit_cells(models)
     if not jit_cells:
         return False
-    return GraphDump(service, False, jit_cells)
+    rt.tree_root = "pynative"
+    return GraphDump(rt, False, jit_cells)

@@ -4,8 +4,8 @@ functions MindSpore compiles into the graph around each instrumented Cell.
 Why fixed arity: ``ops.Custom(func_type="pyfunc")`` counts the inputs of its Python function from the
 signature and reads its source (``inspect.getsource``), and a Primitive ``bprop`` must name every input
 plus ``out`` and ``dout`` explicitly (``*args`` is refused by graph compilation). So one forwarder and
-one bprop factory per arity, 1..:data:`MAX_ARITY`, written out below (mechanically expanded; keep them
-in sync with :data:`MAX_ARITY`). Each bprop waits for its probe's forward output (``ops.depend``):
+one bprop factory per arity, 1..:data:`MAX_ARITY`, generated from one template each at import
+(:func:`_generate`). Each bprop waits for its probe's forward output (``ops.depend``):
 the graph runs independent kernels concurrently, and a gradient probe that ran before the forward
 probe of its call would find no forward call to pair with.
 
@@ -15,202 +15,15 @@ are used (``isinstance`` and ``len`` on compile-time values, tuple building, loo
 """
 from __future__ import annotations
 
+import hashlib
+import linecache
+import os
+import tempfile
+
 from mindspore import Tensor, ops
 
 #: most tensors passed through one probe (a Cell boundary with more is not probed)
 MAX_ARITY = 16
-
-
-def _forward_1(fn):
-    def forward(x0):
-        return fn((x0,))
-    return forward
-
-
-def _bprop_1(grad):
-    def bprop(x0, out, dout):
-        return (grad(ops.depend(dout, out)),)
-    return bprop
-
-
-def _forward_2(fn):
-    def forward(x0, x1):
-        return fn((x0, x1))
-    return forward
-
-
-def _bprop_2(grad):
-    def bprop(x0, x1, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_3(fn):
-    def forward(x0, x1, x2):
-        return fn((x0, x1, x2))
-    return forward
-
-
-def _bprop_3(grad):
-    def bprop(x0, x1, x2, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_4(fn):
-    def forward(x0, x1, x2, x3):
-        return fn((x0, x1, x2, x3))
-    return forward
-
-
-def _bprop_4(grad):
-    def bprop(x0, x1, x2, x3, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_5(fn):
-    def forward(x0, x1, x2, x3, x4):
-        return fn((x0, x1, x2, x3, x4))
-    return forward
-
-
-def _bprop_5(grad):
-    def bprop(x0, x1, x2, x3, x4, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_6(fn):
-    def forward(x0, x1, x2, x3, x4, x5):
-        return fn((x0, x1, x2, x3, x4, x5))
-    return forward
-
-
-def _bprop_6(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_7(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6):
-        return fn((x0, x1, x2, x3, x4, x5, x6))
-    return forward
-
-
-def _bprop_7(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_8(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7))
-    return forward
-
-
-def _bprop_8(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_9(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7, x8):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7, x8))
-    return forward
-
-
-def _bprop_9(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_10(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7, x8, x9))
-    return forward
-
-
-def _bprop_10(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_11(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10))
-    return forward
-
-
-def _bprop_11(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_12(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11))
-    return forward
-
-
-def _bprop_12(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_13(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12))
-    return forward
-
-
-def _bprop_13(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_14(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13))
-    return forward
-
-
-def _bprop_14(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_15(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14))
-    return forward
-
-
-def _bprop_15(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, out, dout):
-        return grad(*after(dout, out))
-    return bprop
-
-
-def _forward_16(fn):
-    def forward(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
-        return fn((x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15))
-    return forward
-
-
-def _bprop_16(grad):
-    def bprop(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, out, dout):
-        return grad(*after(dout, out))
-    return bprop
 
 
 def after(values, anchor):
@@ -219,8 +32,68 @@ def after(values, anchor):
     return (ops.depend(values[0], anchor),) + values[1:]
 
 
-_FORWARDERS = (None, _forward_1, _forward_2, _forward_3, _forward_4, _forward_5, _forward_6, _forward_7, _forward_8, _forward_9, _forward_10, _forward_11, _forward_12, _forward_13, _forward_14, _forward_15, _forward_16)
-_BPROPS = (None, _bprop_1, _bprop_2, _bprop_3, _bprop_4, _bprop_5, _bprop_6, _bprop_7, _bprop_8, _bprop_9, _bprop_10, _bprop_11, _bprop_12, _bprop_13, _bprop_14, _bprop_15, _bprop_16)
+#: ``forwarder_{n}(fn)``: the pyfunc of a probe, ``forward(x0, ..., x{n-1})`` calling ``fn((x0, ...))``
+_FORWARDER = """
+def forwarder_{arity}(fn):
+    def forward({args}):
+        return fn(({args},))
+    return forward
+"""
+
+#: ``bprop_of_{n}(grad)``: the bprop of a probe, passing ``dout`` (after the probe's own output) to ``grad``
+_BPROP = """
+def bprop_of_{arity}(grad):
+    def bprop({args}, out, dout):
+        return {result}
+    return bprop
+"""
+
+
+def _generate() -> dict:
+    """The functions of :data:`_FORWARDER` and :data:`_BPROP` for every arity 1..:data:`MAX_ARITY`,
+    defined as if written in this module, from one generated source text.
+
+    The text is kept in :mod:`linecache` (``inspect.getsource`` finds it: ``ops.Custom`` reads a
+    pyfunc's source, the graph compiler parses a bprop from it) and, when the temporary directory
+    is writable, in a file of its own, which MindSpore reads for the debug information of the
+    compiled bprop (it logs an error for a source file that does not exist).
+    """
+    parts = []
+    for n in range(1, MAX_ARITY + 1):
+        args = ", ".join(f"x{i}" for i in range(n))
+        parts.append(_FORWARDER.format(arity=n, args=args))
+        parts.append(_BPROP.format(arity=n, args=args, result="(grad(ops.depend(dout, out)),)" if n == 1
+                                   else "grad(*after(dout, out))"))
+    source = "".join(parts)
+    filename = _source_file(source)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"__name__": __name__, "after": after, "ops": ops}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own fixed templates
+    return namespace
+
+
+def _source_file(source: str) -> str:
+    """The path of a file holding ``source`` (written once per content, atomically), or a name that
+    says what it is when no file can be written."""
+    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+    directory = os.path.join(tempfile.gettempdir(), f"msprobe-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    path = os.path.join(directory, f"graph_probe_arities_{digest}.py")
+    try:
+        if not os.path.exists(path):
+            os.makedirs(directory, exist_ok=True)
+            partial = f"{path}.{os.getpid()}.tmp"
+            with open(partial, "w") as f:
+                f.write(source)
+            os.replace(partial, path)
+    except OSError:
+        return "<msprobe graph probe arities>"
+    return path
+
+
+_NAMESPACE = _generate()
+#: ``_FORWARDERS[n]``/``_BPROPS[n]``: the factories for a probe of ``n`` tensors (index 0 unused)
+_FORWARDERS = (None,) + tuple(_NAMESPACE[f"forwarder_{n}"] for n in range(1, MAX_ARITY + 1))
+_BPROPS = (None,) + tuple(_NAMESPACE[f"bprop_of_{n}"] for n in range(1, MAX_ARITY + 1))
 
 
 def pass_through(*values):
