@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from msprobe.compare import judge as J
-from msprobe.compare.engine import EntryResult, StepComparison, forward_name
+from msprobe.compare.engine import EntryResult, StepComparison
 from msprobe.compare.records import TENSOR_TYPES, Side
 from msprobe.dump import load_construct, load_stacks
+from msprobe.format import naming
 
 
 @dataclass
@@ -166,7 +167,7 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
 
 def _forward_of(entry: Optional[str]) -> Optional[str]:
     """Stacks are recorded for forward entries; a backward entry shows its forward call's stack."""
-    return forward_name(entry) or entry
+    return naming.forward_of(entry) or entry
 
 
 def _finite(rec) -> bool:

@@ -6,7 +6,11 @@ Entry names (keys of ``dump.json["data"]``):
   ``Primitive.conv1.Conv2D.0.forward``; ``n`` counts calls of that API within the step.
 * Cell: ``Cell.{path}.{Class}.{forward|backward}.{k}`` e.g. ``Cell.conv2.Conv2d.forward.0``.
 * Parameter gradients: ``Cell.{path}.{Class}.parameters_grad.{g}``.
-* Debug level: ``{name}.{count}.debug``.
+* Debug level: ``{name}.{count}.debug``; the gradient of a saved value ``{name}_grad.{count}.debug``.
+
+Call counters (:meth:`msprobe.engine.runtime.Runtime.next_count`) are keyed by names of the same
+grammar: the API name for API calls, :func:`cell_counter`, :func:`param_grad_counter`,
+:func:`debug_counter`.
 
 Tensor files (``dump_tensor_data/``): ``{entry}.{category}.{index path}.npy`` where category is
 ``input`` (positional args, and backward ``input``), ``kwargs``, ``output`` or ``parameters``, e.g.
@@ -58,9 +62,57 @@ def _other_direction(entry, have: str, want: str):
     return None
 
 
+PARAMETERS_GRAD = "parameters_grad"
+DEBUG = "debug"
+
+
 def param_grad_entry(cell_prefix: str, count: int) -> str:
     """Entry name holding the parameter gradients of one Cell."""
-    return f"{cell_prefix}.parameters_grad.{count}"
+    return f"{cell_prefix}.{PARAMETERS_GRAD}.{count}"
+
+
+def param_grad_calls(entry: str) -> tuple | None:
+    """The forward and backward Cell entries a parameter-gradient entry belongs to
+    (``Cell.a.B.parameters_grad.2`` -> ``("Cell.a.B.forward.2", "Cell.a.B.backward.2")``);
+    ``None`` for any other name."""
+    head, _, count = entry.rpartition(".")
+    prefix, _, kind = head.rpartition(".")
+    if kind != PARAMETERS_GRAD or not count.isdigit():
+        return None
+    return f"{prefix}.{FORWARD}.{count}", f"{prefix}.{BACKWARD}.{count}"
+
+
+def cell_counter(cell_prefix: str) -> str:
+    """Counter key numbering a Cell's forward calls (``k`` of :func:`cell_entry`)."""
+    return f"{cell_prefix}.{FORWARD}"
+
+
+def param_grad_counter(cell_prefix: str) -> str:
+    """Counter key numbering a Cell's parameter-gradient entries (``count`` of
+    :func:`param_grad_entry`)."""
+    return f"{cell_prefix}.{PARAMETERS_GRAD}"
+
+
+def debug_counter(name: str) -> str:
+    """Counter key numbering the ``save()`` calls of one variable name."""
+    return f"{name}.{DEBUG}"
+
+
+def debug_entry(name: str, count: int) -> str:
+    """Entry name of the ``count``-th ``save(variable, name)`` of a step: ``{name}.{count}.debug``."""
+    return f"{name}.{count}.{DEBUG}"
+
+
+def debug_grad_entry(name: str, count: int) -> str:
+    """Entry name of the gradient of that saved value: ``{name}_grad.{count}.debug``."""
+    return f"{name}_grad.{count}.{DEBUG}"
+
+
+def item_name(entry: str, *path) -> str:
+    """The name of one item inside an entry: ``entry`` and the item's keys or indices joined by dots
+    (``item_name("x_grad.0.debug", 1, 0)`` -> ``"x_grad.0.debug.1.0"``; without ``path`` the entry
+    itself). Tensor file names (:func:`data_file_name`) and compare rows use this grammar."""
+    return ".".join([entry, *map(str, path)])
 
 
 def cell_prefix(path: str, class_name: str, index: int | None = None) -> str:
@@ -75,8 +127,7 @@ def data_file_name(entry: str, category: str, index_path: tuple) -> str:
     A name over :data:`MAX_FILE_NAME_BYTES` keeps its first 200 characters plus a SHA-1 suffix, so it
     stays unique and loadable; ``dump.json`` keeps the entry's full name next to ``data_name``.
     """
-    parts = [entry, *([category] if category else []), *map(str, index_path)]
-    name = ".".join(parts) + ".npy"
+    name = item_name(entry, *([category] if category else []), *index_path) + ".npy"
     if len(name.encode()) <= MAX_FILE_NAME_BYTES:
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()
