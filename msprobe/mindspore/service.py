@@ -1,4 +1,4 @@
-"""DumpService: what gets installed for each level, and the start/stop/step lifecycle (spec §3.1).
+"""DumpService: what gets installed for each level, and the start/stop/step lifecycle (seed: "start", "stop", "step").
 
 * ``start()`` on a dumped step and rank installs the capture for the level and switches recording on:
   L1 -> API wrappers (+ Primitive hooks when a model was given); L0 -> Cell hooks; mix -> both. A
@@ -153,7 +153,7 @@ class DumpService:
             return False
         if rt.open_step() is None:
             return False
-        if cfg.level in _API_LEVELS:  # B08: names bound to an API before start() are not captured
+        if cfg.level in _API_LEVELS:  # names bound to an API before start() are not captured: list them
             note_stale_bindings(rt.writer, self._listed_targets(), self.models, self._aliases())
         self._install()
         self._token = 0
@@ -222,7 +222,7 @@ class DumpService:
 
     # ------------------------------------------------------------------ inference token range
     def set_token_range(self, token_range) -> None:
-        """Dump only forward passes ``start..end`` (inclusive, 0-based) of the root model (spec §3.8).
+        """Dump only forward passes ``start..end`` (inclusive, 0-based) of the root model (seed: "推理模型采集指定token_range").
 
         Raises:
             ConfigError: not a list/tuple of two ints with 0 <= start <= end, or no model given.
@@ -363,7 +363,7 @@ class DumpService:
 
     def step(self) -> None:
         rt = self.runtime
-        release_pending(rt)  # B26: async handles never waited are released with a warning
+        release_pending(rt)  # async handles never waited are released with a warning
         directory = rt.writer.directory if rt.writer is not None and not rt.writer.closed else None
         step = rt.step
         exc = sys.exc_info()[1]
