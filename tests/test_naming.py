@@ -62,3 +62,25 @@ def test_long_file_names_are_shortened_and_unique():
     two = naming.data_file_name(entry, "output", (1,))
     assert one != two and one.endswith(".npy")
     assert len(one.encode()) <= naming.MAX_FILE_NAME_BYTES and len(two.encode()) <= naming.MAX_FILE_NAME_BYTES
+
+
+@pytest.mark.parametrize("entry,key,direction", [
+    ("Functional.relu.3.forward", "Functional.relu.forward", "forward"),
+    ("Tensor.__add__.0.backward", "Tensor.__add__.backward", "backward"),
+    ("Cell.layer.0.fc.Dense.forward.2", "Cell.Dense.forward", "forward"),
+    ("Cell.1.fc.Dense.backward.0", "Cell.Dense.backward", "backward"),
+    ("Cell.fc.Dense.parameters_grad.0", "Cell.Dense.parameters_grad", "backward"),
+    ("h.1.debug", "h.debug", "forward"),
+    ("h_grad.1.debug", "h_grad.debug", "backward"),
+    ("not_a_dump_name", "not_a_dump_name", "forward"),
+])
+def test_api_key_and_direction_parse_every_kind_of_entry(entry, key, direction):
+    assert naming.api_key(entry) == key
+    assert naming.direction_of(entry) == direction
+
+
+def test_entry_kinds():
+    assert naming.is_param_grad("Cell.fc.Dense.parameters_grad.0")
+    assert naming.is_param_grad("Cell.fc.Dense.parameters_grad")   # the reference tool's name
+    assert not naming.is_param_grad("Cell.fc.Dense.backward.0")
+    assert naming.is_debug("h_grad.0.debug") and not naming.is_debug("Functional.relu.0.forward")

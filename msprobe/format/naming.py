@@ -20,12 +20,15 @@ parameter gradients ``{prefix}.parameters_grad.{g}.{param}.npy``.
 from __future__ import annotations
 
 import hashlib
+import re
 
 FORWARD = "forward"
 BACKWARD = "backward"
 
 #: longest file name most file systems accept, in bytes
 MAX_FILE_NAME_BYTES = 255
+
+_COUNT = re.compile(r"^\d+$")
 
 
 def api_entry(api: str, count: int, direction: str) -> str:
@@ -119,6 +122,41 @@ def cell_prefix(path: str, class_name: str, index: int | None = None) -> str:
     """``Cell.{[index.]}{path}.{Class}``; ``index`` is the model's position when a list was passed."""
     head = "Cell" if index is None else f"Cell.{index}"
     return f"{head}.{path}.{class_name}"
+
+
+def is_param_grad(entry: str) -> bool:
+    """Whether ``entry`` holds parameter gradients (``….parameters_grad.{g}``, or the reference tool's
+    ``….parameters_grad`` without a count)."""
+    return f".{PARAMETERS_GRAD}." in entry or entry.endswith(f".{PARAMETERS_GRAD}")
+
+
+def is_debug(entry: str) -> bool:
+    """Whether ``entry`` is a debug-level entry (``{name}.{count}.debug``)."""
+    return entry.endswith(f".{DEBUG}")
+
+
+def direction_of(entry: str) -> str:
+    """``"forward"`` or ``"backward"``: backward entries, parameter gradients and the debug level's
+    gradients (``{name}_grad.{count}.debug``) are backward; every other entry is forward."""
+    if f".{BACKWARD}" in entry or f".{PARAMETERS_GRAD}" in entry:
+        return BACKWARD
+    parts = entry.split(".")
+    if parts[-1] == DEBUG and len(parts) >= 3 and parts[-3].endswith("_grad"):
+        return BACKWARD
+    return FORWARD
+
+
+def api_key(entry: str) -> str:
+    """The entry's API or Cell class and its direction, without call counter or Cell path:
+    ``Functional.relu.3.forward`` -> ``Functional.relu.forward``; ``Cell.layer.0.fc.Dense.forward.2``
+    -> ``Cell.Dense.forward``; ``Cell.fc.Dense.parameters_grad.0`` -> ``Cell.Dense.parameters_grad``;
+    ``h.1.debug`` -> ``h.debug``; any other name is returned as it is."""
+    parts = entry.split(".")
+    if parts[0] == "Cell" and len(parts) >= 4 and _COUNT.match(parts[-1]):
+        return f"Cell.{parts[-3]}.{parts[-2]}"
+    if len(parts) >= 3 and parts[-1] in (FORWARD, BACKWARD, DEBUG) and _COUNT.match(parts[-2]):
+        return ".".join(parts[:-2] + parts[-1:])
+    return entry
 
 
 def data_file_name(entry: str, category: str, index_path: tuple) -> str:
