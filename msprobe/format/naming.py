@@ -15,7 +15,8 @@ grammar: the API name for API calls, :func:`cell_counter`, :func:`param_grad_cou
 Tensor files (``dump_tensor_data/``): ``{entry}.{category}.{index path}.npy`` where category is
 ``input`` (positional args, and backward ``input``), ``kwargs``, ``output`` or ``parameters``, e.g.
 ``Functional.split.0.forward.input.0.npy``, ``Cell.conv1.Conv2d.forward.0.parameters.weight.npy``;
-parameter gradients ``{prefix}.parameters_grad.{g}.{param}.npy``.
+parameter gradients ``{prefix}.parameters_grad.{g}.{param}.npy``. L2 kernel files keep MindSpore's
+names (:func:`kernel_file_name`).
 """
 from __future__ import annotations
 
@@ -170,3 +171,14 @@ def data_file_name(entry: str, category: str, index_path: tuple) -> str:
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()
     return f"{name.encode()[:200].decode(errors='ignore')}.{digest}.npy"
+
+
+def kernel_file_name(name: str) -> str:
+    """The name of an L2 kernel file in the seed's layout: MindSpore's file name ``name`` itself, or,
+    when longer than :data:`MAX_FILE_NAME_BYTES`, a 32-digit name derived from a hash of ``name``
+    (deterministic, so collecting twice agrees; ``mapping.csv`` lists the original)."""
+    if len(name.encode()) <= MAX_FILE_NAME_BYTES:
+        return name
+    digits = int(hashlib.sha256(name.encode()).hexdigest(), 16) % 10 ** 32
+    suffix = ".npy" if name.endswith(".npy") else ""
+    return f"{digits:032d}{suffix}"

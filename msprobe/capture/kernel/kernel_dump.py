@@ -43,7 +43,7 @@ import numpy as np
 
 from msprobe.engine.config import ConfigError
 from msprobe.engine.handles import Handle
-from msprobe.format.naming import MAX_FILE_NAME_BYTES
+from msprobe.format.naming import kernel_file_name
 from msprobe.format.npy import load_npy, npy_complete, read_npy_header
 from msprobe.tensors.stats import compute_stats, pynative_executor
 
@@ -77,16 +77,6 @@ _TASKS = ("statistics", "tensor")
 _FILE_RE = re.compile(
     r"^(?P<op>[^.]+)\.(?P<scope>.+)\.(?P<task>\d+)\.(?P<stream>\d+)\.(?P<ts>\d+)\."
     r"(?P<io>input|output)\.(?P<slot>\d+)\.(?P<fmt>[^.]+)\.(?P<dtype>[^.]+)\.npy$")
-
-
-def kernel_file_name(name: str) -> str:
-    """The file name used in the output: ``name`` itself, or, when longer than 255 bytes, a
-    32-digit name derived from a hash of ``name`` (deterministic, so collecting twice agrees)."""
-    if len(name.encode()) <= MAX_FILE_NAME_BYTES:
-        return name
-    digits = int(hashlib.sha256(name.encode()).hexdigest(), 16) % 10 ** 32
-    suffix = ".npy" if name.endswith(".npy") else ""
-    return f"{digits:032d}{suffix}"
 
 
 # ------------------------------------------------------------------------------------ statistics
