@@ -420,7 +420,9 @@ class _FailingHead(nn.Cell):
 
 def _train_with_blocks(debugger, steps: int, fail_at: int):
     """SGD steps of build_mlp() + _FailingHead, each inside ``with debugger.dump(net):`` (tool-off
-    when ``debugger`` is None); step ``fail_at`` raises in the head's forward."""
+    when ``debugger`` is None); step ``fail_at`` raises in the head's forward. That forward runs
+    outside ``value_and_grad``: in MindSpore 2.10 two ``value_and_grad`` calls whose forward raised
+    leave the process's PyNative state broken (``Tensor[1]`` then raises TypeError), tool on or off."""
     net = nn.SequentialCell(build_mlp(), _FailingHead())
     params = net.trainable_params()
     opt = nn.SGD(params, learning_rate=0.1)
@@ -433,6 +435,8 @@ def _train_with_blocks(debugger, steps: int, fail_at: int):
         block = debugger.dump(net) if debugger is not None else contextlib.nullcontext()
         try:
             with block:
+                if step == fail_at:
+                    net(x)
                 loss, g = grad_fn(x, y)
                 opt(g)
         except ValueError as exc:
