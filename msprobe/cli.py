@@ -213,7 +213,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, as_
 def show(dump, entry, step, rank):
     """Show one ENTRY of DUMP: its records, stack and Cell path (first matching step/rank)."""
     from msprobe.compare.divergence import cell_path
-    from msprobe.compare.engine import forward_name
+    from msprobe.format.naming import forward_of
     from msprobe.compare.inputs import rank_number, resolve
     from msprobe.compare.records import Side
     from msprobe.dump import load_construct, load_stacks
@@ -236,7 +236,7 @@ def show(dump, entry, step, rank):
                     else f"{rec.kind} {rec.value!r}")
             extra = "".join(f" {k}={v}" for k, v in (("md5", rec.md5), ("data_name", rec.data_name)) if v)
             click.echo(f"  {rec.key:<24} {desc}{extra}")
-        frames = load_stacks(item.path).get(forward_name(entry) or entry, [])
+        frames = load_stacks(item.path).get(forward_of(entry) or entry, [])
         click.echo("stack (innermost first):" if frames else "stack: none recorded")
         for frame in frames:
             click.echo("  " + frame.replace("\n", ""))

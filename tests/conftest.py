@@ -133,6 +133,14 @@ def only_step_dir(dump_path, step: int) -> str:
     return found[0]
 
 
+def load_step(dump_path, step: int = 0):
+    """``(directory, msprobe.dump.load(directory))`` of the one rank directory of ``step``."""
+    import msprobe.dump
+
+    directory = only_step_dir(dump_path, step)
+    return directory, msprobe.dump.load(directory)
+
+
 # ---------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture
 def tiny_mlp():

@@ -1,5 +1,7 @@
 """Cell-level (L0) and mix dump on real MindSpore (CPU, PyNative): names, structure, values, and
-training results unchanged by the tool. Cases B01, B03, B06, B12-B17, B19, B33, B35, B47, B48.
+training results unchanged by the tool: keyword arguments, non-tensor outputs, custom bprop,
+namedtuple outputs, a Cell called several times, backward labels, parameter gradients, eval loops,
+direct ``construct`` calls, in-place writes after a Cell, identity Cells.
 """
 from __future__ import annotations
 
@@ -43,21 +45,21 @@ class Block(nn.Cell):
 
 
 class Scale(nn.Cell):
-    """B14: keyword tensors and plain keyword values."""
+    """Keyword tensors and plain keyword values."""
 
     def construct(self, x, scale=None, mode="slow"):
         return x * scale if mode == "fast" else x
 
 
 class Multi(nn.Cell):
-    """B33: bool mask, int tensor, None, float tensor, int, str."""
+    """Outputs of mixed kinds: bool mask, int tensor, None, float tensor, int, str."""
 
     def construct(self, x):
         return (x > 0, ops.argmax(x, -1), None, x * 1.5, 3, "tag")
 
 
 class Doubler(nn.Cell):
-    """B13: custom bprop."""
+    """A custom bprop."""
 
     def construct(self, x):
         return x * 2
@@ -67,7 +69,7 @@ class Doubler(nn.Cell):
 
 
 class NT(nn.Cell):
-    """B35: namedtuple with a dict, a list holding None, and a slice."""
+    """A namedtuple output with a dict, a list holding None, and a slice."""
 
     def construct(self, x):
         return Pair(x + 1, {"a": x * 2, "b": [x - 1, None]}, slice(0, 2))
@@ -77,12 +79,12 @@ class Net(nn.Cell):
     def __init__(self):
         super().__init__()
         self.block = Block()  # three levels: block -> sub -> fc
-        self.shared = nn.Dense(8, 8)  # B16: called three times
+        self.shared = nn.Dense(8, 8)  # called three times
         self.scale = Scale()
         self.multi = Multi()
         self.dbl = Doubler()
         self.nt = NT()
-        self.proj = nn.Dense(16, 16, has_bias=False)  # B48: (4, 8, 16) input
+        self.proj = nn.Dense(16, 16, has_bias=False)  # a 3-d (4, 8, 16) input
 
     def construct(self, x, z):
         h = self.block(x)
@@ -94,7 +96,7 @@ class Net(nn.Cell):
         m = self.multi(s)
         d = self.dbl(m[3])
         p = self.nt(d)
-        assert type(p) is Pair and isinstance(p.aux, dict) and isinstance(p.sl, slice)  # B35
+        assert type(p) is Pair and isinstance(p.aux, dict) and isinstance(p.sl, slice)  # types kept
         w = self.proj(z)
         return loss + 0.1 * (p.logits.sum() + p.aux["a"].sum() + p.aux["b"][0].sum()) + 0.01 * w.sum()
 
@@ -232,12 +234,12 @@ def test_l0_forward_record_contents(l0_tensor_run):
     assert fc["input_kwargs"] == {}
     assert set(fc["parameters"]) == {"weight", "bias"}
     assert d["Cell.block.Block.forward.0"]["parameters"] == {}
-    # B14: keyword tensor with stats, keyword str as a plain value
+    # keyword tensor with stats, keyword str as a plain value
     kw = d["Cell.scale.Scale.forward.0"]["input_kwargs"]
     assert kw["scale"]["Max"] == 3.0 and kw["scale"]["Min"] == 3.0 and kw["scale"]["shape"] == []
     assert kw["mode"] == {"type": "str", "value": "fast"}
     assert kw["scale"]["data_name"] == "Cell.scale.Scale.forward.0.kwargs.scale.npy"
-    # B33: one record per element
+    # one record per element
     out = d["Cell.multi.Multi.forward.0"]["output"]
     assert len(out) == 6
     mask, idx, none, xf, three, tag = out
@@ -246,7 +248,7 @@ def test_l0_forward_record_contents(l0_tensor_run):
     assert idx["dtype"].startswith("Int") and isinstance(idx["Max"], int)
     assert none is None and three == {"type": "int", "value": 3} and tag == {"type": "str", "value": "tag"}
     assert xf["dtype"] == "Float32"
-    # B35: stable paths for namedtuple/dict/list
+    # stable paths for namedtuple/dict/list
     nt = d["Cell.nt.NT.forward.0"]["output"]
     assert set(nt) == {"logits", "aux", "sl"}
     assert nt["aux"]["a"]["data_name"] == "Cell.nt.NT.forward.0.output.aux.a.npy"
@@ -255,7 +257,7 @@ def test_l0_forward_record_contents(l0_tensor_run):
     assert nt["logits"]["data_name"] == "Cell.nt.NT.forward.0.output.logits.npy"
 
 
-def test_b35_user_receives_same_types_under_tool(tmp_path):
+def test_user_receives_same_types_under_tool(tmp_path):
     debugger, _ = make_debugger(tmp_path)
     net = build_net()
     x, _ = make_inputs()
@@ -266,7 +268,7 @@ def test_b35_user_receives_same_types_under_tool(tmp_path):
     assert p.sl == slice(0, 2)
 
 
-def test_b16_shared_cell_forward_k_pairs_with_backward_k(l0_tensor_run):
+def test_shared_cell_forward_k_pairs_with_backward_k(l0_tensor_run):
     dump = load_step(l0_tensor_run[2], 0)
     for k in range(3):
         bwd = dump.data[f"Cell.shared.Dense.backward.{k}"]
@@ -279,7 +281,7 @@ def test_b16_shared_cell_forward_k_pairs_with_backward_k(l0_tensor_run):
         assert fwd["output"][0]["data_name"] == f"Cell.shared.Dense.forward.{k}.output.0.npy"
 
 
-def test_b13_custom_bprop_forward_and_backward(l0_tensor_run):
+def test_custom_bprop_forward_and_backward(l0_tensor_run):
     dump = load_step(l0_tensor_run[2], 0)
     fwd = dump.data["Cell.dbl.Doubler.forward.0"]
     x_in = dump.load_tensor(fwd["input_args"][0])
@@ -291,7 +293,7 @@ def test_b13_custom_bprop_forward_and_backward(l0_tensor_run):
     np.testing.assert_array_equal(dump.load_tensor(bwd["output"][0]), dout * 2)
 
 
-def test_b17_backward_labels(l0_tensor_run):
+def test_backward_labels(l0_tensor_run):
     """backward input = grad w.r.t. the Cell's output; backward output = grad w.r.t. its input."""
     dump = load_step(l0_tensor_run[2], 0)
     bwd = dump.data["Cell.multi.Multi.backward.0"]
@@ -329,7 +331,7 @@ def test_tensor_files_match_statistics(l0_tensor_run):
     assert seen == len(files) - 1  # every file but the bool mask was checked
 
 
-def test_b19_b48_param_grads_equal_framework_each_step(l0_tensor_run, reference_run):
+def test_param_grads_equal_framework_each_step(l0_tensor_run, reference_run):
     net, result, dump_path = l0_tensor_run
     assert_same_training(result, reference_run)
     prefix = {"block.sub.fc.weight": "block.sub.fc.Dense", "block.sub.fc.bias": "block.sub.fc.Dense",
@@ -425,8 +427,8 @@ def test_list_of_models_gets_index(tmp_path):
                         "Cell.1.block.sub.fc.Dense.forward.0"})
 
 
-# ---------------------------------------------------------------------------------------- B12 eval loop
-def test_b12_forward_only_eval_no_backward_hooks(tmp_path):
+# ---------------------------------------------------------------------------------------- eval loop
+def test_forward_only_eval_no_backward_hooks(tmp_path):
     debugger, dump_path = make_debugger(tmp_path, step=[0, 1])
     net = build_net()
     x, z = make_inputs()
@@ -454,8 +456,8 @@ def test_b12_forward_only_eval_no_backward_hooks(tmp_path):
     assert hook_counts() == before
 
 
-# ---------------------------------------------------------------------------------------- B15
-def test_b15_direct_construct_call_is_not_merged(tmp_path):
+# ------------------------------------------------------------------------ direct construct call
+def test_direct_construct_call_is_not_merged(tmp_path):
     debugger, dump_path = make_debugger(tmp_path, task="tensor", data_mode=["forward"])
     net = build_net()
     x, _ = make_inputs()
@@ -477,7 +479,7 @@ def test_b15_direct_construct_call_is_not_merged(tmp_path):
     assert dump.construct["Cell.dbl.Doubler.forward.0"] is None
 
 
-# ---------------------------------------------------------------------------------------- B01/B03
+# ------------------------------------------------------------------------- in-place after a Cell
 class InplaceNet(nn.Cell):
     def __init__(self, how):
         super().__init__()
@@ -526,7 +528,7 @@ def _train_inplace(debugger=None, steps=2, how="assign"):
 
 @pytest.mark.parametrize("level,how", [("L0", "assign"), ("L0", "setitem"), ("L0", "add_"),
                                        ("mix", "assign"), ("mix", "setitem")])
-def test_b01_b03_inplace_after_cell(tmp_path, level, how):
+def test_inplace_after_cell(tmp_path, level, how):
     debugger, dump_path = make_debugger(tmp_path, task="tensor", level=level)
     with_tool = _train_inplace(debugger, how=how)
     assert_same_training(with_tool, _train_inplace(how=how))
@@ -552,7 +554,7 @@ def test_b01_b03_inplace_after_cell(tmp_path, level, how):
         np.testing.assert_allclose(b_in, a_out + (0 if how == "add_" else 1), rtol=1e-6)
 
 
-# ---------------------------------------------------------------------------------------- B06
+# --------------------------------------------------------------------------------- identity Cell
 class Identity(nn.Cell):
     def construct(self, x):
         return x
@@ -568,7 +570,7 @@ class IdNet(nn.Cell):
         return self.ident(self.fc(x)).sum()
 
 
-def test_b06_identity_cell(tmp_path):
+def test_identity_cell(tmp_path):
     debugger, dump_path = make_debugger(tmp_path)
     net = IdNet()
     x = Tensor(np.ones((2, 4), np.float32))

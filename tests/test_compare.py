@@ -18,7 +18,7 @@ import pytest
 
 from compare_dumps import make_dump
 from msprobe.compare import compare, first_divergence, nan_producer
-from msprobe.compare.divergence import direction as direction_of
+from msprobe.format.naming import direction_of
 from msprobe.compare.engine import columns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,5 @@
-"""Tests for msprobe.engine.config (spec §1.2, §2.1-§2.5)."""
+"""Tests for msprobe.engine.config: config.json and keyword arguments parsed into one typed object,
+every error naming the key, the value and what is allowed (README "Configuration")."""
 import json
 import logging
 import os

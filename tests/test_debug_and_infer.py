@@ -1,6 +1,6 @@
 """Debug-level ``save()``, custom APIs, inference ``token_range``, ``rank_id`` and the editable
-``support_wrap_ops.yaml`` (spec §1.3, §1.6, §1.8, §3.7, §3.8; seed: save / register_custom_api /
-restore_custom_api / 推理模型采集指定token_range / 修改API支持列表).
+``support_wrap_ops.yaml`` (seed: save / register_custom_api / restore_custom_api /
+推理模型采集指定token_range / 修改API支持列表).
 
 Real MindSpore (CPU, PyNative, blocking launch), no mocks.
 """

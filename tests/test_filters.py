@@ -1,5 +1,5 @@
 """Entry selection and data shaping of config.json: ``list``, ``scope``, ``data_mode``, ``tensor_list``,
-``extra_info``, task ``structure``, ``async_dump``, ``precision`` (spec §2.1, §2.3-§2.5).
+``extra_info``, task ``structure``, ``async_dump``, ``precision`` (README "Configuration").
 
 Real MindSpore (CPU, PyNative, blocking launch), no mocks. Every filter test asserts the exact set of
 entries written, on a three-Dense network whose call order is known:

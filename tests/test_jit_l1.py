@@ -5,6 +5,8 @@ import mindspore as ms
 from mindspore import ops, Tensor
 
 import msprobe.dump
+from conftest import load_step
+from msprobe.read.report import read_report
 from msprobe.capture import jit as jit_capture
 from msprobe.mindspore import PrecisionDebugger
 
@@ -29,7 +31,7 @@ def test_ast_jit_is_one_entry_with_backward(tmp_path):
     w = ms.Parameter(Tensor(np.ones(3, np.float32)), name="w")
     x = Tensor(np.array([1.0, -2.0, 3.0], np.float32))
     grad_fn = ms.value_and_grad(lambda a: scaled_relu(a * w).sum(), None, [w])
-    scaled_relu(x)  # compiled before start(): still visible (case B11)
+    scaled_relu(x)  # compiled before start(): still recorded as one Jit entry
     debugger = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L1")
     debugger.start()
     _, (gw,) = grad_fn(x)
@@ -62,3 +64,22 @@ def test_bytecode_jit_body_is_dumped_per_api_and_restored(tmp_path):
             "Tensor.__add__.0.forward"} <= names
     assert jit_capture.PIJitCaptureContext.__enter__ is enter
     assert jit_capture.PIJitCaptureContext.__exit__ is exit_
+
+
+def test_jit_compiled_before_start_is_a_jit_entry_and_listed(make_debugger, dump_dir):
+    f = scaled_relu                   # an ast-jit function
+    x = Tensor(np.array([-1.0, 0.5, 2.0], np.float32))
+    f(x)                              # compiles before the dump starts
+    debugger = make_debugger(task="statistics", level="L1")
+    debugger.start()
+    y = f(x)
+    debugger.stop()
+    debugger.step()
+    d, dump = load_step(dump_dir)
+    assert "Jit.scaled_relu.0.forward" in dump.data
+    assert not any(k.startswith("Functional.relu") for k in dump.data)  # the inside is compiled
+    out = dump.data["Jit.scaled_relu.0.forward"]["output"][0]
+    assert out["Max"] == float(y.asnumpy().max()) == 4.0
+    regions = read_report(d, "coverage.json")["compiled_regions"]
+    assert [r["entry"] for r in regions] == ["Jit.scaled_relu.0.forward"]
+    assert "not captured" in regions[0]["note"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import json
 import os
 import re
@@ -343,3 +344,56 @@ def test_collect_crafted_raw_tree(tmp_path, task):
     if task == "statistics":
         _, rows = read_stats(os.path.join(out, "statistic.csv"))
         assert sorted(r[0] for r in rows) == ["Add", "Cast", "Mul"]
+
+
+def test_statistic_columns_of_every_summary_item(tmp_path):
+    """Every summary item on float (NaN, ±Inf, ±0), int, bool, 0-d and empty kernel outputs: the
+    values of a float64 numpy recomputation, the counts of the elements, md5 of the payload bytes."""
+    items = ["max", "min", "mean", "l2norm", "nan count", "negative inf count", "positive inf count",
+             "zero count", "negative zero count", "positive zero count", "md5"]
+    kd = KernelDump(make_cfg(tmp_path, summary_mode=items))
+    it_dir = os.path.join(kd.raw_dir, "rank_0", "Net", "0", "1")
+    os.makedirs(it_dir)
+    arrays = {
+        "Floats": np.array([1.5, -0.0, 0.0, -np.inf, np.inf, 2.0], np.float32),
+        "Nans": np.array([1.0, np.nan], np.float16),
+        "Ints": np.array([[-3, 0], [7, 5]], np.int32),
+        "Bools": np.array([True, False, True]),
+        "Scalar": np.array(-4, np.int64),
+        "Empty": np.zeros((0, 3), np.float32),
+    }
+    for ts, (op, arr) in enumerate(arrays.items()):
+        np.save(os.path.join(it_dir, f"{op}.Default_{op}-op0.0.0.{ts}.output.0.DefaultFormat.X.npy"), arr)
+    payload = {}  # the bytes after each file's header
+    for f in glob.glob(os.path.join(it_dir, "*.npy")):
+        op = os.path.basename(f).split(".")[0]
+        payload[op] = open(f, "rb").read()[-arrays[op].nbytes:] if arrays[op].nbytes else b""
+    [out] = kd.collect()
+    header, rows = read_stats(os.path.join(out, "statistic.csv"))
+    assert header[len(STATISTIC_HEADER):] == ["Max Value", "Min Value", "Avg Value", "Negative Zero Count",
+                                              "Positive Zero Count", "Zero Count", "NaN Count",
+                                              "Negative Inf Count", "Positive Inf Count", "L2Norm Value",
+                                              "MD5"]
+    got = {r[0]: dict(zip(header, r)) for r in rows}
+    assert set(got) == set(arrays)
+    for op, arr in arrays.items():
+        row = got[op]
+        f64 = arr.astype(np.float64).ravel()
+        assert row["MD5"] == hashlib.md5(payload[op]).hexdigest(), op
+        if arr.size == 0:
+            assert [row[c] for c in ("Max Value", "Min Value", "Avg Value", "L2Norm Value")] == [""] * 4
+            continue
+        with np.errstate(invalid="ignore"):  # inf - inf in the mean: NaN, as the tool writes
+            expect = [f64.max(), f64.min(), f64.mean(), np.sqrt((f64 * f64).sum())]
+        np.testing.assert_array_equal(  # NaN equals NaN here, any other value exactly
+            [float(row[c]) for c in ("Max Value", "Min Value", "Avg Value", "L2Norm Value")], expect, op)
+        assert int(row["NaN Count"]) == int(np.isnan(f64).sum()), op
+        assert int(row["Positive Inf Count"]) == int(np.isposinf(f64).sum()), op
+        assert int(row["Negative Inf Count"]) == int(np.isneginf(f64).sum()), op
+        assert int(row["Zero Count"]) == int((f64 == 0).sum()), op
+        floats = arr.dtype.kind == "f"  # MindSpore's csv: no signed zeros for other dtypes
+        negative, positive = (f64 == 0) & np.signbit(f64), (f64 == 0) & ~np.signbit(f64)
+        assert int(row["Negative Zero Count"]) == (int(negative.sum()) if floats else 0)
+        assert int(row["Positive Zero Count"]) == (int(positive.sum()) if floats else 0)
+    assert got["Ints"]["Max Value"] == "7" and got["Bools"]["Max Value"] == "1"  # integers stay integers
+    assert got["Scalar"]["Avg Value"] == "-4.0" and got["Scalar"]["L2Norm Value"] == "4.0"

@@ -72,7 +72,7 @@ def _check_leaf_against(leaf, arr):
     assert _rel_close(leaf["Norm"], float(np.sqrt(np.sum(a64 * a64)))), (leaf, np.linalg.norm(a64))
 
 
-# ---------------------------------------------------------------------------------------------- 1
+# ----------------------------------------------------------------- a small LM: names, values, layout
 @pytest.fixture(scope="module")
 def lm_dumps(tmp_path_factory):
     """One seeded LM training step dumped twice (bit-identical reruns): tensor task with md5, and
@@ -103,7 +103,7 @@ def test_lm_l1_prefixes_forward_and_backward(lm_dumps):
     for name in names:
         assert API_NAME.match(name) or PRIM_NAME.match(name), name
     assert tensor_dump.complete and tensor_dump.header["level"] == "L1"
-    # body layout (spec §4.2)
+    # body layout (seed: "dump.json文件说明"): forward input_args, input_kwargs, output
     for name, body in tensor_dump.data.items():
         if name.endswith(".forward"):
             assert list(body) == ["input_args", "input_kwargs", "output"], name
@@ -152,7 +152,7 @@ def test_mlp_no_primitive_without_model(make_debugger, dump_dir):
         assert f"{name}.forward" in data and f"{name}.backward" in data, name
 
 
-# ---------------------------------------------------------------------------------------------- 2
+# -------------------------------------------------------------------------------- training unchanged
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
 def test_training_bit_identical_with_tool(make_debugger, task):
     ref_losses, ref_grads = run_steps(build_mlp(), None, 3)
@@ -173,7 +173,7 @@ def test_lm_training_bit_identical_with_tool(make_debugger):
     assert all((a == b).all() for ga, gb in zip(ref_grads, grads) for a, b in zip(ga, gb))
 
 
-# ---------------------------------------------------------------------------------------------- 3
+# ------------------------------------------------------------------------------------------ backward
 def test_backward_semantics_mul_by_three(make_debugger, dump_dir):
     debugger = make_debugger(task="tensor")
     x = Tensor(np.arange(1, 7, dtype=np.float32).reshape(2, 3))
@@ -346,7 +346,7 @@ def test_nested_api_calls_record_only_outer(make_debugger, dump_dir):
     assert data["Tensor.__sub__.0.forward"]["output"][0]["Mean"] == float(diff.asnumpy().mean())
 
 
-# ---------------------------------------------------------------------------------------------- 4
+# -------------------------------------------------------------------- arguments that are not tensors
 def test_non_tensor_arguments(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics")
     x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
@@ -401,7 +401,7 @@ def test_non_tensor_arguments(make_debugger, dump_dir):
     assert odd[3] == {"type": "int", "value": 2 ** 70}
 
 
-# ---------------------------------------------------------------------------------------------- 5
+# ------------------------------------------------------------------------------- in-place operations
 # On MindSpore 2.10 CPU, Tensor.add_/sub_/mul_/div_ and ``+=`` fall back to out-of-place kernels (the
 # tensor is NOT changed; a new one is returned), fill_/masked_fill_/zero_ have no CPU kernel. Real
 # in-place writes on CPU: Tensor.copy_, Tensor.__setitem__ and ops.assign; the tests below use them.
@@ -411,8 +411,8 @@ def test_inplace_api_input_recorded_before_mutation(make_debugger, dump_dir, tas
     x = ops.ones(4, ms.float32)
     p = ms.Parameter(Tensor(np.ones(4, np.float32)), name="p")
     debugger.start()
-    y = x.mul_(2)                       # B02 literally (out of place on CPU)
-    ops.assign(p, p * 2)                # B02, a real in-place write of a Parameter
+    y = x.mul_(2)                       # a Tensor in-place method (out of place on CPU)
+    ops.assign(p, p * 2)                # a real in-place write of a Parameter
     debugger.stop()
     debugger.step()
     dump = msprobe.dump.load(only_step_dir(dump_dir, 0))
@@ -436,7 +436,7 @@ def test_output_mutated_after_hook_keeps_hook_time_value(make_debugger, dump_dir
     x = Tensor(np.array(1.5, np.float32))
     debugger.start()
     t = ops.relu(x)                     # 0-d output, recorded (deferred)
-    t.copy_(Tensor(np.array(2.5, np.float32)))   # B29: not wrapped, the mutation guard flushes first
+    t.copy_(Tensor(np.array(2.5, np.float32)))   # not wrapped: the mutation guard flushes first
     u = ops.relu(Tensor(np.ones(3, np.float32)))
     u[1] = 6.0                          # __setitem__, in place
     t.add_(1)                           # wrapped in-place API (out of place on CPU)
@@ -482,7 +482,7 @@ def test_l0_cell_output_mutated_after_cell(make_debugger, dump_dir):
     assert (y.asnumpy()[1] == expected[1] + 1).all() and (y.asnumpy()[0] == 0).all()
 
 
-# ---------------------------------------------------------------------------------------------- 6
+# ------------------------------------------------------------------------------------------- patches
 def test_patches_only_inside_start_stop(make_debugger):
     act, relu, tmul, tadd = ops.gelu, ops.relu, Tensor.__mul__, Tensor.add_
     mint_mul = mint.mul
@@ -510,9 +510,9 @@ def test_patches_only_inside_start_stop(make_debugger):
     assert ops.gelu is act and Tensor.__mul__ is tmul
 
 
-# ---------------------------------------------------------------------------------------------- 7
+# ------------------------------------------------------------------------------------ host transfers
 def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
-    """B05. Counted on one MLP training step, statistics mode, start(model): every Tensor.asnumpy /
+    """Counted on one MLP training step, statistics mode, start(model): every Tensor.asnumpy /
     Tensor.item / data_ptr call the tool makes happens inside Runtime.flush (one zero-copy read per
     recorded tensor: 50 on this MLP step when written); hooks themselves make none."""
     from msprobe.engine.runtime import Runtime
@@ -562,7 +562,7 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     assert n_leaves >= 40 and len(data) >= 20, (n_leaves, len(data))
 
 
-# ---------------------------------------------------------------------------------------------- 8
+# ------------------------------------------------------------------------------------- low precision
 def test_low_precision_tensors(make_debugger, dump_dir):
     debugger = make_debugger(task="tensor")
     x_bf = ops.cast(Tensor(np.linspace(-2, 2, 768).astype(np.float32)), ms.bfloat16)

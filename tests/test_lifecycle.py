@@ -11,10 +11,11 @@ import textwrap
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, mint, nn, ops
 
 import msprobe.dump
-from conftest import build_mlp, only_step_dir, run_steps, write_config, write_config_with_dump
+from conftest import build_mlp, mlp_batch, only_step_dir, run_steps, write_config, write_config_with_dump
+from msprobe.read.report import EMPTY_REASON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -373,3 +374,73 @@ def test_the_debugger_does_not_keep_a_dropped_model_alive(make_debugger, level):
     if level != "L1":
         with pytest.raises(ValueError, match="needs the model"):
             debugger.start()
+
+
+def _hook_count(net) -> int:
+    n = 0
+    for _, cell in net.cells_and_names():
+        for key, value in vars(cell).items():
+            if "hook" in key and isinstance(value, dict):
+                n += len(value)
+    return n
+
+
+def _api_objects():
+    return (ops.relu, mint.mul, Tensor.__add__, Tensor.__mul__, Tensor.add_, Tensor.copy_)
+
+
+def test_idle_steps_install_nothing(make_debugger, dump_dir):
+    net = build_mlp()
+    x, y = mlp_batch()
+    prim_type = type(net.fc1.matmul)
+    originals, hooks = _api_objects(), _hook_count(net)
+    grad_fn = ms.value_and_grad(lambda a, b: ops.mse_loss(net(a), b), None, net.trainable_params())
+    debugger = make_debugger(task="statistics", level="mix", step=[5])
+    for step in range(7):
+        debugger.start(net)
+        idle = step != 5
+        assert (_api_objects() == originals) is idle
+        assert (_hook_count(net) == hooks) is idle
+        assert (type(net.fc1.matmul) is prim_type) is idle
+        grad_fn(x, y)
+        debugger.stop()
+        assert _api_objects() == originals and _hook_count(net) == hooks
+        debugger.step()
+    assert sorted(os.listdir(dump_dir)) == ["step5"]
+
+
+def test_step_without_hooked_ops_is_explicitly_empty(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics", level="L1")
+    debugger.start(rank_id=1)         # this rank runs no hooked op in the step
+    _ = 1 + 1
+    debugger.stop()
+    debugger.step()
+    d = only_step_dir(dump_dir, 0)
+    assert os.path.basename(d) == "rank1"
+    with open(os.path.join(d, "dump.json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    assert doc["data"] == {} and doc["empty_reason"] == EMPTY_REASON
+    dump = msprobe.dump.load(d)
+    assert dump.data == {} and dump.header["empty_reason"] == EMPTY_REASON
+
+
+def test_empty_reason_says_when_filters_selected_nothing(make_debugger, dump_dir):
+    """Calls ran but a list matched none: the empty step says so, not "no recorded call"."""
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["Functional.no_such_api"]})
+    debugger.start()
+    ops.relu(Tensor(np.ones(3, np.float32)))   # not wrapped: the list can never match it
+    x = Tensor(np.ones(3, np.float32))
+    debugger.stop()
+    debugger.step()
+    doc = msprobe.dump.load(only_step_dir(dump_dir, 0)).header
+    assert doc["empty_reason"] == EMPTY_REASON    # nothing hooked ran at all
+
+    debugger = make_debugger(task="statistics", level="L1", section={"scope": [
+        "Functional.relu.5.forward", "Functional.relu.6.forward"]}, dump_path=dump_dir + "_2")
+    debugger.start()
+    ops.relu(x)
+    ops.relu(x)                                # relu.0 and relu.1: outside the scope
+    debugger.stop()
+    debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header["empty_reason"]
+    assert reason.startswith("2 hooked calls ran in this step") and "selected none" in reason

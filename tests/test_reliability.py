@@ -22,7 +22,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 import msprobe.dump
-from conftest import build_mlp, only_step_dir, run_steps
+from conftest import build_mlp, load_step, only_step_dir, run_steps, write_config
 from msprobe.engine.config import ConfigError
 from msprobe.mindspore import PrecisionDebugger
 
@@ -502,3 +502,43 @@ def test_msrun_watch_names_the_rank_that_produced_the_nan(msrun_out):
     assert found[1]["producer"] == "Functional.log.0.forward" and found[1]["via_collective"] is False
     assert found[0]["producer"].startswith("MintDistributed.all_reduce.") and found[0]["via_collective"] is True
     assert not (watch / "step2").exists()        # after the anomaly, nothing more is written
+
+
+def _npy_bytes(directory) -> int:
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(directory, "dump_tensor_data", "*.npy")))
+
+
+def test_tensor_budget_switches_to_statistics(make_debugger, dump_dir, caplog):
+    budget_mb = 0.01                  # 10485 bytes; each call saves 2 x 1024 bytes of float32 data
+    debugger = make_debugger(task="tensor", level="L1", step=[0, 1], section={"tensor_budget_mb": budget_mb})
+    x = Tensor(np.linspace(-1, 1, 256).astype(np.float32))
+    with caplog.at_level(logging.INFO, logger="msprobe"):
+        for _ in range(2):
+            debugger.start()
+            for _ in range(300):      # one API called many times in a Python loop
+                ops.relu(x)
+            debugger.stop()
+            debugger.step()
+    d0, dump0 = load_step(dump_dir, 0)
+    d1, dump1 = load_step(dump_dir, 1)
+    assert len(dump0.data) == 300 and len(dump1.data) == 300           # every call still recorded
+    saved = [k for k, v in dump0.data.items() if "data_name" in v["output"][0]]
+    assert saved == [f"Functional.relu.{k}.forward" for k in range(len(saved))] and 4 <= len(saved) <= 6
+    files = glob.glob(os.path.join(d0, "dump_tensor_data", "*.npy"))
+    data_bytes = len(files) * 1024    # .npy headers (128 bytes each) are not counted
+    assert data_bytes - 1024 < budget_mb * 2**20 <= data_bytes     # stops at the value that crosses
+    assert _npy_bytes(d0) == len(files) * (1024 + 128) and _npy_bytes(d1) == 0
+    last = dump1.data["Functional.relu.299.forward"]["output"][0]
+    assert last["Max"] == 1.0 and last["Min"] == 0.0 and "data_name" not in last
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("tensor_budget_mb" in m for m in messages) == 1
+    assert sum("step 0 wrote" in m and "2 configured steps" in m for m in messages) == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 0, "10", True])
+def test_tensor_budget_validated(tmp_path, bad):
+    from msprobe.mindspore import PrecisionDebugger
+
+    path = write_config(tmp_path, task="tensor", dump_path=str(tmp_path / "d"), section={"tensor_budget_mb": bad})
+    with pytest.raises(ConfigError, match="tensor.tensor_budget_mb"):
+        PrecisionDebugger(path)

@@ -9,10 +9,12 @@
   (a hang), so a ``kill -9`` loses nothing older;
 * the seed's ``dump.json is at …`` message is shown without any logging configuration, and an empty
   step's ``empty_reason`` names only causes that happened;
-* ``with debugger.dump(model):`` / ``with debugger:`` are start/stop.
+* ``with debugger.dump(model):`` / ``with debugger:`` are start/stop; the block's exception reaches the
+  caller unchanged, and README's example of them runs as written.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -21,12 +23,13 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 import weakref
 
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, ops
+from mindspore import Tensor, nn, ops
 
 import msprobe.dump
 from conftest import build_mlp, mlp_batch, only_step_dir
@@ -397,3 +400,96 @@ def test_with_blocks_are_start_and_stop(make_debugger, dump_dir):
     for step in (1, 2):
         data = msprobe.dump.load(only_step_dir(dump_dir, step)).data
         assert [n for n in data if ".forward" in n] == forward
+
+
+class _FailingHead(nn.Cell):
+    """Dense(4, 2) whose forward raises the user's own error when ``fail`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 2)
+        self.fail = False
+        self.raised = None
+
+    def construct(self, h):
+        if self.fail:
+            self.raised = ValueError("the user's forward failed")
+            raise self.raised
+        return self.fc(h)
+
+
+def _train_with_blocks(debugger, steps: int, fail_at: int):
+    """SGD steps of build_mlp() + _FailingHead, each inside ``with debugger.dump(net):`` (tool-off
+    when ``debugger`` is None); step ``fail_at`` raises in the head's forward. That forward runs
+    outside ``value_and_grad``: in MindSpore 2.10 two ``value_and_grad`` calls whose forward raised
+    leave the process's PyNative state broken (``Tensor[1]`` then raises TypeError), tool on or off."""
+    net = nn.SequentialCell(build_mlp(), _FailingHead())
+    params = net.trainable_params()
+    opt = nn.SGD(params, learning_rate=0.1)
+    grad_fn = ms.value_and_grad(lambda a, b: ops.mse_loss(net(a), b), None, params)
+    x, _ = mlp_batch()
+    y = Tensor(np.ones((4, 2), np.float32))
+    losses, grads, caught = [], [], None
+    for step in range(steps):
+        net[1].fail = step == fail_at
+        block = debugger.dump(net) if debugger is not None else contextlib.nullcontext()
+        try:
+            with block:
+                if step == fail_at:
+                    net(x)
+                loss, g = grad_fn(x, y)
+                opt(g)
+        except ValueError as exc:
+            caught = exc
+        else:
+            losses.append(loss.asnumpy().copy())
+            grads.append([t.asnumpy().copy() for t in g])
+        if debugger is not None:
+            debugger.step()
+    return losses, grads, caught, net[1].raised
+
+
+def test_with_block_on_a_training_network(make_debugger, dump_dir):
+    """Three training steps of a real network, each ``with debugger.dump(net):``; the second one
+    raises in a Cell's forward. Losses and gradients are bit-identical to tool-off, the exception is
+    the user's own object with its traceback, each step directory holds its files, and the failed
+    step's dump keeps what ran before the failure and says why it ended."""
+    off_losses, off_grads, _, _ = _train_with_blocks(None, 3, fail_at=1)
+    debugger = make_debugger(task="statistics", level="mix")
+    losses, grads, caught, raised = _train_with_blocks(debugger, 3, fail_at=1)
+    assert [a.tobytes() for a in losses] == [a.tobytes() for a in off_losses]
+    assert [[a.tobytes() for a in g] for g in grads] == [[a.tobytes() for a in g] for g in off_grads]
+    assert caught is raised and str(caught) == "the user's forward failed"
+    raise_frame = traceback.extract_tb(caught.__traceback__)[-1]
+    assert raise_frame.name == "construct" and raise_frame.line == "raise self.raised"
+    assert not debugger.service.active and ops.relu.__module__.startswith("mindspore")
+    for step in range(3):
+        d = only_step_dir(dump_dir, step)
+        assert {"dump.json", "stack.json", "construct.json"} <= set(os.listdir(d)), os.listdir(d)
+    ok = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
+    assert "Cell.1.fc.Dense.forward.0" in ok and "Cell.1.fc.Dense.backward.0" in ok
+    assert set(msprobe.dump.load(only_step_dir(dump_dir, 2)).data) == set(ok)
+    with open(os.path.join(only_step_dir(dump_dir, 1), "dump.json"), encoding="utf-8") as f:
+        failed = json.load(f)
+    assert "ValueError: the user's forward failed" in failed["abnormal"]
+    assert "Cell.0.fc1.Dense.forward.0" in failed["data"]           # recorded before the failure
+    assert not any(name.startswith("Cell.1.fc.") for name in failed["data"])
+
+
+def test_readme_with_block_example_runs(tmp_path):
+    """The script of README's "`with` blocks" section, run as written: three step directories, the
+    user's exception caught by the user, the failed step marked abnormal with its records kept."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    section = readme[readme.index("### `with` blocks\n"):]
+    script = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
+    proc = subprocess.run([sys.executable, "-c", script], env=_env(), cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "caught: my step failed" in proc.stdout
+    dump = str(tmp_path / "with_dump")
+    assert [msprobe.dump.load(only_step_dir(dump, step)).complete for step in range(3)] == [True] * 3
+    with open(os.path.join(only_step_dir(dump, 2), "dump.json"), encoding="utf-8") as f:
+        failed = json.load(f)
+    assert failed["abnormal"].startswith("the with-block raised RuntimeError: my step failed")
+    assert "Cell.0.Dense.forward.0" in failed["data"]

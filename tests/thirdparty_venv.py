@@ -8,7 +8,9 @@ line so pip cannot move them. msprobe itself is installed editable from this che
 dependencies.
 
 The venv is created once at ``<repo>/.venv-mindformers`` (~80 s, ~3.4 GB) and reused while its marker
-file exists; the marker is written last, so an interrupted creation is redone from scratch.
+file exists; the marker is written last, so an interrupted creation is redone from scratch. The marker
+lists msprobe's runtime requirements it was made with: when they change, only they are installed
+into the reused venv.
 
     python tests/thirdparty_venv.py        # create (or reuse) it and print its python
 """
@@ -34,7 +36,7 @@ MINDFORMERS_REQUIREMENTS = [
     "transformers==4.57.1", "datasets>=4.0.0", "pyarrow<21",
 ]
 #: msprobe's own runtime dependencies (it is installed with --no-deps; see pyproject.toml)
-MSPROBE_REQUIREMENTS = ["pydantic>=2.5,<3", "PyYAML>=6", "orjson>=3.9"]
+MSPROBE_REQUIREMENTS = ["pydantic>=2.5,<3", "PyYAML>=6", "orjson>=3.9", "jsonschema>=4.18"]
 
 
 def python_of(venv: str = VENV) -> str:
@@ -68,15 +70,28 @@ def ensure_venv(venv: str = VENV, repo: str = ROOT) -> tuple[str, float]:
         RuntimeError: an install command failed (its output is in the message).
     """
     if is_ready(venv):
+        with open(os.path.join(venv, MARKER), encoding="utf-8") as f:
+            made_with = f.read()
+        if made_with != _marker_text():  # msprobe's requirements changed since the venv was made
+            _pip(venv, *PINS, *MSPROBE_REQUIREMENTS)
+            _write_marker(venv)
         return python_of(venv), 0.0
     began = time.perf_counter()
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([_base_python(), "-m", "venv", venv], check=True)
     _pip(venv, *PINS, *MINDFORMERS_REQUIREMENTS, *MSPROBE_REQUIREMENTS)  # one resolution
     _pip(venv, "--no-deps", MINDFORMERS, "-e", repo)
-    with open(os.path.join(venv, MARKER), "w", encoding="utf-8") as f:
-        f.write(f"{MINDFORMERS} {' '.join(PINS)}\n")
+    _write_marker(venv)
     return python_of(venv), time.perf_counter() - began
+
+
+def _marker_text() -> str:
+    return f"{MINDFORMERS} {' '.join(PINS)}\n{' '.join(MSPROBE_REQUIREMENTS)}\n"
+
+
+def _write_marker(venv: str) -> None:
+    with open(os.path.join(venv, MARKER), "w", encoding="utf-8") as f:
+        f.write(_marker_text())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """API-level (L1) capture: wrappers around the functions and Tensor methods listed in
-``support_wrap_ops.yaml`` (seed: "修改API支持列表"; spec §3.2).
+``support_wrap_ops.yaml`` (seed: "修改API支持列表").
 
 Wrappers are installed at ``start()`` and removed at ``stop()``, so identity checks written outside a
 start/stop window see MindSpore's own objects, and a debugger that is constructed but not started

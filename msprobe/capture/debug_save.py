@@ -12,6 +12,8 @@ import logging
 
 from mindspore import Tensor
 
+from msprobe.format import naming
+
 logger = logging.getLogger("msprobe")
 
 _LEAF_TYPES = (Tensor, int, float, str)  # bool is an int
@@ -79,11 +81,11 @@ def save(runtime, variable, name: str, save_backward: bool = True) -> None:
         return
     with runtime.tool_code():
         token = runtime.open_step()
-        count = runtime.next_count(f"{name}.debug")
-        entry = f"{name}.{count}.debug"
+        count = runtime.next_count(naming.debug_counter(name))
+        entry = naming.debug_entry(name, count)
         runtime.record_value(entry, variable, token)
         if save_backward:
-            grad_entry = f"{name}_grad.{count}.debug"
+            grad_entry = naming.debug_grad_entry(name, count)
             tensors = list(_tensor_paths(variable))
             if tensors:
                 with runtime.lock:
@@ -93,7 +95,7 @@ def save(runtime, variable, name: str, save_backward: bool = True) -> None:
 
 
 def _grad_hook(runtime, grad_entry: str, path: tuple, token):
-    file_entry = ".".join([grad_entry, *map(str, path)])
+    file_entry = naming.item_name(grad_entry, *path)
 
     def hook(grad):
         runtime.record_at(grad_entry, path, grad, file_entry, token)

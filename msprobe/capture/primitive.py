@@ -17,6 +17,7 @@ import functools
 
 from mindspore.ops import Primitive
 
+from msprobe.capture.semantics import primitive_is_inplace
 from msprobe.engine.handles import Handle
 
 _PROBE = "_msprobe_probe"
@@ -45,11 +46,6 @@ def _hooked_class(cls):
     return sub
 
 
-def _is_side_effect(prim) -> bool:
-    attrs = getattr(prim, "attrs", None) or {}
-    return bool(attrs.get("side_effect_mem", False))
-
-
 def primitive_targets(cells, keep=None) -> list:
     """``[(Primitive instance, api name)]`` held as attributes by ``cells`` (an iterable of
     ``nn.Cell``), each instance once; ``keep(api_name) -> bool`` (optional) drops Primitives that
@@ -74,7 +70,7 @@ def install_primitive_hooks(recorder, targets: list) -> Handle:
         if _PROBE not in prim.__dict__:
             original_class = type(prim)
             prim.__class__ = _hooked_class(original_class)
-            prim.__dict__[_PROBE] = (recorder, api, _is_side_effect(prim))
+            prim.__dict__[_PROBE] = (recorder, api, primitive_is_inplace(prim))
             hooked.append((prim, original_class))
 
     def undo():

@@ -1,5 +1,6 @@
-"""Call semantics both recorders (API calls, asynchronous handles) and the in-place guard use:
-which calls write their arguments, what a call's forward ``output`` is."""
+"""Call semantics both recorders (API and Primitive calls, asynchronous handles), the Cell hooks and
+the in-place guard use: which calls write their arguments (by API name, or a Primitive's attributes),
+what a call's forward ``output`` is."""
 from __future__ import annotations
 
 
@@ -34,6 +35,13 @@ def is_inplace(api_name: str) -> bool:
     return ((short.endswith("_") and not short.endswith("__"))
             or short == "__setitem__" or short.startswith("assign") or short.startswith("scatter_nd_")
             or short.startswith("inplace_"))
+
+
+def primitive_is_inplace(prim) -> bool:
+    """A Primitive writes its inputs when MindSpore marks it ``side_effect_mem`` (``Assign``,
+    ``ScatterUpdate``, optimizer kernels such as ``ApplyMomentum``): its ``attrs`` say so."""
+    attrs = getattr(prim, "attrs", None) or {}
+    return bool(attrs.get("side_effect_mem", False))
 
 
 def as_output_list(out):

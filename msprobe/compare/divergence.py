@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from msprobe.compare import judge as J
-from msprobe.compare.engine import EntryResult, StepComparison, forward_name
+from msprobe.compare.engine import EntryResult, StepComparison
 from msprobe.compare.records import TENSOR_TYPES, Side
 from msprobe.dump import load_construct, load_stacks
+from msprobe.format import naming
 
 
 @dataclass
@@ -49,17 +50,6 @@ class Finding:
         if out["gain"] is not None and math.isinf(out["gain"]):
             out["gain"] = "inf"
         return out
-
-
-def direction(entry: str) -> str:
-    """``forward`` or ``backward``: parameter gradients and the debug level's ``{name}_grad.{n}.debug``
-    count as backward, other debug entries as forward."""
-    if ".backward" in entry or ".parameters_grad" in entry:
-        return "backward"
-    parts = entry.split(".")
-    if parts[-1] == "debug" and len(parts) >= 3 and parts[-3].endswith("_grad"):  # save()'s gradients
-        return "backward"
-    return "forward"
 
 
 def cell_path(entry: str, construct: dict) -> List[str]:
@@ -120,7 +110,7 @@ class DivergenceFinder:
 
     def add(self, entry: EntryResult) -> None:
         exact = self.exact
-        way = direction(entry.name)
+        way = naming.direction_of(entry.name)
         if entry.match == "unmatched":
             if self.unmatched[way] is None and not self.found[way]:
                 self.unmatched[way] = entry
@@ -158,7 +148,7 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
     name = entry.name
     t_stacks = load_stacks(comparison.target.directory)
     g_stacks = load_stacks(comparison.golden.directory)
-    return Finding(kind, comparison.step, comparison.rank, name, entry.golden, direction(name),
+    return Finding(kind, comparison.step, comparison.rank, name, entry.golden, naming.direction_of(name),
                    cell_path(name, construct), t_stacks.get(_forward_of(entry.target), []),
                    g_stacks.get(_forward_of(entry.golden), []),
                    [_record_dict(r) for r in entry.records], entry.gain)
@@ -166,7 +156,7 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
 
 def _forward_of(entry: Optional[str]) -> Optional[str]:
     """Stacks are recorded for forward entries; a backward entry shows its forward call's stack."""
-    return forward_name(entry) or entry
+    return naming.forward_of(entry) or entry
 
 
 def _finite(rec) -> bool:
@@ -186,7 +176,7 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
         ins = [r for r in recs if r.flow == "in"]
         outs = [r for r in recs if r.flow == "out"]
         if all(_finite(r) for r in ins) and not all(_finite(r) for r in outs):
-            found[direction(name)].append(name)
+            found[naming.direction_of(name)].append(name)
     for want in ("forward", "backward"):
         names = found[want]
         if not names:

@@ -18,6 +18,7 @@ from msprobe.compare.batch import judge_many
 from msprobe.compare.matching import UNMATCHED, match
 from msprobe.compare.records import Side, load_sides
 from msprobe.compare.thresholds import Thresholds
+from msprobe.format import naming
 
 HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape"]
 STAT_SIDES = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
@@ -170,25 +171,13 @@ class StepComparison:
             yield from entry_rows(entry, self.mode, stack)
 
 
-def forward_name(entry: Optional[str]) -> Optional[str]:
-    """The forward entry of a backward entry (``X.0.backward`` -> ``X.0.forward``,
-    ``Cell.a.A.backward.0`` -> ``Cell.a.A.forward.0``); None for other entries."""
-    if entry is None:
-        return None
-    if entry.endswith(".backward"):
-        return entry[: -len("backward")] + "forward"
-    if ".backward." in entry:
-        return entry.replace(".backward.", ".forward.")
-    return None
-
-
 def upstream_names(entry: str) -> list:
     """Entries whose tensor inputs also feed ``entry``: a backward entry's forward call; a Cell's
     parameter gradients' forward call and backward call."""
-    if ".parameters_grad." in entry:
-        return [entry.replace(".parameters_grad.", ".forward."),
-                entry.replace(".parameters_grad.", ".backward.")]
-    fwd = forward_name(entry)
+    calls = naming.param_grad_calls(entry)
+    if calls is not None:
+        return list(calls)
+    fwd = naming.forward_of(entry)
     return [fwd] if fwd else []
 
 
@@ -226,7 +215,7 @@ _NONE4 = (None, None, None, None)
 def _row_name(entry: Optional[str], rec) -> Optional[str]:
     if rec is None:
         return None
-    return f"{entry}.{rec.key}" if rec.key else entry
+    return naming.item_name(entry, rec.key) if rec.key else entry
 
 
 def entry_values(entry: EntryResult, mode: str, stack: Optional[dict] = None) -> Iterator[list]:

@@ -15,10 +15,10 @@ from typing import Optional
 import jinja2
 
 from msprobe.compare import divergence
-from msprobe.compare.engine import forward_name
 from msprobe.compare.inputs import InputError, rank_number, resolve
 from msprobe.compare.records import Side
 from msprobe.dump import load_construct, load_stacks
+from msprobe.format import naming
 
 _FRAME = re.compile(r"^File (?P<file>.*?), line (?P<line>\d+), in (?P<func>.*?),\s*\n?\s*(?P<code>.*)$", re.S)
 _LIBRARY_MARKERS = (f"{os.sep}site-packages{os.sep}mindspore{os.sep}",
@@ -92,7 +92,7 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                 "golden": [_fmt(v) for v in j.golden.stats] if j is not None and j.golden is not None else None,
                 "result": j.result if j is not None else "", "message": "; ".join(j.messages) if j else "",
                 "bad": not all(v is None or math.isfinite(v) for v in rec.stats)})
-        frames = stacks.get(forward_name(name) or name, [])
+        frames = stacks.get(naming.forward_of(name) or name, [])
         outs = [r for r in records if not r["key"].startswith(("input", "kwargs", "parameters"))]
         nodes[name] = {"id": ids[name], "name": name, "records": records, "children": [],
                        "brief": (outs or records or [None])[0],

@@ -9,17 +9,17 @@ record plus the entry names), never as the parsed JSON bodies.
 from __future__ import annotations
 
 import os
-import re
 from array import array
 from typing import NamedTuple, Optional
 
 from msprobe.dump import iter_bodies
+from msprobe.format import naming
+from msprobe.format.naming import api_key
 
 TENSOR_TYPES = ("mindspore.Tensor", "numpy.ndarray")
 STATS = ("Max", "Min", "Mean", "Norm")
 _NAN = float("nan")
 _NO_EXTRA = (None, None, None)
-_COUNT = re.compile(r"^\d+$")
 
 
 class Record(NamedTuple):
@@ -64,10 +64,10 @@ def flow_of(key: str) -> str:
 def entry_records(entry: str, body) -> list:
     """The :class:`Record` list of one entry body of ``dump.json``, in written order."""
     out = []
-    if ".parameters_grad." in entry or entry.endswith(".parameters_grad"):
+    if naming.is_param_grad(entry):
         for pname, value in (body or {}).items():
             _walk(value, pname, out, single_list=True)
-    elif entry.endswith(".debug"):  # the saved value itself; nested items by their index path
+    elif naming.is_debug(entry):  # the saved value itself; nested items by their index path
         _walk(body, "", out)
     elif isinstance(body, dict):
         for key, value in body.items():
@@ -223,20 +223,6 @@ class Side:
 
     def has_tensor_files(self) -> bool:
         return any(extra[1] is not None for extra in self._extra.values())
-
-
-def api_key(entry: str) -> str:
-    """The entry's API or Cell class and its direction, without call counter or Cell path:
-    ``Functional.relu.3.forward`` -> ``Functional.relu.forward``; ``Cell.layer.0.fc.Dense.forward.2``
-    -> ``Cell.Dense.forward``; ``Cell.fc.Dense.parameters_grad.0`` -> ``Cell.Dense.parameters_grad``."""
-    parts = entry.split(".")
-    if parts[0] == "Cell" and len(parts) >= 4 and _COUNT.match(parts[-1]):
-        return f"Cell.{parts[-3]}.{parts[-2]}"
-    if len(parts) >= 3 and parts[-1] in ("forward", "backward") and _COUNT.match(parts[-2]):
-        return ".".join(parts[:-2] + parts[-1:])
-    if len(parts) >= 3 and parts[-1] == "debug" and _COUNT.match(parts[-2]):
-        return ".".join(parts[:-2] + parts[-1:])
-    return entry
 
 
 def api_name(entry: str) -> str:

@@ -606,7 +606,7 @@ def _to_config_error(exc: ValidationError) -> ConfigError:
     value = first.get("input")
     if first.get("type") == "missing":
         value = None
-    allowed = ALLOWED.get(str(first["loc"][0]) if first["loc"] else "", "see the configuration spec")
+    allowed = ALLOWED.get(str(first["loc"][0]) if first["loc"] else "", 'see "Configuration" in README.md')
     return ConfigError(field, value, allowed, first.get("msg"))
 
 

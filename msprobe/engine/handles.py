@@ -1,4 +1,4 @@
-"""Removable handles for every hook or patch the tool installs (lesson "Handles" in STYLE.md).
+"""Removable handles for every hook or patch the tool installs, so ``stop()`` removes exactly that.
 
 ``Handle.remove()`` is idempotent; a ``HandleSet`` removes its members in reverse install order, so
 stacked patches of the same attribute unwind to the exact original object.

@@ -1,4 +1,4 @@
-"""Runtime: the one object that owns dump state (lesson "One owner of runtime state" in STYLE.md).
+"""Runtime: the one object that owns dump state (counters are record names, so one owner resets them).
 
 It holds the step number, the per-step call counters (API, Primitive, Cell, parameter gradients),
 the per-thread Cell stack and "inside tool code" depth, the recording gate (started, ``token_range``

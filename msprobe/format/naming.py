@@ -6,22 +6,30 @@ Entry names (keys of ``dump.json["data"]``):
   ``Primitive.conv1.Conv2D.0.forward``; ``n`` counts calls of that API within the step.
 * Cell: ``Cell.{path}.{Class}.{forward|backward}.{k}`` e.g. ``Cell.conv2.Conv2d.forward.0``.
 * Parameter gradients: ``Cell.{path}.{Class}.parameters_grad.{g}``.
-* Debug level: ``{name}.{count}.debug``.
+* Debug level: ``{name}.{count}.debug``; the gradient of a saved value ``{name}_grad.{count}.debug``.
+
+Call counters (:meth:`msprobe.engine.runtime.Runtime.next_count`) are keyed by names of the same
+grammar: the API name for API calls, :func:`cell_counter`, :func:`param_grad_counter`,
+:func:`debug_counter`.
 
 Tensor files (``dump_tensor_data/``): ``{entry}.{category}.{index path}.npy`` where category is
 ``input`` (positional args, and backward ``input``), ``kwargs``, ``output`` or ``parameters``, e.g.
 ``Functional.split.0.forward.input.0.npy``, ``Cell.conv1.Conv2d.forward.0.parameters.weight.npy``;
-parameter gradients ``{prefix}.parameters_grad.{g}.{param}.npy``.
+parameter gradients ``{prefix}.parameters_grad.{g}.{param}.npy``. L2 kernel files keep MindSpore's
+names (:func:`kernel_file_name`).
 """
 from __future__ import annotations
 
 import hashlib
+import re
 
 FORWARD = "forward"
 BACKWARD = "backward"
 
 #: longest file name most file systems accept, in bytes
 MAX_FILE_NAME_BYTES = 255
+
+_COUNT = re.compile(r"^\d+$")
 
 
 def api_entry(api: str, count: int, direction: str) -> str:
@@ -58,9 +66,57 @@ def _other_direction(entry, have: str, want: str):
     return None
 
 
+PARAMETERS_GRAD = "parameters_grad"
+DEBUG = "debug"
+
+
 def param_grad_entry(cell_prefix: str, count: int) -> str:
     """Entry name holding the parameter gradients of one Cell."""
-    return f"{cell_prefix}.parameters_grad.{count}"
+    return f"{cell_prefix}.{PARAMETERS_GRAD}.{count}"
+
+
+def param_grad_calls(entry: str) -> tuple | None:
+    """The forward and backward Cell entries a parameter-gradient entry belongs to
+    (``Cell.a.B.parameters_grad.2`` -> ``("Cell.a.B.forward.2", "Cell.a.B.backward.2")``);
+    ``None`` for any other name."""
+    head, _, count = entry.rpartition(".")
+    prefix, _, kind = head.rpartition(".")
+    if kind != PARAMETERS_GRAD or not count.isdigit():
+        return None
+    return f"{prefix}.{FORWARD}.{count}", f"{prefix}.{BACKWARD}.{count}"
+
+
+def cell_counter(cell_prefix: str) -> str:
+    """Counter key numbering a Cell's forward calls (``k`` of :func:`cell_entry`)."""
+    return f"{cell_prefix}.{FORWARD}"
+
+
+def param_grad_counter(cell_prefix: str) -> str:
+    """Counter key numbering a Cell's parameter-gradient entries (``count`` of
+    :func:`param_grad_entry`)."""
+    return f"{cell_prefix}.{PARAMETERS_GRAD}"
+
+
+def debug_counter(name: str) -> str:
+    """Counter key numbering the ``save()`` calls of one variable name."""
+    return f"{name}.{DEBUG}"
+
+
+def debug_entry(name: str, count: int) -> str:
+    """Entry name of the ``count``-th ``save(variable, name)`` of a step: ``{name}.{count}.debug``."""
+    return f"{name}.{count}.{DEBUG}"
+
+
+def debug_grad_entry(name: str, count: int) -> str:
+    """Entry name of the gradient of that saved value: ``{name}_grad.{count}.debug``."""
+    return f"{name}_grad.{count}.{DEBUG}"
+
+
+def item_name(entry: str, *path) -> str:
+    """The name of one item inside an entry: ``entry`` and the item's keys or indices joined by dots
+    (``item_name("x_grad.0.debug", 1, 0)`` -> ``"x_grad.0.debug.1.0"``; without ``path`` the entry
+    itself). Tensor file names (:func:`data_file_name`) and compare rows use this grammar."""
+    return ".".join([entry, *map(str, path)])
 
 
 def cell_prefix(path: str, class_name: str, index: int | None = None) -> str:
@@ -69,15 +125,60 @@ def cell_prefix(path: str, class_name: str, index: int | None = None) -> str:
     return f"{head}.{path}.{class_name}"
 
 
+def is_param_grad(entry: str) -> bool:
+    """Whether ``entry`` holds parameter gradients (``….parameters_grad.{g}``, or the reference tool's
+    ``….parameters_grad`` without a count)."""
+    return f".{PARAMETERS_GRAD}." in entry or entry.endswith(f".{PARAMETERS_GRAD}")
+
+
+def is_debug(entry: str) -> bool:
+    """Whether ``entry`` is a debug-level entry (``{name}.{count}.debug``)."""
+    return entry.endswith(f".{DEBUG}")
+
+
+def direction_of(entry: str) -> str:
+    """``"forward"`` or ``"backward"``: backward entries, parameter gradients and the debug level's
+    gradients (``{name}_grad.{count}.debug``) are backward; every other entry is forward."""
+    if f".{BACKWARD}" in entry or f".{PARAMETERS_GRAD}" in entry:
+        return BACKWARD
+    parts = entry.split(".")
+    if parts[-1] == DEBUG and len(parts) >= 3 and parts[-3].endswith("_grad"):
+        return BACKWARD
+    return FORWARD
+
+
+def api_key(entry: str) -> str:
+    """The entry's API or Cell class and its direction, without call counter or Cell path:
+    ``Functional.relu.3.forward`` -> ``Functional.relu.forward``; ``Cell.layer.0.fc.Dense.forward.2``
+    -> ``Cell.Dense.forward``; ``Cell.fc.Dense.parameters_grad.0`` -> ``Cell.Dense.parameters_grad``;
+    ``h.1.debug`` -> ``h.debug``; any other name is returned as it is."""
+    parts = entry.split(".")
+    if parts[0] == "Cell" and len(parts) >= 4 and _COUNT.match(parts[-1]):
+        return f"Cell.{parts[-3]}.{parts[-2]}"
+    if len(parts) >= 3 and parts[-1] in (FORWARD, BACKWARD, DEBUG) and _COUNT.match(parts[-2]):
+        return ".".join(parts[:-2] + parts[-1:])
+    return entry
+
+
 def data_file_name(entry: str, category: str, index_path: tuple) -> str:
     """Name of the ``.npy`` file of one tensor, shortened when longer than 255 bytes.
 
     A name over :data:`MAX_FILE_NAME_BYTES` keeps its first 200 characters plus a SHA-1 suffix, so it
     stays unique and loadable; ``dump.json`` keeps the entry's full name next to ``data_name``.
     """
-    parts = [entry, *([category] if category else []), *map(str, index_path)]
-    name = ".".join(parts) + ".npy"
+    name = item_name(entry, *([category] if category else []), *index_path) + ".npy"
     if len(name.encode()) <= MAX_FILE_NAME_BYTES:
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()
     return f"{name.encode()[:200].decode(errors='ignore')}.{digest}.npy"
+
+
+def kernel_file_name(name: str) -> str:
+    """The name of an L2 kernel file in the seed's layout: MindSpore's file name ``name`` itself, or,
+    when longer than :data:`MAX_FILE_NAME_BYTES`, a 32-digit name derived from a hash of ``name``
+    (deterministic, so collecting twice agrees; ``mapping.csv`` lists the original)."""
+    if len(name.encode()) <= MAX_FILE_NAME_BYTES:
+        return name
+    digits = int(hashlib.sha256(name.encode()).hexdigest(), 16) % 10 ** 32
+    suffix = ".npy" if name.endswith(".npy") else ""
+    return f"{digits:032d}{suffix}"

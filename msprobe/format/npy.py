@@ -8,7 +8,7 @@ import itertools
 import math
 import os
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, NamedTuple, Tuple
 
 import numpy as np
 
@@ -64,6 +64,50 @@ def save_npy(path: str, arr: np.ndarray) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+class NpyHeader(NamedTuple):
+    """The header of a ``.npy`` file (:func:`read_npy_header`)."""
+
+    shape: Tuple[int, ...]
+    descr: str
+    fortran_order: bool
+    #: byte offset of the payload from the start of the file
+    offset: int
+
+    @property
+    def bfloat16(self) -> bool:
+        """MindSpore's bfloat16 (``descr`` ``'<E2'``), which numpy rejects; :func:`load_npy` reads it."""
+        return isinstance(self.descr, str) and self.descr.endswith(_BF16_DESCR_SUFFIX)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Size of the payload in bytes (2 per bfloat16 element)."""
+        itemsize = 2 if self.bfloat16 else np.dtype(self.descr).itemsize
+        return math.prod(self.shape) * itemsize
+
+
+def read_npy_header(path: str) -> NpyHeader:
+    """The header of the ``.npy`` file ``path``, bfloat16 (``'<E2'``) included.
+
+    Raises:
+        ValueError: not a ``.npy`` file, or a malformed header.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        header = _read_npy_header(fh)
+        return NpyHeader(tuple(header["shape"]), header["descr"], bool(header["fortran_order"]),
+                         fh.tell())
+
+
+def npy_complete(path: str) -> bool:
+    """True when ``path`` is a ``.npy`` file holding its whole payload (False while another process
+    is still writing it, or when it is not a readable ``.npy`` file)."""
+    try:
+        header = read_npy_header(path)
+        return os.path.getsize(path) >= header.offset + header.payload_bytes
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def load_npy(path: str) -> np.ndarray:

@@ -9,12 +9,20 @@ Typical use (PyNative)::
         debugger.stop()
         debugger.step()
 
-or, with the same meaning, ``with debugger.dump(model): ...`` / ``with debugger: ...`` (start/stop)
-followed by ``debugger.step()``.
+or, with the same meaning, a ``with`` block around the step's computation::
+
+    for data, label in batches:
+        with debugger.dump(model):     # debugger.start(model) ... debugger.stop()
+            loss = train_step(data, label)
+        debugger.step()
+
+``with debugger:`` is the same block without a model argument (``start()``; a model given earlier
+with ``start(model)`` or ``dump(model)`` is used again). The block's exception reaches the caller
+unchanged (same object, no frame of the tool added to its traceback); the step is marked abnormal
+and its records so far are kept.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import weakref
@@ -84,19 +92,14 @@ class PrecisionDebugger:
 
     def __exit__(self, exc_type, exc, tb):
         self._stop_after(exc)
-        return False
+        return False  # the block's exception, if any, goes on unchanged
 
-    @contextlib.contextmanager
-    def dump(self, model=None, token_range=None, rank_id=None):
-        """``with debugger.dump(model):`` — :meth:`start` with these arguments, :meth:`stop` at the
-        end of the block (also when it raises; the exception reaches the caller unchanged)."""
-        self.start(model, token_range=token_range, rank_id=rank_id)
-        try:
-            yield self
-        except BaseException as exc:
-            self._stop_after(exc)
-            raise
-        self.stop()
+    def dump(self, model=None, token_range=None, rank_id=None) -> "_DumpBlock":
+        """``with debugger.dump(model):`` — :meth:`start` with these arguments when the block is
+        entered, :meth:`stop` at its end, also when it raises (the exception reaches the caller
+        unchanged). Call :meth:`step` after the step. The ``with`` statement's ``as`` target is the
+        debugger. Arguments and what is raised: as :meth:`start`."""
+        return _DumpBlock(self, model, token_range, rank_id)
 
     def _stop_after(self, exc) -> None:
         if exc is None:
@@ -181,3 +184,20 @@ class PrecisionDebugger:
     def restore_custom_api(self, module, api) -> None:
         """Restore the original ``module.<api>`` (seed: "restore_custom_api")."""
         self.service.restore_custom_api(module, api)
+
+
+class _DumpBlock:
+    """The context manager :meth:`PrecisionDebugger.dump` returns (a class, not a generator, so the
+    block's exception passes through without a frame of the tool added to its traceback)."""
+
+    def __init__(self, debugger: PrecisionDebugger, model, token_range, rank_id):
+        self._debugger = debugger
+        self._start_args = (model, token_range, rank_id)
+
+    def __enter__(self) -> PrecisionDebugger:
+        model, token_range, rank_id = self._start_args
+        self._debugger.start(model, token_range=token_range, rank_id=rank_id)
+        return self._debugger
+
+    def __exit__(self, exc_type, exc, tb):
+        return self._debugger.__exit__(exc_type, exc, tb)

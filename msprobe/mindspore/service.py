@@ -1,4 +1,4 @@
-"""DumpService: what gets installed for each level, and the start/stop/step lifecycle (spec §3.1).
+"""DumpService: what gets installed for each level, and the start/stop/step lifecycle (seed: "start", "stop", "step").
 
 * ``start()`` on a dumped step and rank installs the capture for the level and switches recording on:
   L1 -> API wrappers (+ Primitive hooks when a model was given); L0 -> Cell hooks; mix -> both. A
@@ -166,7 +166,7 @@ class DumpService:
             return False
         if rt.open_step() is None:
             return False
-        if cfg.level in _API_LEVELS:  # B08: names bound to an API before start() are not captured
+        if cfg.level in _API_LEVELS:  # names bound to an API before start() are not captured: list them
             note_stale_bindings(rt, self._listed_targets(), self.models, self._aliases())
         self._install()
         rt.begin_capture()
@@ -233,7 +233,7 @@ class DumpService:
 
     # ------------------------------------------------------------------ inference token range
     def set_token_range(self, token_range) -> None:
-        """Dump only forward passes ``start..end`` (inclusive, 0-based) of the root model (spec §3.8).
+        """Dump only forward passes ``start..end`` (inclusive, 0-based) of the root model (seed: "推理模型采集指定token_range").
 
         Raises:
             ConfigError: not a list/tuple of two ints with 0 <= start <= end, or no model given.

@@ -160,7 +160,7 @@ class CellCapture:
             rt.enter()
             fwd = entered = None
             try:
-                k = rt.next_count(f"{prefix}.forward")
+                k = rt.next_count(naming.cell_counter(prefix))
                 fwd = naming.cell_entry(prefix, naming.FORWARD, k)
                 stack = rt.cell_stack
                 parent = stack[-1] if stack else None
@@ -329,7 +329,7 @@ class CellCapture:
             return []
         first = params[0][0]
         rt = self.rt
-        key = f"{prefix}.parameters_grad"
+        key = naming.param_grad_counter(prefix)
         hooks = []
         for pname, param in params:
             def hook(grad, pname=pname):

@@ -27,12 +27,10 @@ names over 255 bytes become a 32-digit name listed in that directory's ``mapping
 """
 from __future__ import annotations
 
-import ast
 import csv
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -44,8 +42,11 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from msprobe.engine import layout
+from msprobe.engine.config import ConfigError
 from msprobe.engine.handles import Handle
-from msprobe.format.naming import MAX_FILE_NAME_BYTES
+from msprobe.format.naming import kernel_file_name
+from msprobe.format.npy import load_npy, npy_complete, read_npy_header
+from msprobe.tensors.stats import compute_stats, pynative_executor
 
 __all__ = ["KernelDump", "kernel_file_name", "ENV_VAR", "STATISTIC_HEADER"]
 
@@ -79,74 +80,20 @@ _FILE_RE = re.compile(
     r"(?P<io>input|output)\.(?P<slot>\d+)\.(?P<fmt>[^.]+)\.(?P<dtype>[^.]+)\.npy$")
 
 
-def _config_error(field: str, value: object, allowed: str, reason: str) -> ValueError:
-    try:
-        from msprobe.engine.config import ConfigError
-        return ConfigError(field, value, allowed, reason)
-    except ImportError:  # pragma: no cover - config layer always present in the package
-        return ValueError(f"config field '{field}': invalid value {value!r} ({reason}); "
-                          f"allowed: {allowed}")
+# ------------------------------------------------------------------------------------ statistics
 
-
-def kernel_file_name(name: str) -> str:
-    """The file name used in the output: ``name`` itself, or, when longer than 255 bytes, a
-    32-digit name derived from a hash of ``name`` (deterministic, so collecting twice agrees)."""
-    if len(name.encode()) <= MAX_FILE_NAME_BYTES:
-        return name
-    digits = int(hashlib.sha256(name.encode()).hexdigest(), 16) % 10 ** 32
-    suffix = ".npy" if name.endswith(".npy") else ""
-    return f"{digits:032d}{suffix}"
-
-
-# ------------------------------------------------------------------------------------ npy reading
-
-def _npy_header(path: str):
-    """(shape, descr, fortran, data offset) of an .npy file, accepting bf16's ``'<E2'``."""
-    with open(path, "rb") as fh:
-        magic = fh.read(8)
-        if magic[:6] != b"\x93NUMPY":
-            raise ValueError(f"{path}: not an npy file")
-        major = magic[6]
-        hlen_size = 2 if major == 1 else 4
-        hlen = int.from_bytes(fh.read(hlen_size), "little")
-        header = ast.literal_eval(fh.read(hlen).decode("latin1"))
-        return tuple(header["shape"]), header["descr"], header["fortran_order"], 8 + hlen_size + hlen
-
-
-def _is_bf16(descr: str) -> bool:
-    return descr.lstrip("<>|=") in ("E2", "E")
-
-
-def _complete(path: str) -> bool:
-    """True when the file holds its whole payload (MindSpore may still be writing it)."""
-    try:
-        shape, descr, _, offset = _npy_header(path)
-        itemsize = 2 if _is_bf16(descr) else np.dtype(descr).itemsize
-        return os.path.getsize(path) >= offset + int(np.prod(shape, dtype=np.int64)) * itemsize
-    except (OSError, ValueError, SyntaxError, TypeError, KeyError):
-        return False
+#: summary item -> the name of the same count in :func:`msprobe.tensors.stats.compute_stats`
+_COUNTS = {"nan count": "NanCount", "positive inf count": "PosInfCount",
+           "negative inf count": "NegInfCount", "zero count": "ZeroCount"}
+_SIGNED_ZERO_COUNTS = ("negative zero count", "positive zero count")
 
 
 def _load(path: str) -> Tuple[np.ndarray, str, int]:
     """(array, dtype name, payload bytes); bf16 (``'<E2'``) decoded to float32 exactly."""
-    try:
-        from msprobe.tensors.stats import load_npy  # the shared loader (handles '<E2')
-    except ImportError:  # stand-alone fallback
-        load_npy = None
-    shape, descr, fortran, offset = _npy_header(path)
-    if _is_bf16(descr):
-        if load_npy is not None:
-            arr = np.asarray(load_npy(path), dtype=np.float32)
-        else:
-            bits = np.fromfile(path, dtype="<u2", offset=offset)
-            arr = (bits.astype(np.uint32) << 16).view(np.float32)
-            arr = arr.reshape(shape, order="F" if fortran else "C")
-        return arr, "bfloat16", arr.size * 2
-    arr = load_npy(path) if load_npy is not None else np.load(path, allow_pickle=False)
-    return arr, arr.dtype.name, arr.nbytes
+    header = read_npy_header(path)
+    arr = load_npy(path)
+    return arr, "bfloat16" if header.bfloat16 else arr.dtype.name, header.payload_bytes
 
-
-# ------------------------------------------------------------------------------------ statistics
 
 def _fmt(value) -> str:
     if value is None:
@@ -156,57 +103,34 @@ def _fmt(value) -> str:
     return repr(float(value))
 
 
-def _basic_stats(arr: np.ndarray) -> Dict[str, object]:
-    """max, min, mean, l2norm with float64 accumulation (integers keep exact max/min)."""
-    if arr.size == 0:
-        return {"max": None, "min": None, "mean": None, "l2norm": None}
-    try:
-        from msprobe.tensors.stats import compute_stats  # shared helper, when available
-    except ImportError:
-        compute_stats = None
-    # shared engine for float arrays; 0-d values and ints/bools keep MindSpore's csv conventions
-    # here (L2Norm = |x| for a scalar, bool max/min as 0/1 with a mean and a norm)
-    if compute_stats is not None and arr.dtype.kind == "f" and arr.ndim > 0:
-        s = compute_stats(arr)
-        return {"max": s["Max"], "min": s["Min"], "mean": s["Mean"], "l2norm": s["Norm"]}
-    if arr.dtype.kind in "biu":
-        flat = arr.reshape(-1)
-        mx, mn = flat.max(), flat.min()
-        if arr.dtype.kind == "b":
-            mx, mn = int(mx), int(mn)
-        f64 = flat.astype(np.float64)
-    else:
-        f64 = arr.reshape(-1).astype(np.float64)
-        mx, mn = float(f64.max()), float(f64.min())
-    mean = float(np.sum(f64, dtype=np.float64) / f64.size)
-    norm = math.sqrt(float(np.dot(f64, f64)))
-    return {"max": mx, "min": mn, "mean": mean, "l2norm": norm}
+def _stat_values(arr: np.ndarray, path: str, items: Tuple[str, ...]) -> List[str]:
+    """The statistic.csv values of ``items`` for the array read from ``path``.
 
-
-def _stat_values(arr: np.ndarray, raw: bytes, items: Tuple[str, ...]) -> List[str]:
-    base = _basic_stats(arr) if set(items) & set(_DEFAULT_ITEMS) else {}
-    out = []
+    Max/Min/Mean/L2Norm and the NaN/Inf/zero counts follow :func:`msprobe.tensors.stats.compute_stats`,
+    with MindSpore's csv conventions on top: bool tensors are counted as 0/1 (with a mean and a norm),
+    Mean and L2Norm are always written as floats, and a non-float tensor has no NaN, Inf or signed
+    zero. ``md5`` is the MD5 of the file's payload bytes.
+    """
+    counts = tuple(_COUNTS[i] for i in items if i in _COUNTS)
+    stats = compute_stats(arr.astype(np.uint8) if arr.dtype.kind == "b" else arr, counts=counts)
+    values = {"max": stats["Max"], "min": stats["Min"],
+              "mean": None if stats["Mean"] is None else float(stats["Mean"]),
+              "l2norm": None if stats["Norm"] is None else float(stats["Norm"])}
+    values.update((item, stats[key]) for item, key in _COUNTS.items() if key in stats)
     floats = arr.dtype.kind == "f"
+    out = []
     for item in items:
-        if item in base:
-            out.append(_fmt(base[item]))
+        if item in values:
+            out.append(_fmt(values[item]))
         elif item in ("md5", "hash"):
-            out.append(hashlib.md5(raw).hexdigest())
-        elif not floats and item in ("nan count", "negative inf count", "positive inf count",
-                                     "negative zero count", "positive zero count"):
+            with open(path, "rb") as fh:
+                fh.seek(read_npy_header(path).offset)
+                out.append(hashlib.md5(fh.read()).hexdigest())
+        elif item in _SIGNED_ZERO_COUNTS and not floats:
             out.append("0")
-        elif item == "nan count":
-            out.append(str(int(np.isnan(arr).sum())))
-        elif item == "negative inf count":
-            out.append(str(int(np.isneginf(arr).sum())))
-        elif item == "positive inf count":
-            out.append(str(int(np.isposinf(arr).sum())))
-        elif item == "zero count":
-            out.append(str(int((arr == 0).sum())))
-        elif item == "negative zero count":
-            out.append(str(int(((arr == 0) & np.signbit(arr)).sum())))
-        elif item == "positive zero count":
-            out.append(str(int(((arr == 0) & ~np.signbit(arr)).sum())))
+        elif item in _SIGNED_ZERO_COUNTS:
+            negative = np.signbit(arr) if item == "negative zero count" else ~np.signbit(arr)
+            out.append(str(int(((arr == 0) & negative).sum())))
         else:  # pragma: no cover - filtered in _stat_items
             out.append("")
     return out
@@ -238,8 +162,6 @@ def _synchronize() -> None:
     try:
         # the PyNative executor's sync waits for queued work on every device; runtime.synchronize()
         # would log "CPU device is not supported" on CPU and do nothing
-        from msprobe.tensors.stats import pynative_executor
-
         pynative_executor().sync()
     except Exception as exc:  # noqa: BLE001 - best effort; partial files are retried anyway
         logger.debug("L2 kernel dump: synchronize failed: %s", exc)
@@ -263,12 +185,12 @@ class KernelDump:
     def __init__(self, config):
         task = getattr(config, "task", None)
         if task not in _TASKS:
-            raise _config_error("task", task, ", ".join(map(repr, _TASKS)),
-                                "level L2 dumps kernels as statistics or tensors")
+            raise ConfigError("task", task, ", ".join(map(repr, _TASKS)),
+                              "level L2 dumps kernels as statistics or tensors")
         data_mode = tuple(getattr(config, "data_mode", ("all",)) or ("all",))
         if data_mode not in _DATA_MODES:
-            raise _config_error("data_mode", list(data_mode), "exactly one of 'all', 'input', 'output'",
-                                "level L2 takes exactly one of all/input/output")
+            raise ConfigError("data_mode", list(data_mode), "exactly one of 'all', 'input', 'output'",
+                              "level L2 takes exactly one of all/input/output")
         self.task = task
         self.dump_path = os.path.abspath(config.dump_path)
         self.rank = tuple(getattr(config, "rank", ()) or ())
@@ -320,8 +242,8 @@ class KernelDump:
             raw_dir = tempfile.mkdtemp(prefix="msprobe_kernel_")
             if not _NATIVE_PATH_RE.match(raw_dir):
                 os.rmdir(raw_dir)
-                raise _config_error("dump_path", self.dump_path, "a path of letters, digits, '-', "
-                                    "'_' and '/'", "MindSpore's kernel dump rejects other characters")
+                raise ConfigError("dump_path", self.dump_path, "a path of letters, digits, '-', "
+                                  "'_' and '/'", "MindSpore's kernel dump rejects other characters")
             logger.warning("L2 kernel dump: dump_path %r has characters MindSpore's dump rejects; "
                            "raw kernel files go to %s first", self.dump_path, raw_dir)
             self.raw_dir = raw_dir
@@ -398,7 +320,7 @@ class KernelDump:
         rows, mapping_rows, done = [], [], 0
         for _, original, fname, match in entries:
             src = os.path.join(src_dir, fname)
-            if not _complete(src):
+            if not npy_complete(src):
                 continue
             done += 1
             if self.task == "statistics" and match is not None:
@@ -418,17 +340,11 @@ class KernelDump:
 
     def _stat_row(self, path: str, match: "re.Match") -> List[str]:
         arr, dtype_name, nbytes = _load(path)
-        raw = b""
-        if {"md5", "hash"} & set(self.stat_items):
-            offset = _npy_header(path)[3]
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                raw = fh.read()
         shape = "(" + ",".join(str(d) for d in arr.shape) + ")"
         head = [match.group("op"), match.group("scope"), match.group("task"), match.group("stream"),
                 match.group("ts"), match.group("io"), match.group("slot"), str(nbytes), dtype_name,
                 shape]
-        return head + _stat_values(arr, raw, self.stat_items)
+        return head + _stat_values(arr, path, self.stat_items)
 
 
 def _read_mapping(path: str) -> Dict[str, str]:

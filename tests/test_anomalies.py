@@ -1,0 +1,107 @@
+"""``anomalies.json``: the first producer of a non-finite value (inputs finite, output not) of a step,
+also when the user's step raises, inside a compiled ``mindspore.jit`` region (named by the region),
+and at L0 and mix (the API inside the Cell is named); a finite step writes no report. Real MindSpore,
+CPU, PyNative."""
+from __future__ import annotations
+
+import json
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+
+import msprobe.dump
+from conftest import load_step
+from msprobe.read.report import read_report
+
+
+def test_anomalies_written_when_the_user_step_raises(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics", level="L1")
+    x = Tensor(np.array([1.0, 2.0], np.float32))
+    with pytest.raises(RuntimeError, match="user step"):
+        debugger.start()
+        for _ in range(5):
+            ops.exp(x * 100.0)        # exp(200) overflows float32: five producers of Inf
+        raise RuntimeError("user step failed")
+    debugger.step()
+    d, dump = load_step(dump_dir)
+    report = read_report(d, "anomalies.json")
+    assert report["producers"] == [f"Functional.exp.{k}.forward" for k in range(5)]
+    assert report["first_producer"] == "Functional.exp.0.forward" and report["step"] == 0
+    assert any("test_anomalies.py" in frame for frame in report["stack"])
+    assert dump.data["Functional.exp.0.forward"]["output"][0]["Max"] == float("inf")
+
+
+def log_shift(x):
+    return ops.log(x - 10)
+
+
+def test_nan_inside_jit_region_names_the_region(make_debugger, dump_dir):
+    f = ms.jit(log_shift)
+    debugger = make_debugger(task="statistics", level="L1")
+    debugger.start()
+    f(Tensor(np.array([1.0], np.float32)))
+    debugger.stop()
+    debugger.step()
+    d, _ = load_step(dump_dir)
+    report = read_report(d, "anomalies.json")
+    assert report["first_producer"] == "Jit.log_shift.0.forward"
+    assert "compiled" in report["note"]
+    assert "Jit.log_shift.0.forward" in msprobe.dump.summarize(dump_dir)
+
+
+class LogShift(nn.Cell):
+    def construct(self, h):
+        return ops.log(h - 5)
+
+
+class NanNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Dense(8, 8)
+        self.b = LogShift()
+        self.c = nn.Dense(8, 8)
+        self.d = nn.ReLU()
+
+    def construct(self, x):
+        return self.d(self.c(self.b(self.a(x))))
+
+
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_first_nan_producer_is_the_cell_that_made_it(make_debugger, dump_dir, level):
+    ms.set_seed(0)
+    net = NanNet()
+    x = Tensor(np.ones((2, 8), np.float32))
+    debugger = make_debugger(task="statistics", level=level)
+    debugger.start(net)
+    net(x)
+    debugger.stop()
+    debugger.step()
+    d, dump = load_step(dump_dir)
+    report = read_report(d, "anomalies.json")
+    assert report["first_non_finite"] == "Cell.b.LogShift.forward.0" and report["step"] == 0
+    if level == "mix":   # the Cell and the API inside it that made the NaN: the API is named
+        assert report["producers"] == ["Cell.b.LogShift.forward.0", "Functional.log.0.forward"]
+        assert report["first_producer"] == "Functional.log.0.forward"
+        assert dump.construct["Functional.log.0.forward"] == "Cell.b.LogShift.forward.0"
+    else:
+        assert report["producers"] == ["Cell.b.LogShift.forward.0"]
+        assert report["first_producer"] == "Cell.b.LogShift.forward.0"
+    assert report["stack"] and any("test_anomalies.py" in frame for frame in report["stack"])
+    assert "Cell.c.Dense.forward.0" not in report["producers"]   # NaN in, NaN out: a consumer
+    text = msprobe.dump.summarize(dump_dir)
+    assert "first producer of a non-finite value (inputs finite, output not): step0/" in text
+    assert text.rstrip().endswith(report["first_producer"])
+
+
+def test_finite_step_writes_no_reports(make_debugger, dump_dir):
+    debugger = make_debugger(task="statistics", level="L1")
+    debugger.start()
+    ops.relu(Tensor(np.ones(3, np.float32)))
+    debugger.stop()
+    debugger.step()
+    d, dump = load_step(dump_dir)
+    assert not os.path.exists(os.path.join(d, "anomalies.json"))
+    assert "empty_reason" not in json.load(open(os.path.join(d, "dump.json"), encoding="utf-8"))
