@@ -22,11 +22,11 @@ from mindspore import Parameter, Tensor, ops
 
 from msprobe.format import naming
 from msprobe.read import report
-from msprobe.tensors import stats
+from msprobe.tensors import hotpath, stats
 from msprobe.engine.budget import TensorBudget
 from msprobe.engine.filters import Selector
 from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
-from msprobe.tensors.records import Describer
+from msprobe.tensors.records import Describer, describe_other
 from msprobe.engine.stacks import StackTable
 from msprobe.engine.watch import Watch, WatchWriter
 from msprobe.engine.writer import StepWriter
@@ -513,17 +513,22 @@ class Runtime:
                 name_for = lambda path: naming.data_file_name(entry, category, index + path)  # noqa: E731
         else:
             name_for = _no_file
-        describer = Describer(name_for, self.snapshot)
+        ext = hotpath.ext
+        describer = Describer(name_for, self.snapshot) if ext is None or name_for is not _no_file else None
+        slots = [] if describer is None else describer.slots
         try:
-            described = describer.describe(value)
+            if describer is None:  # the same walk in C (tensors/hotpath.py)
+                described = ext.describe(value, self.snapshot, slots, describe_other)
+            else:
+                described = describer.describe(value)
         except Exception as exc:
             if not self.claim_user_failure(exc, value):
                 raise  # the tool's own failure: the capture code reports it
             return
         if name_for is not _no_file and self.budget.limit is not None:
-            self.budget.spend(describer.slots)
+            self.budget.spend(slots)
         line["v"] = [described] if as_list else described
-        self._queue(line, describer.slots, writer)
+        self._queue(line, slots, writer)
 
     def record_stack(self, entry: str, writer=None) -> None:
         """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""

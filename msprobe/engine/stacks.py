@@ -11,6 +11,8 @@ import linecache
 import os
 import sys
 
+from msprobe.tensors import hotpath
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 #: frames walked at most (tool and library frames included); ``max_depth`` limits the rendered ones
@@ -32,16 +34,11 @@ class StackTable:
 
     def current(self) -> int:
         """Id of the calling thread's stack, rendering it if new."""
-        frame = sys._getframe(1)
-        key = []
-        append = key.append
-        depth = 0
-        while frame is not None and depth < MAX_WALK:
-            append(frame.f_code)
-            append(frame.f_lasti)
-            frame = frame.f_back
-            depth += 1
-        key = tuple(key)
+        ext = hotpath.ext
+        if ext is not None:
+            key = ext.stack_key(1, MAX_WALK)  # the same key, walked in C
+        else:
+            key = stack_key(sys._getframe(1))
         sid = self._ids.get(key)
         if sid is None:  # several instructions of one line (``f(a) + f(b)``) render alike: one id
             rendered = self._render(key)
@@ -64,6 +61,19 @@ class StackTable:
             source = linecache.getline(code.co_filename, line).strip()
             lines.append(f"File {code.co_filename}, line {line}, in {code.co_name}, \n {source}")
         return lines
+
+
+def stack_key(frame) -> tuple:
+    """``(code, f_lasti, code, f_lasti, ...)`` from ``frame`` outwards, at most ``MAX_WALK`` frames."""
+    key = []
+    append = key.append
+    depth = 0
+    while frame is not None and depth < MAX_WALK:
+        append(frame.f_code)
+        append(frame.f_lasti)
+        frame = frame.f_back
+        depth += 1
+    return tuple(key)
 
 
 def _line_of(code, lasti: int) -> int:
