@@ -163,7 +163,7 @@ def test_stack_key_matches_python():
 
     c_key, py_key = inner()
     # the same frames; the innermost differs only in where each call sits on its line
-    assert c_key[0] is py_key[0] and c_key[2:] == py_key[2:]
+    assert c_key[0] == py_key[0] == id(inner.__code__) and c_key[2:] == py_key[2:]
     short, full = ext.stack_key(0, 3), ext.stack_key(0, stacks.MAX_WALK)
     assert len(short) == 6 and short[2:] == full[2:6] and len(full) > 6
 

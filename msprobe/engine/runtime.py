@@ -456,7 +456,8 @@ class Runtime:
             return True
         if self.save_tensors:
             return self.budget.allows()
-        return any(item in entry for item in self.config.tensor_list)
+        names = self.config.tensor_list
+        return bool(names) and any(item in entry for item in names)
 
     def record(self, entry: str, key: str, value, category: str, writer=None) -> None:
         """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files."""
@@ -669,7 +670,10 @@ class Runtime:
         try:
             by_writer: dict = {}
             for writer, line in pending:
-                by_writer.setdefault(id(writer), (writer, []))[1].append(line)
+                group = by_writer.get(id(writer))
+                if group is None:
+                    group = by_writer[id(writer)] = (writer, [])
+                group[1].append(line)
             if slots:
                 target = pending[0][0]
                 failure = materialize(slots, md5=self.config.md5,

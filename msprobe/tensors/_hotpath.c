@@ -15,6 +15,8 @@
  *       file name) through the statistics kernel; other slots keep leaf None for the Python flush.
  *       Call only when every queued operation has finished (flush.materialize checks it).
  *   resolve(record) -> (record with slots replaced by their leaves, holds a non-finite float)
+ *   encode_lines(records, encode) -> (journal text, resolved records, any non-finite float)
+ *   stack_key(skip, limit) -> (id(code), f_lasti, ...) of the calling frames (stacks.py)
  *
  * Plain CPython C API: nothing to build it but a C compiler.
  */
@@ -618,7 +620,10 @@ static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *key = PyList_New(0);
     if (key == NULL) { Py_XDECREF(frame); return NULL; }
     for (Py_ssize_t depth = 0; frame != NULL && depth < limit; depth++) {
-        PyObject *code = (PyObject *)PyFrame_GetCode(frame);
+        PyObject *codeobj = (PyObject *)PyFrame_GetCode(frame);
+        PyObject *code = PyLong_FromVoidPtr(codeobj);  /* id(code): what the Python key holds */
+        Py_DECREF(codeobj);
+        if (code == NULL) { Py_DECREF(frame); Py_DECREF(key); return NULL; }
 #if PY_VERSION_HEX >= 0x030B0000
         PyObject *lasti = PyLong_FromLong(PyFrame_GetLasti(frame));
 #else
@@ -676,7 +681,7 @@ static PyMethodDef methods[] = {
      "record and encode it as one journal line with orjson; a record that holds a non-finite float or\n"
      "that orjson refuses is encoded by encode(record, non_finite, line=True) instead."},
     {"stack_key", (PyCFunction)(void (*)(void))stack_key, METH_FASTCALL,
-     "stack_key(skip, limit) -> tuple (code, f_lasti, code, f_lasti, ...) of the calling frames,\n"
+     "stack_key(skip, limit) -> tuple (id(code), f_lasti, ...) of the calling frames,\n"
      "innermost first, after skipping `skip` frames above the caller's, at most `limit` frames."},
     {"describe", (PyCFunction)(void (*)(void))describe, METH_FASTCALL,
      "describe(value, snapshot, slots, fallback) -> record structure (see the module docstring)."},

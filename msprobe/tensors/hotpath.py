@@ -15,7 +15,7 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
 * ``resolve``/``encode_lines`` — :func:`msprobe.engine.writer.resolve_slots` over journal records,
   then their lines encoded with orjson (a record holding a non-finite float, or one orjson refuses,
   by :func:`msprobe.format.journal.encode_json`).
-* ``stack_key`` — the ``(code, f_lasti, ...)`` key of the calling frames of
+* ``stack_key`` — the ``(id(code), f_lasti, ...)`` key of the calling frames of
   :meth:`msprobe.engine.stacks.StackTable.current`.
 
 :data:`ext` is the extension, or ``None`` when it is not built or ``MSPROBE_PURE_PYTHON=1`` is set
