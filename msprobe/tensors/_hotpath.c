@@ -41,7 +41,8 @@ static PyObject *ScanFunc;       /* msprobe.tensors._stats_kernel.scan */
 static PyObject *ContigFunc;     /* TensorPy.is_contiguous (what Tensor.is_contiguous calls) */
 static PyObject *PtrFunc;        /* TensorPy._data_ptr (what Tensor.data_ptr calls) */
 static PyObject *EncodeFunc;     /* orjson.dumps */
-static PyObject *EncodeOptions;  /* {"option": orjson.OPT_APPEND_NEWLINE} */
+static PyObject *EncodeOption;   /* orjson.OPT_APPEND_NEWLINE */
+static PyObject *EncodeKwnames;  /* ("option",) */
 static Py_ssize_t Split = 1 << 21;
 static double Tiny;              /* smallest normal float64 */
 
@@ -569,8 +570,8 @@ static PyObject *encode_lines(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyList_SET_ITEM(resolved, i, rec);
         PyObject *line = NULL;
         if (!flag) {
-            PyObject *call_args[1] = {rec};
-            line = PyObject_VectorcallDict(EncodeFunc, call_args, 1, EncodeOptions);
+            PyObject *call_args[2] = {rec, EncodeOption};
+            line = PyObject_Vectorcall(EncodeFunc, call_args, 1, EncodeKwnames);
             if (line == NULL) {
                 if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto done;
                 PyErr_Clear();  /* e.g. an int beyond 64 bits: the Python encoder decides */
@@ -654,9 +655,12 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &PyDict_Type, &names, &PyDict_Type, &kinds, &scan, &split, &contig, &ptr,
                                      &dumps, &option))
         return NULL;
-    PyObject *options = Py_BuildValue("{sO}", "option", option);
-    if (options == NULL) return NULL;
-    Py_XSETREF(EncodeOptions, options);
+    /* interned: orjson recognises its keyword arguments by the identity of their names */
+    PyObject *name = PyUnicode_InternFromString("option"), *kwnames = name ? PyTuple_Pack(1, name) : NULL;
+    Py_XDECREF(name);
+    if (kwnames == NULL) return NULL;
+    Py_XSETREF(EncodeKwnames, kwnames);
+    Py_INCREF(option); Py_XSETREF(EncodeOption, option);
     Py_INCREF(contig); Py_XSETREF(ContigFunc, contig);
     Py_INCREF(ptr); Py_XSETREF(PtrFunc, ptr);
     Py_INCREF(dumps); Py_XSETREF(EncodeFunc, dumps);
