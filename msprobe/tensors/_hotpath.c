@@ -223,8 +223,8 @@ static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyOb
         if (tp != &PyDict_Type) {
             PyObject *d;
             if (Py_EnterRecursiveCall(" in msprobe describe")) return NULL;
-            /* a list may change size while described (fallback code): iterate a snapshot */
-            PyObject *seq = PySequence_Fast(v, "not a sequence");
+            /* a list may change while described (fallback code, other threads): walk a copy */
+            PyObject *seq = tp == &PyList_Type ? PyList_AsTuple(v) : (Py_INCREF(v), v);
             d = seq ? describe_items(seq, depth, snapshot, slots, fallback) : NULL;
             Py_XDECREF(seq);
             Py_LeaveRecursiveCall();
@@ -388,7 +388,7 @@ static PyObject *fill(PyObject *self, PyObject *slots) {
         PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(slots, "fill() needs a sequence of TensorSlot");
+    PyObject *seq = PySequence_Tuple(slots);  /* a copy: the kernel releases the GIL */
     if (seq == NULL) return NULL;
     PyObject *seen = PyDict_New();  /* id(tensor) -> statistics tuple or None */
     if (seen == NULL) { Py_DECREF(seq); return NULL; }
@@ -552,7 +552,7 @@ static PyObject *encode_lines(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(args[0], "encode_lines() needs a sequence of dicts");
+    PyObject *seq = PySequence_Tuple(args[0]);  /* a copy: encoders may run Python code */
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *resolved = PyList_New(n), *parts = PyList_New(n), *text = NULL, *empty = NULL;
