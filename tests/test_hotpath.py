@@ -154,7 +154,8 @@ def test_resolve_and_lines_match_python():
         py_resolved.append(rec)
         py_lines += encode_json(rec, flags[0], line=True)
         py_any |= flags[0]
-    assert ext.encode_lines(recs, encode_json) == (py_lines, py_resolved, py_any)
+    text, resolved, non_finite = ext.encode_lines(recs, encode_json)
+    assert (bytes(text), resolved, non_finite) == (py_lines, py_resolved, py_any)
 
 
 def test_stack_key_matches_python():

@@ -15,7 +15,7 @@
  *       file name) through the statistics kernel; other slots keep leaf None for the Python flush.
  *       Call only when every queued operation has finished (flush.materialize checks it).
  *   resolve(record) -> (record with slots replaced by their leaves, holds a non-finite float)
- *   encode_lines(records, encode) -> (journal text, resolved records, any non-finite float)
+ *   encode_lines(records, encode) -> (journal text (bytearray), resolved records, any non-finite float)
  *   stack_key(skip, limit) -> (id(code), f_lasti, ...) of the calling frames (stacks.py)
  *
  * Plain CPython C API: nothing to build it but a C compiler.
@@ -29,6 +29,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MAX_DEPTH 64
 
@@ -555,9 +556,10 @@ static PyObject *encode_lines(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *seq = PySequence_Tuple(args[0]);  /* a copy: encoders may run Python code */
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject *resolved = PyList_New(n), *parts = PyList_New(n), *text = NULL, *empty = NULL;
-    int any = 0;
-    if (resolved == NULL || parts == NULL) goto done;
+    /* each line is copied out at once: orjson's bytes over-allocate, a batch of them is ~10x its text */
+    PyObject *resolved = PyList_New(n), *text = PyByteArray_FromStringAndSize(NULL, 0);
+    int any = 0, ok = 0;
+    if (resolved == NULL || text == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *record = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyDict_Check(record)) {
@@ -586,16 +588,22 @@ static PyObject *encode_lines(PyObject *self, PyObject *const *args, Py_ssize_t 
             Py_DECREF(kw);
             if (line == NULL) goto done;
         }
-        PyList_SET_ITEM(parts, i, line);
+        if (!PyBytes_Check(line)) {
+            Py_DECREF(line);
+            PyErr_SetString(PyExc_TypeError, "a journal line encoder returned no bytes");
+            goto done;
+        }
+        Py_ssize_t old = PyByteArray_GET_SIZE(text), size = PyBytes_GET_SIZE(line);
+        if (PyByteArray_Resize(text, old + size) < 0) { Py_DECREF(line); goto done; }
+        memcpy(PyByteArray_AS_STRING(text) + old, PyBytes_AS_STRING(line), (size_t)size);
+        Py_DECREF(line);
         any |= flag;
     }
-    empty = PyBytes_FromStringAndSize(NULL, 0);
-    if (empty != NULL) text = _PyBytes_Join(empty, parts);
+    ok = 1;
 done:
-    Py_XDECREF(empty);
-    Py_XDECREF(parts);
     Py_DECREF(seq);
-    if (text == NULL) {
+    if (!ok) {
+        Py_XDECREF(text);
         Py_XDECREF(resolved);
         return NULL;
     }
