@@ -132,6 +132,15 @@ def test_fill_matches_python(monkeypatch):
     assert not any(done[-5:])  # 0-d, empty, 2**21 elements, transposed, bfloat16: left to Python
 
 
+def test_fill_leaves_slots_with_a_file_to_python():
+    t = Tensor(np.arange(4, dtype=np.float32))
+    plain = records.TensorSlot(t, None, "Float32", [4], "mindspore.Tensor")
+    named = records.TensorSlot(t, "x.npy", "Float32", [4], "mindspore.Tensor")
+    assert flush.wait_for_device() is None
+    ext.fill([plain, named])  # the same tensor: read once, but only the slot without a file is filled
+    assert plain.leaf is not None and named.leaf is None
+
+
 def test_resolve_and_lines_match_python():
     slot = records.TensorSlot(None, None, "Float32", [2], "mindspore.Tensor")
     slot.leaf = {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "Max": math.inf, "Min": 0.0,
@@ -169,14 +178,16 @@ def test_stack_key_matches_python():
     assert len(short) == 6 and short[2:] == full[2:6] and len(full) > 6
 
 
-@pytest.mark.parametrize("level", ["L1", "mix"])
-def test_dump_files_identical_with_and_without_extension(tmp_path, monkeypatch, make_debugger, level):
+@pytest.mark.parametrize("fields", [{"level": "L1"}, {"level": "mix"},
+                                    {"level": "L1", "section": {"tensor_list": ["relu"]}},
+                                    {"level": "L0", "task": "tensor"}], ids=["L1", "mix", "list", "tensor"])
+def test_dump_files_identical_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields):
     """The same training steps dumped with the compiled path and with the Python path only."""
     outputs = []
     for use_c in (True, False):
         monkeypatch.setattr(hotpath, "ext", ext if use_c else None)
         dump = str(tmp_path / f"dump_{use_c}")
-        debugger = make_debugger(level=level, dump_path=dump)
+        debugger = make_debugger(dump_path=dump, **fields)
         losses, grads = run_steps(build_mlp(), debugger, steps=2, batch=mlp_batch())
         step_dir = only_step_dir(dump, 1)
         files = {}
@@ -184,7 +195,9 @@ def test_dump_files_identical_with_and_without_extension(tmp_path, monkeypatch, 
             with open(os.path.join(step_dir, name), encoding="utf-8") as f:
                 files[name] = json.load(f)
         files["dump.json"]["dump_data_dir"] = None
+        tensor_dir = os.path.join(step_dir, "dump_tensor_data")
+        files["npy"] = sorted(os.listdir(tensor_dir)) if os.path.isdir(tensor_dir) else []
         outputs.append((files, [l.tobytes() for l in losses], [[g.tobytes() for g in s] for s in grads]))
-        debugger.service.close() if hasattr(debugger, "service") else None
     assert outputs[0] == outputs[1]
     assert outputs[0][0]["dump.json"]["data"]
+    assert bool(outputs[0][0]["npy"]) == (fields.get("task") == "tensor" or "section" in fields)

@@ -400,6 +400,9 @@ static PyObject *fill(PyObject *self, PyObject *slots) {
         Slot *s = (Slot *)item;
         if (s->leaf != NULL && s->leaf != Py_None) continue;
         if (s->tensor == NULL || s->tensor == Py_None) continue;
+        /* a slot with a file name is the Python flush's (it writes the .npy), even when the same
+         * tensor was read here for another slot */
+        if (s->data_name != NULL && s->data_name != Py_None) continue;
         PyObject *key = PyLong_FromVoidPtr(s->tensor);
         if (key == NULL) goto error;
         PyObject *st = PyDict_GetItemWithError(seen, key);
