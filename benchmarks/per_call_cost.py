@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/per_call_cost.py           # 7 repeats per size
     .venv/bin/python benchmarks/per_call_cost.py --quick   # 3 repeats
     .venv/bin/python benchmarks/per_call_cost.py --json out.json
+    .venv/bin/python benchmarks/per_call_cost.py --pure-python   # without the compiled per-call path
 
 Runs with ``ms.set_device("CPU"); ms.runtime.launch_blocking()`` (synchronous launch; the default
 asynchronous PyNative pipeline is ~30x slower and very noisy on a 2-core machine).
@@ -20,6 +21,9 @@ Split of the cost per call (all medians over repeats; each repeat = N calls insi
   ``msprobe.engine.runtime.materialize``) and ``journal`` (the rest: JSON encoding + append);
 * ``stop+step``: ``stop()`` + ``step()`` (replay of the journal into dump.json/stack.json/
   construct.json, close), / N;
+* ``fixed``: hook + flush + stop+step, the whole cost of one recorded call; ``fixed cpu`` is the same
+  in CPU time of the calling thread (``time.thread_time``), much less sensitive to other processes
+  competing for the cores than wall time (``base cpu`` is the call's own CPU time);
 * GB/s: bytes whose statistics were computed (input + output = 2 * n * 4 bytes per call) / stats time;
   ``ref GB/s`` is ``msprobe.tensors.stats.compute_stats`` alone on the same host array, and ``np f32``
   is plain numpy ``max``/``min``/``sum``/``dot`` in float32 (a speed-of-light reference, not exact).
@@ -48,7 +52,12 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int)
     p.add_argument("--json", metavar="OUT")
+    p.add_argument("--sizes", help="comma-separated element counts (default: 1e3 ... 1e7)")
+    p.add_argument("--pure-python", action="store_true",
+                   help="MSPROBE_PURE_PYTHON=1: the Python per-call path instead of msprobe.tensors._hotpath")
     args = p.parse_args(argv)
+    if args.pure_python:
+        os.environ["MSPROBE_PURE_PYTHON"] = "1"
     repeats = args.repeats or (3 if args.quick else 7)
 
     import numpy as np
@@ -65,6 +74,7 @@ def main(argv=None) -> int:
     rtmod.FLUSH_SLOTS = 10 ** 12
     rtmod.FLUSH_BYTES = 1 << 62
     rtmod.FLUSH_SECONDS = 1e12
+    rtmod.FLUSH_DEADLINE = 1e6  # no background flush inside the timed calls either
     timer = {"stats": 0.0}
     original_materialize = rtmod.materialize
 
@@ -88,11 +98,19 @@ def main(argv=None) -> int:
     rt = dbg.service.runtime
 
     print(HEADER)
+    try:
+        from msprobe.tensors import hotpath
+
+        compiled = hotpath.ext is not None
+    except ImportError:  # a tree from before the compiled per-call path
+        compiled = False
+
     print(f"ops.relu(float32 x), L1 statistics, no model; {repeats} repeats per size; "
-          f"cpu_count={os.cpu_count()}, loadavg={os.getloadavg()[0]:.2f}")
-    fmt = "{:>9} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>8}"
+          f"cpu_count={os.cpu_count()}, loadavg={os.getloadavg()[0]:.2f}; compiled per-call path: "
+          f"{'yes' if compiled else 'no'}")
+    fmt = "{:>9} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}"
     print(fmt.format("elements", "N", "base us", "hook us", "flush us", "stats us", "journal", "stop+step",
-                     "GB/s", "ref GB/s", "np f32"))
+                     "fixed us", "base cpu", "fixed cpu", "GB/s", "ref GB/s", "np f32"))
     results = []
     rng = np.random.default_rng(0)
     warm = Tensor(rng.standard_normal(SIZES[0]).astype(np.float32))
@@ -102,7 +120,7 @@ def main(argv=None) -> int:
             ops.relu(warm)
         dbg.stop()
         dbg.step()
-    for n in SIZES:
+    for n in ([int(float(v)) for v in args.sizes.split(",")] if args.sizes else SIZES):
         host = rng.standard_normal(n).astype(np.float32)
         x = Tensor(host)
         calls = calls_for(n)
@@ -112,15 +130,17 @@ def main(argv=None) -> int:
         ops.relu(x)
         dbg.stop()
         dbg.step()
-        rows = {k: [] for k in ("base", "hook", "flush", "stats", "journal", "stopstep", "ref", "npf32")}
+        rows = {k: [] for k in ("base", "hook", "flush", "stats", "journal", "stopstep", "ref", "npf32",
+                                "fixed", "base_cpu", "fixed_cpu")}
         for _ in range(repeats):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             for _ in range(calls):
                 ops.relu(x)
             base = (time.perf_counter() - t) / calls
+            base_cpu = (time.thread_time() - c) / calls
 
             dbg.start()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             for _ in range(calls):
                 ops.relu(x)
             hooked = (time.perf_counter() - t) / calls
@@ -133,6 +153,7 @@ def main(argv=None) -> int:
             dbg.stop()
             dbg.step()
             stopstep = (time.perf_counter() - t) / calls
+            tool_cpu = (time.thread_time() - c) / calls  # hooked calls + flush + stop + step
 
             arr = x.asnumpy()
             t = time.perf_counter()
@@ -150,6 +171,9 @@ def main(argv=None) -> int:
             rows["stopstep"].append(stopstep)
             rows["ref"].append(ref)
             rows["npf32"].append(npf32)
+            rows["fixed"].append(hooked - base + flush + stopstep)
+            rows["base_cpu"].append(base_cpu)
+            rows["fixed_cpu"].append(tool_cpu - base_cpu)
         med = {k: statistics.median(v) for k, v in rows.items()}
         stat_bytes = 2 * n * 4
         gbps = stat_bytes / med["stats"] / 1e9 if med["stats"] > 0 else float("nan")
@@ -160,11 +184,13 @@ def main(argv=None) -> int:
                         "compute_stats_GBps": ref_gbps, "numpy_f32_GBps": np_gbps})
         print(fmt.format(f"{n:.0e}", calls, f"{us['base']:.1f}", f"{us['hook']:.1f}", f"{us['flush']:.1f}",
                          f"{us['stats']:.1f}", f"{us['journal']:.1f}", f"{us['stopstep']:.1f}",
+                         f"{us['fixed']:.1f}", f"{us['base_cpu']:.1f}", f"{us['fixed_cpu']:.1f}",
                          f"{gbps:.2f}", f"{ref_gbps:.2f}", f"{np_gbps:.2f}"), flush=True)
     dbg.service.close()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"header": HEADER, "repeats": repeats, "results": results}, f, indent=1)
+            json.dump({"header": HEADER, "repeats": repeats, "compiled": compiled,
+                       "results": results}, f, indent=1)
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)

@@ -26,13 +26,13 @@ from mindspore import Parameter, Tensor, ops
 
 from msprobe.format import naming
 from msprobe.read import report
-from msprobe.tensors import stats
+from msprobe.tensors import hotpath, stats
 from msprobe.engine import layout
 from msprobe.engine.budget import TensorBudget
 from msprobe.engine.deferred import DeferredOutputs
 from msprobe.engine.filters import Selector
 from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
-from msprobe.tensors.records import Describer
+from msprobe.tensors.records import Describer, describe_other
 from msprobe.engine.stacks import StackTable
 from msprobe.engine.watch import Watch, WatchWriter
 from msprobe.engine.writer import StepWriter
@@ -576,7 +576,8 @@ class Runtime:
             return True
         if self.save_tensors:
             return self.budget.allows()
-        return any(item in entry for item in self.config.tensor_list)
+        names = self.config.tensor_list
+        return bool(names) and any(item in entry for item in names)
 
     def record(self, entry: str, key: str, value, category: str, token=None) -> None:
         """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files.
@@ -637,17 +638,22 @@ class Runtime:
                 name_for = lambda path: naming.data_file_name(entry, category, index + path)  # noqa: E731
         else:
             name_for = _no_file
-        describer = Describer(name_for, self.snapshot)
+        ext = hotpath.ext
+        describer = Describer(name_for, self.snapshot) if ext is None or name_for is not _no_file else None
+        slots = [] if describer is None else describer.slots
         try:
-            described = describer.describe(value)
+            if describer is None:  # the same walk in C (tensors/hotpath.py)
+                described = ext.describe(value, self.snapshot, slots, describe_other)
+            else:
+                described = describer.describe(value)
         except Exception as exc:
             if not self.claim_user_failure(exc, value):
                 raise  # the tool's own failure: the capture code reports it
             return
         if name_for is not _no_file and self.budget.limit is not None:
-            self.budget.spend(describer.slots)
+            self.budget.spend(slots)
         line["v"] = [described] if as_list else described
-        self._queue(line, describer.slots, writer)
+        self._queue(line, slots, writer)
 
     def record_stack(self, entry: str, token=None, compiled: bool = False) -> None:
         """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on;
@@ -804,7 +810,10 @@ class Runtime:
         try:
             by_writer: dict = {}
             for writer, line in pending:
-                by_writer.setdefault(id(writer), (writer, []))[1].append(line)
+                group = by_writer.get(id(writer))
+                if group is None:
+                    group = by_writer[id(writer)] = (writer, [])
+                group[1].append(line)
             if slots:
                 target = pending[0][0]
                 failure = materialize(slots, md5=self.config.md5,

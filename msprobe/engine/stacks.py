@@ -1,7 +1,9 @@
 """Call-stack capture, interned per code location (seed: ``stack.json``).
 
-A stack is identified by the ``(code object, last instruction)`` of every frame, read in one tight loop
-(about 5 µs for 45 frames; building ``(code, f_lineno)`` pairs and filtering on the way took 20 µs).
+A stack is identified by the ``(id of the code object, last instruction)`` of every frame, read in one
+tight loop (in C when :mod:`msprobe.tensors.hotpath` is built: ~1 µs for 45 frames; building
+``(code, f_lineno)`` pairs and filtering on the way took 20 µs, and a key of code objects costs
+~0.5 µs per frame to hash).
 Rendering (line numbers, source lines, leaving out frames inside the msprobe package so the innermost
 frame shown is the user's call site) happens once per distinct stack.
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+
+from msprobe.tensors import hotpath
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -29,27 +33,26 @@ class StackTable:
         self._ids: dict[tuple, int] = {}
         self._by_render: dict[tuple, int] = {}
         self.rendered: list[list[str]] = []
+        #: the code objects of every key in ``_ids``: kept alive, so no id in a key is reused
+        self._codes: list[tuple] = []
 
     def current(self) -> int:
         """Id of the calling thread's stack, rendering it if new."""
-        frame = sys._getframe(1)
-        key = []
-        append = key.append
-        depth = 0
-        while frame is not None and depth < MAX_WALK:
-            append(frame.f_code)
-            append(frame.f_lasti)
-            frame = frame.f_back
-            depth += 1
-        key = tuple(key)
+        ext = hotpath.ext
+        if ext is not None:
+            key = ext.stack_key(1, MAX_WALK)  # the same key, walked in C
+        else:
+            key = stack_key(sys._getframe(1))
         sid = self._ids.get(key)
         if sid is None:  # several instructions of one line (``f(a) + f(b)``) render alike: one id
-            rendered = self._render(key)
+            codes = stack_codes(sys._getframe(1))  # the frames the key was read from
+            rendered = self._render(codes, key[1::2])
             sid = self._by_render.get(tuple(rendered))
             if sid is None:
                 sid = self._by_render[tuple(rendered)] = len(self.rendered)
                 self.rendered.append(rendered)
             self._ids[key] = sid
+            self._codes.append(codes)
         return sid
 
     def empty(self) -> int:
@@ -60,10 +63,9 @@ class StackTable:
             self.rendered.append([])
         return sid
 
-    def _render(self, key: tuple) -> list[str]:
+    def _render(self, codes: tuple, offsets: tuple) -> list[str]:
         lines = []
-        for i in range(0, len(key), 2):
-            code, lasti = key[i], key[i + 1]
+        for code, lasti in zip(codes, offsets):
             if code.co_filename.startswith(_PACKAGE_DIR):
                 continue
             if len(lines) == self.max_depth:
@@ -72,6 +74,30 @@ class StackTable:
             source = linecache.getline(code.co_filename, line).strip()
             lines.append(f"File {code.co_filename}, line {line}, in {code.co_name}, \n {source}")
         return lines
+
+
+def stack_key(frame) -> tuple:
+    """``(id(code), f_lasti, id(code), f_lasti, ...)`` from ``frame`` outwards, at most ``MAX_WALK``
+    frames: ids, because hashing a tuple of code objects hashes each one's bytecode and constants
+    (~0.5 us per frame); :class:`StackTable` keeps the code objects, so the ids stay theirs."""
+    key = []
+    append = key.append
+    depth = 0
+    while frame is not None and depth < MAX_WALK:
+        append(id(frame.f_code))
+        append(frame.f_lasti)
+        frame = frame.f_back
+        depth += 1
+    return tuple(key)
+
+
+def stack_codes(frame) -> tuple:
+    """The code objects of the frames :func:`stack_key` reads from ``frame``."""
+    codes = []
+    while frame is not None and len(codes) < MAX_WALK:
+        codes.append(frame.f_code)
+        frame = frame.f_back
+    return tuple(codes)
 
 
 def _line_of(code, lasti: int) -> int:

@@ -14,6 +14,7 @@ import threading
 import time
 
 from msprobe.read import report
+from msprobe.tensors import hotpath
 from msprobe.engine.messages import announce
 from msprobe.format.journal import (JOURNAL, SCHEMA, TENSOR_DIR, Replay, atomic_write_json, encode_json,
                                     read_journal)
@@ -94,14 +95,20 @@ class StepWriter:
         """Append journal records (dicts) and hand them to the OS (survives a process kill)."""
         if not records or self.closed:
             return
-        resolved, text = [], bytearray()
-        for r in records:
-            flags = [False]
-            rec = {k: resolve_slots(v, flags) for k, v in r.items()}
-            resolved.append(rec)
-            text += encode_json(rec, flags[0], line=True)  # orjson's bytes over-allocate: not kept
-            if flags[0]:
+        ext = hotpath.ext
+        if ext is not None:  # the same resolution and lines, in C (tensors/hotpath.py)
+            text, resolved, non_finite = ext.encode_lines(records, encode_json)
+            if non_finite:
                 self._non_finite[0] = True
+        else:
+            resolved, text = [], bytearray()
+            for r in records:
+                flags = [False]
+                rec = {k: resolve_slots(v, flags) for k, v in r.items()}
+                resolved.append(rec)
+                text += encode_json(rec, flags[0], line=True)  # orjson's bytes over-allocate: not kept
+                if flags[0]:
+                    self._non_finite[0] = True
         with self._lock:
             self._journal.write(text)
             self._journal.flush()

@@ -22,6 +22,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common import dtype as mstype
 
+from msprobe.tensors import hotpath
 from msprobe.tensors.stats import dtype_name
 
 #: deepest nesting walked; deeper values are recorded as null with a note
@@ -55,6 +56,13 @@ class TensorSlot:
         for d in self.shape:
             n *= d
         return n * 4
+
+
+#: the compiled slot type when the extension runs (same attributes and constructor), so the C and
+#: Python paths make and read the same objects
+PyTensorSlot = TensorSlot
+if hotpath.ext is not None:
+    TensorSlot = hotpath.ext.TensorSlot  # noqa: F811
 
 
 class Describer:
@@ -114,6 +122,19 @@ class Describer:
         if isinstance(value, _DTYPE_TYPES):
             return {"type": "mindspore.dtype", "value": str(value)}
         return None
+
+
+def describe_other(value, depth: int, slots: list, snapshot):
+    """What the compiled describer (:mod:`msprobe.tensors.hotpath`) hands back: ``value`` at nesting
+    ``depth`` described by :class:`Describer` with no ``.npy`` names, its tensors appended to
+    ``slots``."""
+    describer = Describer(_no_name, snapshot)
+    describer.slots = slots
+    return describer.describe(value, (), depth)
+
+
+def _no_name(path):
+    return None
 
 
 def _int_or_none(v):

@@ -1,0 +1,735 @@
+/* The per-call path of the dump in C: describing a call's values into pending tensor slots, filling
+ * the slots' leaves with statistics at flush time, and resolving journal records. Each function
+ * does what the Python code it stands for does (msprobe/tensors/hotpath.py names them), for the
+ * common cases only; everything else is handed back to that Python code, so both give the same
+ * records.
+ *
+ * Python API (configured once by msprobe.tensors.hotpath through setup()):
+ *   TensorSlot(tensor, data_name, dtype, shape, type_name)   the pending slot type (records.py)
+ *   describe(value, snapshot, slots, fallback) -> record structure
+ *       exact None/bool/int/float/str, Tensor, exact list/tuple/dict here; anything else is
+ *       fallback(value, depth, slots, snapshot). A Tensor becomes a TensorSlot appended to `slots`, its tensor
+ *       snapshot(t) when it is a Parameter, no file name.
+ *   fill(slots) -> None
+ *       leaves of CPU tensors read in place (contiguous, native dtype, 1 <= elements < SPLIT, no
+ *       file name) through the statistics kernel; other slots keep leaf None for the Python flush.
+ *       Call only when every queued operation has finished (flush.materialize checks it).
+ *   resolve(record) -> (record with slots replaced by their leaves, holds a non-finite float)
+ *   encode_lines(records, encode) -> (journal text (bytearray), resolved records, any non-finite float)
+ *   stack_key(skip, limit) -> (id(code), f_lasti, ...) of the calling frames (stacks.py)
+ *
+ * Plain CPython C API: nothing to build it but a C compiler.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>
+#endif
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 64
+
+/* ------------------------------------------------------------------ configuration (setup) */
+static PyObject *TensorType;     /* mindspore.Tensor */
+static PyObject *ParameterType;  /* mindspore.Parameter */
+static PyObject *DtypeNames;     /* dict: MindSpore dtype -> dump.json name */
+static PyObject *Kinds;          /* dict: dump.json name -> (kernel kind, itemsize) */
+static PyObject *ScanFunc;       /* msprobe.tensors._stats_kernel.scan */
+static PyObject *ContigFunc;     /* TensorPy.is_contiguous (what Tensor.is_contiguous calls) */
+static PyObject *PtrFunc;        /* TensorPy._data_ptr (what Tensor.data_ptr calls) */
+static PyObject *EncodeFunc;     /* orjson.dumps */
+static PyObject *EncodeOption;   /* orjson.OPT_APPEND_NEWLINE */
+static PyObject *EncodeKwnames;  /* ("option",) */
+static Py_ssize_t Split = 1 << 21;
+static double Tiny;              /* smallest normal float64 */
+
+static PyObject *S_type, *S_value, *S_dtype, *S_shape, *S_Max, *S_Min, *S_Mean, *S_Norm;
+static PyObject *S_tensor_type, *S_int, *S_float, *S_str, *S_bool, *S_leaf;
+static PyObject *S_a_dtype, *S_a_shape, *S_a_init, *S_empty_tuple;
+
+/* ------------------------------------------------------------------ TensorSlot */
+typedef struct {
+    PyObject_HEAD
+    PyObject *tensor, *data_name, *dtype, *shape, *type_name, *leaf;
+} Slot;
+
+static PyTypeObject SlotType;
+
+static int slot_traverse(Slot *s, visitproc visit, void *arg) {
+    Py_VISIT(s->tensor); Py_VISIT(s->data_name); Py_VISIT(s->dtype); Py_VISIT(s->shape);
+    Py_VISIT(s->type_name); Py_VISIT(s->leaf);
+    return 0;
+}
+
+static int slot_clear(Slot *s) {
+    Py_CLEAR(s->tensor); Py_CLEAR(s->data_name); Py_CLEAR(s->dtype); Py_CLEAR(s->shape);
+    Py_CLEAR(s->type_name); Py_CLEAR(s->leaf);
+    return 0;
+}
+
+static void slot_dealloc(Slot *s) {
+    PyObject_GC_UnTrack(s);
+    slot_clear(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+/* a new slot; steals nothing */
+static Slot *slot_make(PyObject *tensor, PyObject *data_name, PyObject *dtype, PyObject *shape,
+                       PyObject *type_name) {
+    Slot *s = PyObject_GC_New(Slot, &SlotType);
+    if (s == NULL) return NULL;
+    Py_INCREF(tensor); s->tensor = tensor;
+    Py_INCREF(data_name); s->data_name = data_name;
+    Py_INCREF(dtype); s->dtype = dtype;
+    Py_INCREF(shape); s->shape = shape;
+    Py_INCREF(type_name); s->type_name = type_name;
+    Py_INCREF(Py_None); s->leaf = Py_None;
+    PyObject_GC_Track(s);
+    return s;
+}
+
+static PyObject *slot_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"tensor", "data_name", "dtype", "shape", "type_name", NULL};
+    PyObject *tensor, *data_name, *dtype, *shape, *type_name;
+    (void)type;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:TensorSlot", keywords, &tensor, &data_name, &dtype,
+                                     &shape, &type_name))
+        return NULL;
+    return (PyObject *)slot_make(tensor, data_name, dtype, shape, type_name);
+}
+
+static PyObject *slot_nbytes(Slot *s, PyObject *unused) {
+    (void)unused;
+    long long n = 1;
+    PyObject *it = PyObject_GetIter(s->shape);
+    if (it == NULL) return NULL;
+    PyObject *d;
+    while ((d = PyIter_Next(it)) != NULL) {
+        long long v = PyLong_AsLongLong(d);
+        Py_DECREF(d);
+        if (v == -1 && PyErr_Occurred()) { Py_DECREF(it); return NULL; }
+        n *= v;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromLongLong(n * 4);
+}
+
+static PyMethodDef slot_methods[] = {
+    {"nbytes", (PyCFunction)slot_nbytes, METH_NOARGS,
+     "nbytes() -> int: elements of `shape` times 4 (what the flush thresholds count)."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* T_OBJECT: a cleared member reads as None */
+static PyMemberDef slot_members[] = {
+    {"tensor", T_OBJECT, offsetof(Slot, tensor), 0, "the tensor (or its snapshot), a numpy array, or None"},
+    {"data_name", T_OBJECT, offsetof(Slot, data_name), 0, ".npy file name, or None"},
+    {"dtype", T_OBJECT, offsetof(Slot, dtype), 0, "dump.json dtype string"},
+    {"shape", T_OBJECT, offsetof(Slot, shape), 0, "list of ints"},
+    {"type_name", T_OBJECT, offsetof(Slot, type_name), 0, "'mindspore.Tensor' or 'numpy.ndarray'"},
+    {"leaf", T_OBJECT, offsetof(Slot, leaf), 0, "the finished dump.json leaf (dict), or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SlotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe.tensors._hotpath.TensorSlot",
+    .tp_basicsize = sizeof(Slot),
+    .tp_dealloc = (destructor)slot_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "TensorSlot(tensor, data_name, dtype, shape, type_name): a tensor waiting for its statistics.",
+    .tp_traverse = (traverseproc)slot_traverse,
+    .tp_clear = (inquiry)slot_clear,
+    .tp_methods = slot_methods,
+    .tp_members = slot_members,
+    .tp_new = slot_new,
+};
+
+/* ------------------------------------------------------------------ describe */
+static int is_instance(PyObject *v, PyObject *cls) {
+    if ((PyObject *)Py_TYPE(v) == cls) return 1;
+    return PyObject_IsInstance(v, cls);
+}
+
+static PyObject *scalar_leaf(PyObject *name, PyObject *v) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    if (PyDict_SetItem(d, S_type, name) < 0 || PyDict_SetItem(d, S_value, v) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *tensor_slot(PyObject *t, PyObject *snapshot, PyObject *slots) {
+    int exact = (PyObject *)Py_TYPE(t) == TensorType;
+    PyObject *held;
+    if (!exact) {
+        int p = is_instance(t, ParameterType);
+        if (p < 0) return NULL;
+        held = p ? PyObject_CallOneArg(snapshot, t) : (Py_INCREF(t), t);
+        if (held == NULL) return NULL;
+    } else {
+        Py_INCREF(t);
+        held = t;
+    }
+    PyObject *dtype = PyObject_GetAttr(t, exact ? S_a_dtype : S_dtype);
+    if (dtype == NULL) { Py_DECREF(held); return NULL; }
+    PyObject *name = PyDict_GetItemWithError(DtypeNames, dtype);  /* borrowed */
+    if (name != NULL) Py_INCREF(name);
+    else if (!PyErr_Occurred()) name = PyObject_Str(dtype);
+    Py_DECREF(dtype);
+    if (name == NULL) { Py_DECREF(held); return NULL; }
+    PyObject *shape = PyObject_GetAttr(t, exact ? S_a_shape : S_shape), *list = NULL;
+    if (shape != NULL) { list = PySequence_List(shape); Py_DECREF(shape); }
+    if (list == NULL) { Py_DECREF(held); Py_DECREF(name); return NULL; }
+    Slot *s = slot_make(held, Py_None, name, list, S_tensor_type);
+    Py_DECREF(held); Py_DECREF(name); Py_DECREF(list);
+    if (s == NULL) return NULL;
+    if (PyList_Append(slots, (PyObject *)s) < 0) { Py_DECREF(s); return NULL; }
+    return (PyObject *)s;
+}
+
+static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyObject *slots, PyObject *fallback);
+
+static PyObject *describe_items(PyObject *seq, int depth, PyObject *snapshot, PyObject *slots,
+                                PyObject *fallback) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = describe_value(items[i], depth + 1, snapshot, slots, fallback);
+        if (d == NULL) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, i, d);
+    }
+    return out;
+}
+
+static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyObject *slots, PyObject *fallback) {
+    PyTypeObject *tp = Py_TYPE(v);
+    if (v == Py_None) Py_RETURN_NONE;
+    /* exact builtins first: no Tensor is one of them */
+    if (tp == &PyBool_Type) return scalar_leaf(S_bool, v);
+    if (tp == &PyLong_Type) return scalar_leaf(S_int, v);
+    if (tp == &PyFloat_Type) return scalar_leaf(S_float, v);
+    if (tp == &PyUnicode_Type) return scalar_leaf(S_str, v);
+    if (tp == &PyList_Type || tp == &PyTuple_Type || tp == &PyDict_Type) {
+        if (depth >= MAX_DEPTH) Py_RETURN_NONE;
+        if (tp != &PyDict_Type) {
+            PyObject *d;
+            if (Py_EnterRecursiveCall(" in msprobe describe")) return NULL;
+            /* a list may change while described (fallback code, other threads): walk a copy */
+            PyObject *seq = tp == &PyList_Type ? PyList_AsTuple(v) : (Py_INCREF(v), v);
+            d = seq ? describe_items(seq, depth, snapshot, slots, fallback) : NULL;
+            Py_XDECREF(seq);
+            Py_LeaveRecursiveCall();
+            return d;
+        }
+        PyObject *out = PyDict_New(), *key, *item;
+        Py_ssize_t pos = 0;
+        if (out == NULL) return NULL;
+        if (Py_EnterRecursiveCall(" in msprobe describe")) { Py_DECREF(out); return NULL; }
+        while (PyDict_Next(v, &pos, &key, &item)) {
+            Py_INCREF(key); Py_INCREF(item);
+            PyObject *k = PyUnicode_CheckExact(key) ? (Py_INCREF(key), key) : PyObject_Str(key);
+            PyObject *d = k ? describe_value(item, depth + 1, snapshot, slots, fallback) : NULL;
+            int bad = d == NULL || PyDict_SetItem(out, k, d) < 0;
+            Py_XDECREF(k); Py_XDECREF(d); Py_DECREF(key); Py_DECREF(item);
+            if (bad) { Py_LeaveRecursiveCall(); Py_DECREF(out); return NULL; }
+        }
+        Py_LeaveRecursiveCall();
+        return out;
+    }
+    int t = is_instance(v, TensorType);
+    if (t < 0) return NULL;
+    if (t) return tensor_slot(v, snapshot, slots);
+    PyObject *d = PyLong_FromLong(depth), *r = NULL;
+    if (d != NULL) {
+        r = PyObject_CallFunctionObjArgs(fallback, v, d, slots, snapshot, NULL);
+        Py_DECREF(d);
+    }
+    return r;
+}
+
+static PyObject *describe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4 || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "describe(value, snapshot, slots: list, fallback)");
+        return NULL;
+    }
+    if (TensorType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
+        return NULL;
+    }
+    return describe_value(args[0], 0, args[1], args[2], args[3]);
+}
+
+/* ------------------------------------------------------------------ fill (flush) */
+static PyObject *stats_tuple(PyObject *kind_code, PyObject *scanned, Py_ssize_t n) {
+    /* scanned: (max, min, sum, sum_sq, nan, posinf, neginf, zero) from the kernel. Returns
+     * (Max, Min, Mean, Norm), or None (with no error) when the Python rules must decide
+     * (finite data whose float64 sums overflowed or underflowed: rescaled in NumPy). */
+    PyObject *mx = PyTuple_GET_ITEM(scanned, 0), *mn = PyTuple_GET_ITEM(scanned, 1);
+    PyObject *total = PyTuple_GET_ITEM(scanned, 2);
+    double squares = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(scanned, 3));
+    const char *code = PyUnicode_AsUTF8(kind_code);
+    if (code == NULL) return NULL;
+    if (code[0] == 'b') {
+        PyObject *a = PyObject_IsTrue(mx) ? Py_True : Py_False, *b = PyObject_IsTrue(mn) ? Py_True : Py_False;
+        return PyTuple_Pack(4, a, b, Py_None, Py_None);
+    }
+    if (code[0] == 'i' || code[0] == 'u') {
+        PyObject *size = PyLong_FromSsize_t(n), *mean = NULL, *norm = NULL, *out = NULL;
+        if (size) mean = PyNumber_TrueDivide(total, size);
+        if (mean) norm = PyFloat_FromDouble(sqrt(squares));
+        if (norm) out = PyTuple_Pack(4, mx, mn, mean, norm);
+        Py_XDECREF(size); Py_XDECREF(mean); Py_XDECREF(norm);
+        return out;
+    }
+    long long nan = PyLong_AsLongLong(PyTuple_GET_ITEM(scanned, 4));
+    long long pinf = PyLong_AsLongLong(PyTuple_GET_ITEM(scanned, 5));
+    long long ninf = PyLong_AsLongLong(PyTuple_GET_ITEM(scanned, 6));
+    double fmx = PyFloat_AS_DOUBLE(mx), fmn = PyFloat_AS_DOUBLE(mn), sum = PyFloat_AS_DOUBLE(total);
+    if (nan) {
+        PyObject *q = PyFloat_FromDouble(NAN), *out = q ? PyTuple_Pack(4, q, q, q, q) : NULL;
+        Py_XDECREF(q);
+        return out;
+    }
+    double mean, norm;
+    if (pinf || ninf) {
+        mean = pinf && ninf ? NAN : pinf ? INFINITY : -INFINITY;
+        norm = INFINITY;
+    } else if ((squares < Tiny || !(isfinite(sum) && isfinite(squares))) && (fmx != 0.0 || fmn != 0.0)) {
+        Py_RETURN_NONE;
+    } else {
+        mean = sum / (double)n;
+        norm = sqrt(squares);
+    }
+    PyObject *a = PyFloat_FromDouble(mean), *b = PyFloat_FromDouble(norm), *out = NULL;
+    if (a && b) out = PyTuple_Pack(4, mx, mn, a, b);
+    Py_XDECREF(a); Py_XDECREF(b);
+    return out;
+}
+
+/* Statistics of one slot's tensor: (Max, Min, Mean, Norm), or None when the Python flush must
+ * handle it; NULL on an error (the caller clears it and leaves the slot to Python). */
+static PyObject *slot_stats(Slot *s) {
+    PyObject *t = s->tensor;
+    if (t == NULL || (PyObject *)Py_TYPE(t) != TensorType || s->data_name != Py_None ||
+        !PyUnicode_Check(s->dtype))
+        Py_RETURN_NONE;
+    PyObject *kind = PyDict_GetItemWithError(Kinds, s->dtype);  /* borrowed */
+    if (kind == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *kind_code = PyTuple_GET_ITEM(kind, 0);
+    Py_ssize_t itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(kind, 1));
+    PyObject *init = PyObject_GetAttr(t, S_a_init);
+    if (init == NULL) return NULL;
+    int lazy = init != Py_None;
+    Py_DECREF(init);
+    if (lazy) Py_RETURN_NONE;
+    PyObject *shape = PyObject_GetAttr(t, S_a_shape);
+    if (shape == NULL) return NULL;
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) { Py_DECREF(shape); Py_RETURN_NONE; }
+    Py_ssize_t n = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (d < 0) { Py_DECREF(shape); return PyErr_Occurred() ? NULL : (Py_INCREF(Py_None), Py_None); }
+        n *= d;
+        if (n >= Split) break;
+    }
+    Py_DECREF(shape);
+    if (n == 0 || n >= Split) Py_RETURN_NONE;
+    PyObject *contig = PyObject_CallOneArg(ContigFunc, t);
+    if (contig == NULL) return NULL;
+    int ok = PyObject_IsTrue(contig);
+    Py_DECREF(contig);
+    if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_NONE; }
+    PyObject *ptr = PyObject_CallOneArg(PtrFunc, t);
+    if (ptr == NULL) return NULL;
+    void *data = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    if (data == NULL) { if (PyErr_Occurred()) return NULL; Py_RETURN_NONE; }
+    PyObject *view = PyMemoryView_FromMemory((char *)data, n * itemsize, PyBUF_READ);
+    if (view == NULL) return NULL;
+    PyObject *scanned = PyObject_CallFunctionObjArgs(ScanFunc, view, kind_code, NULL);
+    Py_DECREF(view);
+    if (scanned == NULL) return NULL;
+    PyObject *out = stats_tuple(kind_code, scanned, n);
+    Py_DECREF(scanned);
+    return out;
+}
+
+static int make_leaf(Slot *s, PyObject *st) {
+    PyObject *leaf = PyDict_New();
+    if (leaf == NULL) return -1;
+    if (PyDict_SetItem(leaf, S_type, s->type_name) < 0 || PyDict_SetItem(leaf, S_dtype, s->dtype) < 0 ||
+        PyDict_SetItem(leaf, S_shape, s->shape) < 0 || PyDict_SetItem(leaf, S_Max, PyTuple_GET_ITEM(st, 0)) < 0 ||
+        PyDict_SetItem(leaf, S_Min, PyTuple_GET_ITEM(st, 1)) < 0 ||
+        PyDict_SetItem(leaf, S_Mean, PyTuple_GET_ITEM(st, 2)) < 0 ||
+        PyDict_SetItem(leaf, S_Norm, PyTuple_GET_ITEM(st, 3)) < 0) {
+        Py_DECREF(leaf);
+        return -1;
+    }
+    Py_XSETREF(s->leaf, leaf);
+    return 0;
+}
+
+static PyObject *fill(PyObject *self, PyObject *slots) {
+    (void)self;
+    if (ScanFunc == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Tuple(slots);  /* a copy: the kernel releases the GIL */
+    if (seq == NULL) return NULL;
+    PyObject *seen = PyDict_New();  /* id(tensor) -> statistics tuple or None */
+    if (seen == NULL) { Py_DECREF(seq); return NULL; }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (Py_TYPE(item) != &SlotType) continue;
+        Slot *s = (Slot *)item;
+        if (s->leaf != NULL && s->leaf != Py_None) continue;
+        if (s->tensor == NULL || s->tensor == Py_None) continue;
+        /* a slot with a file name is the Python flush's (it writes the .npy), even when the same
+         * tensor was read here for another slot */
+        if (s->data_name != NULL && s->data_name != Py_None) continue;
+        PyObject *key = PyLong_FromVoidPtr(s->tensor);
+        if (key == NULL) goto error;
+        PyObject *st = PyDict_GetItemWithError(seen, key);
+        if (st != NULL) {
+            Py_INCREF(st);
+        } else if (PyErr_Occurred()) {
+            Py_DECREF(key);
+            goto error;
+        } else {
+            st = slot_stats(s);
+            if (st == NULL) {  /* whatever failed, the Python flush reads it again and decides */
+                PyErr_Clear();
+                Py_INCREF(Py_None);
+                st = Py_None;
+            }
+            if (PyDict_SetItem(seen, key, st) < 0) { Py_DECREF(key); Py_DECREF(st); goto error; }
+        }
+        Py_DECREF(key);
+        int bad = st != Py_None && make_leaf(s, st) < 0;
+        Py_DECREF(st);
+        if (bad) goto error;
+    }
+    Py_DECREF(seen);
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(seen);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ resolve (journal) */
+static int leaf_non_finite(PyObject *leaf) {
+    if (!PyDict_Check(leaf)) return 0;
+    PyObject *keys[4] = {S_Max, S_Min, S_Mean, S_Norm};
+    for (int i = 0; i < 4; i++) {
+        PyObject *v = PyDict_GetItemWithError(leaf, keys[i]);
+        if (v == NULL) { if (PyErr_Occurred()) return -1; continue; }
+        if (PyFloat_Check(v) && !isfinite(PyFloat_AS_DOUBLE(v))) return 1;
+    }
+    return 0;
+}
+
+/* getattr(v, name, None) without raising AttributeError: 1 found, 0 not found, -1 error */
+static int lookup_attr(PyObject *v, PyObject *name, PyObject **out) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(v, name, out);
+#else
+    return _PyObject_LookupAttr(v, name, out);
+#endif
+}
+
+static PyObject *resolve_value(PyObject *v, int *flag) {
+    PyTypeObject *tp = Py_TYPE(v);
+    if (tp == &PyUnicode_Type || tp == &PyLong_Type || tp == &PyBool_Type || v == Py_None) {
+        Py_INCREF(v);
+        return v;
+    }
+    if (tp == &PyFloat_Type) {
+        if (!isfinite(PyFloat_AS_DOUBLE(v))) *flag = 1;
+        Py_INCREF(v);
+        return v;
+    }
+    if (tp == &PyDict_Type) {
+        PyObject *out = PyDict_New(), *key, *item;
+        Py_ssize_t pos = 0;
+        if (out == NULL) return NULL;
+        if (Py_EnterRecursiveCall(" in msprobe resolve")) { Py_DECREF(out); return NULL; }
+        while (PyDict_Next(v, &pos, &key, &item)) {
+            PyObject *r = resolve_value(item, flag);
+            if (r == NULL || PyDict_SetItem(out, key, r) < 0) {
+                Py_XDECREF(r);
+                Py_LeaveRecursiveCall();
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(r);
+        }
+        Py_LeaveRecursiveCall();
+        return out;
+    }
+    if (tp == &PyList_Type) {
+        Py_ssize_t n = PyList_GET_SIZE(v);
+        PyObject *out = PyList_New(n);
+        if (out == NULL) return NULL;
+        if (Py_EnterRecursiveCall(" in msprobe resolve")) { Py_DECREF(out); return NULL; }
+        for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(v); i++) {
+            PyObject *r = resolve_value(PyList_GET_ITEM(v, i), flag);
+            if (r == NULL) { Py_LeaveRecursiveCall(); Py_DECREF(out); return NULL; }
+            PyList_SET_ITEM(out, i, r);
+        }
+        Py_LeaveRecursiveCall();
+        return out;
+    }
+    PyObject *leaf;
+    if (tp == &SlotType) {
+        leaf = ((Slot *)v)->leaf ? ((Slot *)v)->leaf : Py_None;
+        Py_INCREF(leaf);
+    } else if (lookup_attr(v, S_leaf, &leaf) < 0) {
+        return NULL;
+    } else if (leaf == NULL) {
+        leaf = Py_None;
+        Py_INCREF(leaf);
+    }
+    if (leaf == Py_None) {
+        Py_DECREF(leaf);
+        Py_INCREF(v);
+        return v;
+    }
+    if (!*flag) {
+        int nf = leaf_non_finite(leaf);
+        if (nf < 0) { Py_DECREF(leaf); return NULL; }
+        if (nf) *flag = 1;
+    }
+    return leaf;
+}
+
+static PyObject *resolve_record(PyObject *record, int *flag);
+
+static PyObject *resolve(PyObject *self, PyObject *record) {
+    (void)self;
+    if (!PyDict_Check(record)) {
+        PyErr_SetString(PyExc_TypeError, "resolve() needs a dict");
+        return NULL;
+    }
+    int flag = 0;
+    PyObject *out = resolve_record(record, &flag);
+    if (out == NULL) return NULL;
+    return Py_BuildValue("(NO)", out, flag ? Py_True : Py_False);
+}
+
+static PyObject *resolve_record(PyObject *record, int *flag) {
+    PyObject *out = PyDict_New(), *key, *item;
+    Py_ssize_t pos = 0;
+    if (out == NULL) return NULL;
+    while (PyDict_Next(record, &pos, &key, &item)) {
+        PyObject *r = resolve_value(item, flag);
+        if (r == NULL || PyDict_SetItem(out, key, r) < 0) { Py_XDECREF(r); Py_DECREF(out); return NULL; }
+        Py_DECREF(r);
+    }
+    return out;
+}
+
+static PyObject *encode_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "encode_lines(records, encode)");
+        return NULL;
+    }
+    if (EncodeFunc == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Tuple(args[0]);  /* a copy: encoders may run Python code */
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    /* each line is copied out at once: orjson's bytes over-allocate, a batch of them is ~10x its text */
+    PyObject *resolved = PyList_New(n), *text = PyByteArray_FromStringAndSize(NULL, 0);
+    int any = 0, ok = 0;
+    if (resolved == NULL || text == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *record = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyDict_Check(record)) {
+            PyErr_SetString(PyExc_TypeError, "encode_lines() needs a sequence of dicts");
+            goto done;
+        }
+        int flag = 0;
+        PyObject *rec = resolve_record(record, &flag);
+        if (rec == NULL) goto done;
+        PyList_SET_ITEM(resolved, i, rec);
+        PyObject *line = NULL;
+        if (!flag) {
+            PyObject *call_args[2] = {rec, EncodeOption};
+            line = PyObject_Vectorcall(EncodeFunc, call_args, 1, EncodeKwnames);
+            if (line == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto done;
+                PyErr_Clear();  /* e.g. an int beyond 64 bits: the Python encoder decides */
+            }
+        }
+        if (line == NULL) {
+            PyObject *nf = flag ? Py_True : Py_False;
+            PyObject *kw = Py_BuildValue("{sO}", "line", Py_True);
+            if (kw == NULL) goto done;
+            PyObject *call_args[2] = {rec, nf};
+            line = PyObject_VectorcallDict(args[1], call_args, 2, kw);
+            Py_DECREF(kw);
+            if (line == NULL) goto done;
+        }
+        if (!PyBytes_Check(line)) {
+            Py_DECREF(line);
+            PyErr_SetString(PyExc_TypeError, "a journal line encoder returned no bytes");
+            goto done;
+        }
+        Py_ssize_t old = PyByteArray_GET_SIZE(text), size = PyBytes_GET_SIZE(line);
+        if (PyByteArray_Resize(text, old + size) < 0) { Py_DECREF(line); goto done; }
+        memcpy(PyByteArray_AS_STRING(text) + old, PyBytes_AS_STRING(line), (size_t)size);
+        Py_DECREF(line);
+        any |= flag;
+    }
+    ok = 1;
+done:
+    Py_DECREF(seq);
+    if (!ok) {
+        Py_XDECREF(text);
+        Py_XDECREF(resolved);
+        return NULL;
+    }
+    return Py_BuildValue("(NNO)", text, resolved, any ? Py_True : Py_False);
+}
+
+/* ------------------------------------------------------------------ stack key */
+static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stack_key(skip, limit)");
+        return NULL;
+    }
+    Py_ssize_t skip = PyLong_AsSsize_t(args[0]), limit = PyLong_AsSsize_t(args[1]);
+    if ((skip == -1 || limit == -1) && PyErr_Occurred()) return NULL;
+    PyFrameObject *frame = PyEval_GetFrame();  /* borrowed: the caller's frame */
+    Py_XINCREF(frame);
+    for (Py_ssize_t i = 0; i < skip && frame != NULL; i++) {
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    PyObject *key = PyList_New(0);
+    if (key == NULL) { Py_XDECREF(frame); return NULL; }
+    for (Py_ssize_t depth = 0; frame != NULL && depth < limit; depth++) {
+        PyObject *codeobj = (PyObject *)PyFrame_GetCode(frame);
+        PyObject *code = PyLong_FromVoidPtr(codeobj);  /* id(code): what the Python key holds */
+        Py_DECREF(codeobj);
+        if (code == NULL) { Py_DECREF(frame); Py_DECREF(key); return NULL; }
+#if PY_VERSION_HEX >= 0x030B0000
+        PyObject *lasti = PyLong_FromLong(PyFrame_GetLasti(frame));
+#else
+        PyObject *lasti = PyLong_FromLong(frame->f_lasti * (PY_VERSION_HEX >= 0x030A0000 ? 2 : 1));
+#endif
+        int bad = lasti == NULL || PyList_Append(key, code) < 0 || PyList_Append(key, lasti) < 0;
+        Py_DECREF(code);
+        Py_XDECREF(lasti);
+        if (bad) { Py_DECREF(frame); Py_DECREF(key); return NULL; }
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    PyObject *out = PyList_AsTuple(key);
+    Py_DECREF(key);
+    return out;
+}
+
+/* ------------------------------------------------------------------ setup */
+static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"tensor", "parameter", "dtype_names", "kinds", "scan", "split", "is_contiguous",
+                               "data_ptr", "dumps", "line_option", NULL};
+    PyObject *tensor, *parameter, *names, *kinds, *scan, *contig, *ptr, *dumps, *option;
+    Py_ssize_t split;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOO:setup", keywords, &tensor, &parameter,
+                                     &PyDict_Type, &names, &PyDict_Type, &kinds, &scan, &split, &contig, &ptr,
+                                     &dumps, &option))
+        return NULL;
+    /* interned: orjson recognises its keyword arguments by the identity of their names */
+    PyObject *name = PyUnicode_InternFromString("option"), *kwnames = name ? PyTuple_Pack(1, name) : NULL;
+    Py_XDECREF(name);
+    if (kwnames == NULL) return NULL;
+    Py_XSETREF(EncodeKwnames, kwnames);
+    Py_INCREF(option); Py_XSETREF(EncodeOption, option);
+    Py_INCREF(contig); Py_XSETREF(ContigFunc, contig);
+    Py_INCREF(ptr); Py_XSETREF(PtrFunc, ptr);
+    Py_INCREF(dumps); Py_XSETREF(EncodeFunc, dumps);
+    Py_INCREF(tensor); Py_XSETREF(TensorType, tensor);
+    Py_INCREF(parameter); Py_XSETREF(ParameterType, parameter);
+    Py_INCREF(names); Py_XSETREF(DtypeNames, names);
+    Py_INCREF(kinds); Py_XSETREF(Kinds, kinds);
+    Py_INCREF(scan); Py_XSETREF(ScanFunc, scan);
+    Split = split;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
+     "setup(tensor, parameter, dtype_names, kinds, scan, split, is_contiguous, data_ptr, dumps,\n"
+     "line_option): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
+     "name -> (kind, itemsize)), the kernel's scan, the element count from which fill() leaves a\n"
+     "tensor to Python (threads), TensorPy's is_contiguous and _data_ptr, orjson.dumps and its\n"
+     "newline option."},
+    {"encode_lines", (PyCFunction)(void (*)(void))encode_lines, METH_FASTCALL,
+     "encode_lines(records, encode) -> (bytes, resolved records, any non-finite): resolve() each\n"
+     "record and encode it as one journal line with orjson; a record that holds a non-finite float or\n"
+     "that orjson refuses is encoded by encode(record, non_finite, line=True) instead."},
+    {"stack_key", (PyCFunction)(void (*)(void))stack_key, METH_FASTCALL,
+     "stack_key(skip, limit) -> tuple (id(code), f_lasti, ...) of the calling frames,\n"
+     "innermost first, after skipping `skip` frames above the caller's, at most `limit` frames."},
+    {"describe", (PyCFunction)(void (*)(void))describe, METH_FASTCALL,
+     "describe(value, snapshot, slots, fallback) -> record structure (see the module docstring)."},
+    {"fill", (PyCFunction)fill, METH_O, "fill(slots) -> None: leaves of plain CPU tensors (module docstring)."},
+    {"resolve", (PyCFunction)resolve, METH_O,
+     "resolve(record: dict) -> (dict, bool): slots replaced by their leaves, and whether a float in it\n"
+     "(an argument or a statistic) is NaN or infinite."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hotpath", "The dump's per-call path in C (see msprobe.tensors.hotpath).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    INTERN(S_type, "type"); INTERN(S_value, "value"); INTERN(S_dtype, "dtype"); INTERN(S_shape, "shape");
+    INTERN(S_Max, "Max"); INTERN(S_Min, "Min"); INTERN(S_Mean, "Mean"); INTERN(S_Norm, "Norm");
+    INTERN(S_tensor_type, "mindspore.Tensor"); INTERN(S_int, "int"); INTERN(S_float, "float");
+    INTERN(S_str, "str"); INTERN(S_bool, "bool"); INTERN(S_leaf, "leaf");
+    INTERN(S_a_dtype, "_dtype"); INTERN(S_a_shape, "_shape"); INTERN(S_a_init, "init");
+    if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;
+    Tiny = 2.2250738585072014e-308;
+    if (PyType_Ready(&SlotType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&SlotType);
+    if (PyModule_AddObject(m, "TensorSlot", (PyObject *)&SlotType) < 0) {
+        Py_DECREF(&SlotType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,67 @@
+"""The per-call path in C: ``msprobe.tensors._hotpath`` (``_hotpath.c``, built by ``pip install``).
+
+Three steps of every recorded call run there when the extension is built, and in the Python code
+they stand for otherwise; both give the same records (``tests/test_hotpath.py`` runs both):
+
+* ``describe`` — :meth:`msprobe.tensors.records.Describer.describe` for a value whose tensors get
+  no ``.npy`` file: ``None``, exact ``bool``/``int``/``float``/``str``, Tensors, exact lists, tuples
+  and dicts are walked in C; anything else (namedtuples, numpy values, slices, dtypes, subclasses)
+  goes to the Python describer.
+* ``fill`` — the common case of :func:`msprobe.engine.flush.materialize`: a contiguous CPU
+  tensor of a dtype numpy holds, 1 to ``2**21 - 1`` elements, no file, no CRC-32 or counts, read in
+  place and reduced by the statistics kernel with the rules of
+  :func:`msprobe.tensors.stats.compute_stats` (finite data whose float64 sums overflow or underflow,
+  0-d and empty tensors, bfloat16 and larger tensors stay with Python).
+* ``resolve``/``encode_lines`` — :func:`msprobe.engine.writer.resolve_slots` over journal records,
+  then their lines encoded with orjson (a record holding a non-finite float, or one orjson refuses,
+  by :func:`msprobe.format.journal.encode_json`).
+* ``stack_key`` — the ``(id(code), f_lasti, ...)`` key of the calling frames of
+  :meth:`msprobe.engine.stacks.StackTable.current`.
+
+:data:`ext` is the extension, or ``None`` when it is not built or ``MSPROBE_PURE_PYTHON=1`` is set
+(then only the Python code runs). Callers read ``hotpath.ext`` at each use, so tests can switch it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+try:
+    from msprobe.tensors import _hotpath
+except ImportError:  # not compiled (no C compiler at install time): Python only
+    _hotpath = None
+
+from msprobe.tensors import scan as _scan
+
+__all__ = ["ext", "AVAILABLE", "configure"]
+
+#: dump.json dtype name -> (kernel kind, item size): the dtypes :func:`fill` reads in place
+_KINDS = {"Float16": ("f2", 2), "Float32": ("f4", 4), "Float64": ("f8", 8), "Int8": ("i1", 1),
+          "Int16": ("i2", 2), "Int32": ("i4", 4), "Int64": ("i8", 8), "UInt8": ("u1", 1),
+          "UInt16": ("u2", 2), "UInt32": ("u4", 4), "UInt64": ("u8", 8), "Bool": ("b1", 1)}
+
+#: Whether the extension and the statistics kernel it calls are both built.
+AVAILABLE = _hotpath is not None and _scan.KERNEL_AVAILABLE
+
+
+def configure():
+    """The configured extension (MindSpore types, dtype names, kernel), or ``None`` when it is not
+    built, the statistics kernel is not built, or ``MSPROBE_PURE_PYTHON=1``."""
+    if not AVAILABLE or os.environ.get("MSPROBE_PURE_PYTHON") == "1":
+        return None
+    import orjson
+    from mindspore import Parameter, Tensor
+    from mindspore._c_expression import TensorPy  # what Tensor.is_contiguous/data_ptr call
+
+    from msprobe.tensors.stats import MS_DTYPE_NAMES
+
+    _hotpath.setup(tensor=Tensor, parameter=Parameter, dtype_names=dict(MS_DTYPE_NAMES),
+                   kinds=dict(_KINDS) if sys.byteorder == "little" else {},
+                   scan=_scan._stats_kernel.scan, split=_scan._SPLIT,
+                   is_contiguous=TensorPy.is_contiguous, data_ptr=TensorPy._data_ptr,
+                   dumps=orjson.dumps, line_option=orjson.OPT_APPEND_NEWLINE)
+    return _hotpath
+
+
+#: the extension when it runs (see the module docstring), else ``None``
+ext = configure()

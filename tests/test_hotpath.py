@@ -1,0 +1,203 @@
+"""The compiled per-call path (msprobe/tensors/_hotpath.c) gives exactly what the Python code it stands
+for gives: the same described records, leaves, journal lines, stack keys and dump files."""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor, ops
+
+from msprobe.engine import flush, stacks, writer
+from msprobe.format.journal import encode_json
+from msprobe.tensors import hotpath, records
+from conftest import build_mlp, mlp_batch, only_step_dir, run_steps
+
+ext = hotpath.ext
+pytestmark = pytest.mark.skipif(ext is None, reason="the compiled per-call path is not built")
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def _python_describe(value):
+    describer = records.Describer(lambda path: None, lambda t: ("snap", t) if isinstance(t, Parameter) else t)
+    return describer.describe(value), describer.slots
+
+
+def _c_describe(value):
+    slots: list = []
+    snapshot = lambda t: ("snap", t) if isinstance(t, Parameter) else t  # noqa: E731
+    return ext.describe(value, snapshot, slots, records.describe_other), slots
+
+
+def _plain(value):
+    """A described structure with each slot as a tuple of its attributes (tensor by identity)."""
+    if isinstance(value, (records.TensorSlot, records.PyTensorSlot)):
+        t = value.tensor
+        ident = ("snap", id(t[1])) if isinstance(t, tuple) else (type(t).__name__, id(t) if isinstance(t, Tensor) else None)
+        return ("slot", ident, value.data_name, value.dtype, value.shape, value.type_name)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class MyInt(int):
+    pass
+
+
+def _values():
+    f32 = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    deep: list = [f32]
+    for _ in range(70):
+        deep = [deep]
+    return [
+        f32, None, True, 3, 2.5, float("nan"), "text", MyInt(4), np.float32(1.5), np.int64(7),
+        np.arange(3.0), slice(1, None, 2), Ellipsis, ms.float16, object(),
+        (f32, [1, {"a": f32, 3: None}], ()), {"k": (f32,), "j": {}}, Point(f32, 2),
+        [Tensor(np.ones(2, np.int8)), Tensor(np.zeros((), np.bool_)), Tensor(np.ones(3), ms.bfloat16)],
+        Parameter(Tensor(np.ones(2, np.float32)), name="w"), collections.OrderedDict(a=f32), deep,
+    ]
+
+
+def test_describe_matches_python():
+    for value in _values():
+        py_desc, py_slots = _python_describe(value)
+        c_desc, c_slots = _c_describe(value)
+        assert _plain(c_desc) == _plain(py_desc), value
+        assert [_plain(s) for s in c_slots] == [_plain(s) for s in py_slots]
+
+
+def test_describe_raises_what_python_raises():
+    class Broken(Tensor):
+        @property
+        def dtype(self):
+            raise RuntimeError("failed operation")
+
+    bad = Broken(np.ones(2, np.float32))
+    with pytest.raises(RuntimeError, match="failed operation"):
+        _python_describe([bad])
+    with pytest.raises(RuntimeError, match="failed operation"):
+        _c_describe([bad])
+
+
+def _tensors():
+    rng = np.random.default_rng(0)
+    arrays = [
+        rng.standard_normal(1000).astype(np.float32), rng.standard_normal((3, 5)).astype(np.float16),
+        rng.standard_normal(77), np.array([1.0, np.nan, 2.0], np.float32), np.array([np.inf, 1.0]),
+        np.array([-np.inf, 1.0], np.float32), np.array([np.inf, -np.inf]), np.array([1e300, 1e300]),
+        np.array([1e-200, -3e-200]), np.array([-0.0, 0.0], np.float32), np.zeros(4, np.float16),
+        np.array([2 ** 63 - 1, -2 ** 63, 5], np.int64), np.arange(-100, 100, dtype=np.int8),
+        np.array([2 ** 64 - 1, 3], np.uint64), np.arange(300, dtype=np.uint16), np.array([True, False]),
+        np.array([True, True]), np.array(3.5, np.float32), np.zeros((0, 3), np.float32),
+        rng.standard_normal(1 << 21).astype(np.float32),
+    ]
+    out = [Tensor(a) for a in arrays]
+    out.append(Tensor(rng.standard_normal((4, 6)).astype(np.float32)).transpose())  # non-contiguous
+    out.append(Tensor(np.ones(5), ms.bfloat16))
+    return out
+
+
+def _leaves(slots_of, monkeypatch, use_c: bool):
+    monkeypatch.setattr(hotpath, "ext", ext if use_c else None)
+    slots = slots_of()
+    failure = flush.materialize(slots, md5=False, tensor_dir=None, on_error=pytest.fail)
+    assert failure is None
+    return [json.dumps(s.leaf) for s in slots]  # NaN-aware, key order included
+
+
+def test_fill_matches_python(monkeypatch):
+    tensors = _tensors()
+
+    def slots_of():
+        slots: list = []
+        ext.describe(tensors + tensors[:3], lambda t: t, slots, records.describe_other)
+        return slots
+
+    c_leaves = _leaves(slots_of, monkeypatch, True)
+    assert c_leaves == _leaves(slots_of, monkeypatch, False)
+    filled: list = []
+    ext.describe(tensors, lambda t: t, filled, records.describe_other)
+    assert flush.wait_for_device() is None
+    ext.fill(filled)
+    done = [s.leaf is not None for s in filled]
+    assert done[0] and done[1] and done[11]  # plain float32, float16, int64: read in C
+    assert not any(done[-5:])  # 0-d, empty, 2**21 elements, transposed, bfloat16: left to Python
+
+
+def test_fill_leaves_slots_with_a_file_to_python():
+    t = Tensor(np.arange(4, dtype=np.float32))
+    plain = records.TensorSlot(t, None, "Float32", [4], "mindspore.Tensor")
+    named = records.TensorSlot(t, "x.npy", "Float32", [4], "mindspore.Tensor")
+    assert flush.wait_for_device() is None
+    ext.fill([plain, named])  # the same tensor: read once, but only the slot without a file is filled
+    assert plain.leaf is not None and named.leaf is None
+
+
+def test_resolve_and_lines_match_python():
+    slot = records.TensorSlot(None, None, "Float32", [2], "mindspore.Tensor")
+    slot.leaf = {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "Max": math.inf, "Min": 0.0,
+                 "Mean": math.inf, "Norm": math.inf}
+    fine = records.PyTensorSlot(None, None, "Int8", [1], "mindspore.Tensor")
+    fine.leaf = {"type": "mindspore.Tensor", "dtype": "Int8", "shape": [1], "Max": 1, "Min": 1, "Mean": 1.0,
+                 "Norm": 1.0}
+    pending = records.TensorSlot(None, None, "Float32", [2], "mindspore.Tensor")
+    recs = [{"e": "a", "k": "input_args", "v": [fine, {"x": [fine, 2 ** 70]}]},
+            {"e": "b", "k": "output", "v": [slot]}, {"e": "c", "k": "input_kwargs", "v": {"t": float("nan")}},
+            {"e": "d", "stack": 0}, {"c": "d", "p": None}, {"e": "e", "k": "output", "v": [(1, 2)]}]
+    unfilled = {"e": "f", "k": "output", "v": [pending]}  # resolved as itself (never encoded)
+    assert ext.resolve(unfilled) == ({k: writer.resolve_slots(v, [False]) for k, v in unfilled.items()}, False)
+    py_lines, py_resolved, py_any = b"", [], False
+    for r in recs:
+        flags = [False]
+        rec = {k: writer.resolve_slots(v, flags) for k, v in r.items()}
+        c_rec, c_flag = ext.resolve(r)
+        assert c_rec == rec and c_flag == flags[0]
+        py_resolved.append(rec)
+        py_lines += encode_json(rec, flags[0], line=True)
+        py_any |= flags[0]
+    text, resolved, non_finite = ext.encode_lines(recs, encode_json)
+    assert (bytes(text), resolved, non_finite) == (py_lines, py_resolved, py_any)
+
+
+def test_stack_key_matches_python():
+    def inner():
+        return ext.stack_key(0, stacks.MAX_WALK), stacks.stack_key(sys._getframe(0))
+
+    c_key, py_key = inner()
+    # the same frames; the innermost differs only in where each call sits on its line
+    assert c_key[0] == py_key[0] == id(inner.__code__) and c_key[2:] == py_key[2:]
+    short, full = ext.stack_key(0, 3), ext.stack_key(0, stacks.MAX_WALK)
+    assert len(short) == 6 and short[2:] == full[2:6] and len(full) > 6
+
+
+@pytest.mark.parametrize("fields", [{"level": "L1"}, {"level": "mix"},
+                                    {"level": "L1", "section": {"tensor_list": ["relu"]}},
+                                    {"level": "L0", "task": "tensor"}], ids=["L1", "mix", "list", "tensor"])
+def test_dump_files_identical_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields):
+    """The same training steps dumped with the compiled path and with the Python path only."""
+    outputs = []
+    for use_c in (True, False):
+        monkeypatch.setattr(hotpath, "ext", ext if use_c else None)
+        dump = str(tmp_path / f"dump_{use_c}")
+        debugger = make_debugger(dump_path=dump, **fields)
+        losses, grads = run_steps(build_mlp(), debugger, steps=2, batch=mlp_batch())
+        step_dir = only_step_dir(dump, 1)
+        files = {}
+        for name in ("dump.json", "stack.json", "construct.json"):
+            with open(os.path.join(step_dir, name), encoding="utf-8") as f:
+                files[name] = json.load(f)
+        files["dump.json"]["dump_data_dir"] = None
+        tensor_dir = os.path.join(step_dir, "dump_tensor_data")
+        files["npy"] = sorted(os.listdir(tensor_dir)) if os.path.isdir(tensor_dir) else []
+        outputs.append((files, [l.tobytes() for l in losses], [[g.tobytes() for g in s] for s in grads]))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0]["dump.json"]["data"]
+    assert bool(outputs[0][0]["npy"]) == (fields.get("task") == "tensor" or "section" in fields)
