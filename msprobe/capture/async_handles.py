@@ -142,7 +142,6 @@ def release_pending(runtime) -> None:
     if registry is None or not registry.pending:
         return
     names = registry.release()
-    writer = runtime.writer
-    if names and writer is not None and not writer.closed:
-        writer.add_note("unwaited_async_handles",
-                        [{"entry": n, "note": "handle never waited; output not recorded"} for n in names])
+    if names:
+        runtime.add_note("unwaited_async_handles",
+                         [{"entry": n, "note": "handle never waited; output not recorded"} for n in names])

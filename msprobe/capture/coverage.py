@@ -259,13 +259,13 @@ def inline_primitives(models) -> list:
     return found
 
 
-def note_stale_bindings(writer, targets: list, models, aliases=()) -> None:
-    """Scan for the gaps of :func:`stale_bindings` and list them in ``writer``'s ``coverage.json``
-    (``not_captured``)."""
+def note_stale_bindings(runtime, targets: list, models, aliases=()) -> None:
+    """Scan for the gaps of :func:`stale_bindings` and list them in the open step's ``coverage.json``
+    (``not_captured``) through ``runtime.add_note``."""
     try:
         found = stale_bindings(targets, models, aliases)
     except Exception as exc:  # a coverage scan must never break start()
         logger.warning("msprobe: coverage scan failed: %r", exc)
         return
-    if found and writer is not None:
-        writer.add_note("not_captured", found)
+    if found:
+        runtime.add_note("not_captured", found)

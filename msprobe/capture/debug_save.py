@@ -12,6 +12,8 @@ import logging
 
 from mindspore import Tensor
 
+from msprobe.format import journal
+
 logger = logging.getLogger("msprobe")
 
 _LEAF_TYPES = (Tensor, int, float, str)  # bool is an int
@@ -87,7 +89,7 @@ def save(runtime, variable, name: str, save_backward: bool = True) -> None:
             tensors = list(_tensor_paths(variable))
             if tensors:
                 with runtime.lock:
-                    runtime.queue_line({"e": grad_entry, "v": _null_shape(variable)}, writer)
+                    runtime.queue_line(journal.value_line(grad_entry, _null_shape(variable)), writer)
                 for path, tensor in tensors:
                     tensor.register_hook(_grad_hook(runtime, grad_entry, path, writer))
 

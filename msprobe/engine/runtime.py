@@ -20,7 +20,7 @@ from collections import defaultdict
 
 from mindspore import Parameter, Tensor, ops
 
-from msprobe.format import naming
+from msprobe.format import journal, naming
 from msprobe.read import report
 from msprobe.tensors import stats
 from msprobe.engine.budget import TensorBudget
@@ -28,6 +28,7 @@ from msprobe.engine.filters import Selector
 from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
 from msprobe.tensors.records import Describer
 from msprobe.engine.stacks import StackTable
+from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.watch import Watch, WatchWriter
 from msprobe.engine.writer import StepWriter
 
@@ -166,6 +167,8 @@ class Runtime:
         #: how Parameters are copied when recorded (chosen per step, see open_step)
         self.snapshot = _snapshot
         self.writer: StepWriter | None = None
+        #: what the open step's files say beyond its records (coverage notes, abnormal end)
+        self.extras = StepExtras()
         self._tls = threading.local()
         self._lock = threading.RLock()
         #: held for a whole flush (take batch, read, append), so batches reach the journal in order
@@ -389,13 +392,14 @@ class Runtime:
                 def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
                     return StepWriter(path, header, tensor_data=tensor_data,
                                       extra_info=self.config.extra_info and not debug,
-                                      data_file="debug.json" if debug else "dump.json",
-                                      empty_reason=self._empty_reason)
+                                      data_file="debug.json" if debug else "dump.json")
 
+                self.extras = StepExtras()
                 if self.watch is not None:  # memory only until an anomaly (core/watch.py)
                     self.writer = WatchWriter(self.watch, self.step, directory, self.rank,
                                               lambda path: make_writer(path, self.config.watch.save_tensors),
-                                              on_raise=self._watch_raise, level=self.config.level)
+                                              self.extras, on_raise=self._watch_raise,
+                                              level=self.config.level)
                 else:
                     self.writer = make_writer(directory)
             except OSError as exc:
@@ -460,30 +464,31 @@ class Runtime:
 
     def record(self, entry: str, key: str, value, category: str, writer=None) -> None:
         """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files."""
-        self._describe_and_queue({"e": entry, "k": key}, value, entry, category, (), writer or self.writer)
+        self._describe_and_queue(journal.key_line, (entry, key), value, entry, category, (),
+                                 writer or self.writer)
 
     def record_item(self, entry: str, key: str, index: int, size: int, tensor, category: str,
                     writer) -> None:
         """Queue item ``index`` of the list ``data[entry][key]`` (backward gradients, one by one)."""
         if self._is_late(entry, writer):
             return
-        self._describe_and_queue({"e": entry, "k": key, "i": index, "n": size}, tensor, entry,
+        self._describe_and_queue(journal.item_line, (entry, key, index, size), tensor, entry,
                                  category, (index,), writer)
 
     def record_param_grad(self, entry: str, pname: str, grad) -> None:
         """Queue ``data[entry][pname] = [describe(grad)]`` (file ``{entry}.{pname}.npy``)."""
-        self._describe_and_queue({"e": entry, "k": pname}, grad, entry, "", (pname,), self.writer,
-                                 as_list=True, fixed_name=True)
+        self._describe_and_queue(journal.key_line, (entry, pname), grad, entry, "", (pname,),
+                                 self.writer, as_list=True, fixed_name=True)
 
     def record_value(self, entry: str, value, writer=None) -> None:
         """Queue ``data[entry] = describe(value)`` (debug level; files ``{entry}.{index path}.npy``)."""
-        self._describe_and_queue({"e": entry}, value, entry, "", (), writer or self.writer)
+        self._describe_and_queue(journal.value_line, (entry,), value, entry, "", (), writer or self.writer)
 
     def record_at(self, entry: str, path: tuple, tensor, file_entry: str, writer) -> None:
         """Queue a nested item of ``data[entry]`` at ``path`` (debug-level gradients)."""
         if self._is_late(entry, writer):
             return
-        self._describe_and_queue({"e": entry, "p": list(path)}, tensor, file_entry, "", (), writer,
+        self._describe_and_queue(journal.path_line, (entry, path), tensor, file_entry, "", (), writer,
                                  fixed_name=True)
 
     def _is_late(self, entry: str, writer) -> bool:
@@ -495,15 +500,15 @@ class Runtime:
                            "debugger.step() after the backward pass", entry)
         return True
 
-    def _describe_and_queue(self, line: dict, value, entry: str, category: str, index: tuple, writer,
-                            as_list: bool = False, fixed_name: bool = False) -> None:
+    def _describe_and_queue(self, make_line, args: tuple, value, entry: str, category: str, index: tuple,
+                            writer, as_list: bool = False, fixed_name: bool = False) -> None:
+        """Describe ``value`` and queue the journal line ``make_line(*args, described)``."""
         if not self.records_data or self.failed or self.forked():
             return
         self._asked += 1
         if type(value) in (dict, tuple, list) and not value:  # e.g. no keyword arguments: no tensors
             empty = {} if type(value) is dict else []
-            line["v"] = [empty] if as_list else empty
-            self._queue(line, (), writer)
+            self._queue(make_line(*args, [empty] if as_list else empty), (), writer)
             return
         if self._saves(entry):
             if fixed_name:
@@ -522,8 +527,7 @@ class Runtime:
             return
         if name_for is not _no_file and self.budget.limit is not None:
             self.budget.spend(describer.slots)
-        line["v"] = [described] if as_list else described
-        self._queue(line, describer.slots, writer)
+        self._queue(make_line(*args, [described] if as_list else described), describer.slots, writer)
 
     def record_stack(self, entry: str, writer=None) -> None:
         """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on."""
@@ -535,8 +539,8 @@ class Runtime:
             lines = []
             if sid not in self._emitted_stacks:
                 self._emitted_stacks.add(sid)
-                lines.append({"s": sid, "f": self.stacks.rendered[sid]})
-            lines.append({"e": entry, "stack": sid})
+                lines.append(journal.stack_frames(sid, self.stacks.rendered[sid]))
+            lines.append(journal.stack_ref(entry, sid))
             self._pending.extend((writer, line) for line in lines)
             self._started_pending()
 
@@ -545,7 +549,7 @@ class Runtime:
         if not self.config.extra_info or self.failed:
             return
         with self._lock:
-            self._pending.append((writer or self.writer, {"c": name, "p": parent}))
+            self._pending.append((writer or self.writer, journal.construct_edge(name, parent)))
             self._started_pending()
 
     def _queue(self, line: dict, slots: list, writer) -> None:
@@ -695,15 +699,34 @@ class Runtime:
             return
         self.refresh_rank()
         self.flush_quietly()
+        self._write_step()
+
+    def _write_step(self) -> None:
+        """Write the open step's files from its replayed records (:func:`write_step`), with its
+        extras and the reason it is empty, given as data."""
         if self.writer is not None and not self.writer.closed:
             try:
-                self.writer.write_files()
+                write_step(self.writer, self.extras, self._empty_reason())
             except OSError as exc:
                 self.disk_failure(exc)
 
+    def add_note(self, key: str, items: list) -> None:
+        """List ``items`` (JSON objects) under ``key`` in the open step's ``coverage.json``."""
+        if self.step_open:
+            self.extras.add_note(key, items)
+
+    def mark_abnormal(self, reason: str) -> None:
+        """Record in the open step's ``dump.json["abnormal"]`` why it ended abnormally (first reason
+        kept); in watch mode the history is written then (the flight recorder)."""
+        if not self.step_open:
+            return
+        self.extras.mark_abnormal(reason)
+        if self.watch is not None:
+            self.writer.mark_abnormal(reason)
+
     def _empty_reason(self) -> str:
-        """Why a step's ``dump.json`` has no data (asked by the writer only when it has none).
-        Names only causes that are known to have happened in this step."""
+        """Why a step's ``dump.json`` has no data (written only when it has none). Names only causes
+        that are known to have happened in this step."""
         cfg = self.config
         if cfg.task == "structure":
             return "task 'structure' records the call structure (construct.json, stack.json), no data"
@@ -759,6 +782,7 @@ class Runtime:
             return
         self.flush_quietly()
         if self.writer is not None:
+            self._write_step()
             try:
                 self.writer.close()
             except OSError as exc:

@@ -154,7 +154,7 @@ class DumpService:
         if rt.open_step() is None:
             return False
         if cfg.level in _API_LEVELS:  # B08: names bound to an API before start() are not captured
-            note_stale_bindings(rt.writer, self._listed_targets(), self.models, self._aliases())
+            note_stale_bindings(rt, self._listed_targets(), self.models, self._aliases())
         self._install()
         self._token = 0
         self.active = True
@@ -357,9 +357,7 @@ class DumpService:
 
     def note_abnormal(self, reason: str) -> None:
         """Mark the open step abnormal (its records so far are flushed when it is closed)."""
-        writer = self.runtime.writer
-        if writer is not None and not writer.closed:
-            writer.mark_abnormal(reason)
+        self.runtime.mark_abnormal(reason)
 
     def step(self) -> None:
         rt = self.runtime

@@ -12,12 +12,11 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
 
 import numpy as np
 
 from msprobe.read import report
-from msprobe.format.journal import JOURNAL, SCHEMA, TENSOR_DIR, read_journal, replay
+from msprobe.format.journal import JOURNAL, SCHEMA, TENSOR_DIR, Piece, pieces, read_journal, replay
 
 SUPPORTED_SCHEMAS = (SCHEMA,)
 _STEP_RE = re.compile(r"^step(\d+)$")
@@ -95,21 +94,6 @@ def load(directory: str) -> StepDump:
     return StepDump(directory, header, data, _ungroup(stacks), construct, complete)
 
 
-class Piece(NamedTuple):
-    """One piece of an entry, as :func:`iter_entries` yields it.
-
-    ``key`` is ``None`` when ``value`` is the whole entry (debug level); ``index`` is set for one
-    item of a list (a gradient arriving on its own, journal only); ``path`` for a nested item
-    (debug-level gradients, journal only).
-    """
-
-    entry: str
-    key: Optional[str]
-    value: object
-    index: Optional[int] = None
-    path: Optional[tuple] = None
-
-
 def iter_entries(directory: str):
     """Yield the data of one ``step{N}/rank{R}`` directory as :class:`Piece` items, in written order.
 
@@ -122,19 +106,7 @@ def iter_entries(directory: str):
     """
     journal = os.path.join(directory, JOURNAL)
     if os.path.exists(journal):
-        for rec in read_journal(journal):
-            if "h" in rec:
-                _check_schema(directory, rec["h"])
-                continue
-            entry = rec.get("e")
-            if entry is None or "v" not in rec:
-                continue
-            if "p" in rec:
-                yield Piece(entry, None, rec["v"], path=tuple(rec["p"]))
-            elif "k" not in rec:
-                yield Piece(entry, None, rec["v"])
-            else:
-                yield Piece(entry, rec["k"], rec["v"], index=rec.get("i"))
+        yield from pieces(read_journal(journal), on_header=lambda fields: _check_schema(directory, fields))
         return
     dump = load(directory)
     for entry, body in dump.data.items():

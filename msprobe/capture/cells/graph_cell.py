@@ -558,7 +558,7 @@ class GraphDump:
                 or not capture.entered:
             return
         missing = [prefix for prefix, _ in self._cells if prefix not in capture.entered]
-        writer.add_note("not_recorded_in_graph", [
+        self.sink.add_note("not_recorded_in_graph", [
             {"cell": prefix, "note": "no probe of this Cell ran in the compiled graph in this step: it "
                                      "was not called (a container such as CellList, a branch not "
                                      "taken) or the compiler removed it; a compiled Cell's data exist "
