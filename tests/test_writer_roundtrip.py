@@ -317,20 +317,21 @@ def test_every_constructor_makes_a_valid_line_the_interpreter_decodes():
     made = {
         "header": (journal.header("tensor", "L1", "mindspore", "/d/step0/rank0/dump_tensor_data"),
                    ("tensor", "L1", "mindspore", "/d/step0/rank0/dump_tensor_data")),
-        "key": (journal.key_line(RELU, "output", [leaf()]), (RELU, "output", [leaf()])),
-        "item": (journal.item_line(RELU_BWD, "output", 1, 2, leaf()), (RELU_BWD, "output", 1, 2, leaf())),
-        "value": (journal.value_line("x.0.debug", leaf()), ("x.0.debug", leaf())),
-        "path": (journal.path_line("x_grad.0.debug", ("a", 0), leaf()), ("x_grad.0.debug", ["a", 0], leaf())),
+        "set_key": (journal.key_line(RELU, "output", [leaf()]), (RELU, "output", [leaf()])),
+        "set_item": (journal.item_line(RELU_BWD, "output", 1, 2, leaf()), (RELU_BWD, "output", 1, 2, leaf())),
+        "set_entry": (journal.value_line("x.0.debug", leaf()), ("x.0.debug", leaf())),
+        "set_path": (journal.path_line("x_grad.0.debug", ("a", 0), leaf()), ("x_grad.0.debug", ["a", 0], leaf())),
         "stack_ref": (journal.stack_ref(RELU, 4), (RELU, 4)),
         "stack_frames": (journal.stack_frames(4, [STACK]), (4, [STACK])),
         "construct_edge": (journal.construct_edge(RELU, CELL), (RELU, CELL)),
     }
     from msprobe.format import validate_document
 
+    assert tuple(made) == journal.KINDS
     for kind, (line, fields) in made.items():
         validate_document(line, "journal")
         got_kind, got = journal.decode(line)
-        assert got_kind == kind
+        assert got_kind == kind and journal.line_kind(line) == kind
         if kind == "header":
             assert got[0]["schema"] == journal.SCHEMA and tuple(got[0].values())[:4] == fields
         else:

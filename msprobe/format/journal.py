@@ -116,10 +116,37 @@ def construct_edge(name: str, parent: Optional[str]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- interpreter
+#: the kinds of journal lines (the ``$defs`` of ``schemas/journal.json``), in constructor order
+KINDS = ("header", "set_key", "set_item", "set_entry", "set_path", "stack_ref", "stack_frames",
+         "construct_edge")
+
+
+def line_kind(line: dict) -> Optional[str]:
+    """The kind of a journal line (one of :data:`KINDS`), told by its keys alone, or ``None``; also
+    for a malformed line (the validator then names what its kind misses)."""
+    if "e" in line:
+        if "stack" in line:
+            return "stack_ref"
+        if "p" in line:
+            return "set_path"
+        if "i" in line or "n" in line:
+            return "set_item"
+        if "k" in line:
+            return "set_key"
+        return "set_entry"
+    if "c" in line:
+        return "construct_edge"
+    if "s" in line:
+        return "stack_frames"
+    if "h" in line:
+        return "header"
+    return None
+
+
 class Replay:
     """Applies journal lines in order; :meth:`apply` is the one definition of what a line means.
 
-    :meth:`apply` tells a line's kind and calls the handler of that kind (``on_header``, ``on_key``,
+    :meth:`apply` tells a line's kind (:func:`line_kind`) and calls the handler of that kind (``on_header``, ``on_key``,
     ``on_item``, ``on_value``, ``on_path``, ``on_stack_ref``, ``on_stack_frames``,
     ``on_construct_edge``), returning what the handler returns. This class's handlers rebuild
     ``(header, data, stacks, construct)`` (:meth:`result`); the writer keeps one live, as records are
@@ -133,22 +160,22 @@ class Replay:
         self._valued: set = set()  # entries set whole by a value line (debug level)
 
     def apply(self, rec: dict):
-        entry = rec.get("e")
-        if entry is not None:
-            if "v" not in rec:
-                return self.on_stack_ref(entry, rec["stack"]) if "stack" in rec else None
-            if "p" in rec:
-                return self.on_path(entry, rec["p"], rec["v"])
-            if "k" not in rec:
-                return self.on_value(entry, rec["v"])
-            if "i" in rec:
-                return self.on_item(entry, rec["k"], rec["i"], rec["n"], rec["v"])
-            return self.on_key(entry, rec["k"], rec["v"])
-        if "c" in rec:
+        kind = line_kind(rec)
+        if kind == "set_key":
+            return self.on_key(rec["e"], rec["k"], rec["v"])
+        if kind == "set_item":
+            return self.on_item(rec["e"], rec["k"], rec["i"], rec["n"], rec["v"])
+        if kind == "stack_ref":
+            return self.on_stack_ref(rec["e"], rec["stack"])
+        if kind == "construct_edge":
             return self.on_construct_edge(rec["c"], rec["p"])
-        if "s" in rec:
+        if kind == "stack_frames":
             return self.on_stack_frames(rec["s"], rec["f"])
-        if "h" in rec:
+        if kind == "set_entry":
+            return self.on_value(rec["e"], rec["v"])
+        if kind == "set_path":
+            return self.on_path(rec["e"], rec["p"], rec["v"])
+        if kind == "header":
             return self.on_header(rec["h"])
         return None
 
@@ -232,16 +259,16 @@ class _Decoder(Replay):
         return "header", (fields,)
 
     def on_key(self, entry, key, value):
-        return "key", (entry, key, value)
+        return "set_key", (entry, key, value)
 
     def on_item(self, entry, key, index, size, value):
-        return "item", (entry, key, index, size, value)
+        return "set_item", (entry, key, index, size, value)
 
     def on_value(self, entry, value):
-        return "value", (entry, value)
+        return "set_entry", (entry, value)
 
     def on_path(self, entry, path, value):
-        return "path", (entry, path, value)
+        return "set_path", (entry, path, value)
 
     def on_stack_ref(self, entry, stack_id):
         return "stack_ref", (entry, stack_id)
@@ -257,10 +284,9 @@ _DECODER = _Decoder()
 
 
 def decode(line: dict):
-    """``(kind, fields)`` of one journal line: kind is the constructor's name without ``_line``
-    (``"header"``, ``"key"``, ``"item"``, ``"value"``, ``"path"``, ``"stack_ref"``,
-    ``"stack_frames"``, ``"construct_edge"``), fields its arguments in order; ``None`` for a line of
-    no known kind."""
+    """``(kind, fields)`` of one journal line: kind one of :data:`KINDS` (:func:`line_kind`), fields
+    what the line's constructor was given, in order (the header: its one dict); ``None`` for a line
+    of no known kind."""
     return _DECODER.apply(line)
 
 
@@ -273,13 +299,13 @@ def _piece(found) -> Optional[Piece]:
     if found is None:
         return None
     kind, fields = found
-    if kind == "key":
+    if kind == "set_key":
         return Piece(fields[0], fields[1], fields[2])
-    if kind == "item":
+    if kind == "set_item":
         return Piece(fields[0], fields[1], fields[4], index=fields[2])
-    if kind == "value":
+    if kind == "set_entry":
         return Piece(fields[0], None, fields[1])
-    if kind == "path":
+    if kind == "set_path":
         return Piece(fields[0], None, fields[2], path=tuple(fields[1]))
     return None
 

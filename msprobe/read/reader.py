@@ -33,7 +33,9 @@ class StepDump:
 
     Attributes:
         directory: the ``step{N}/rank{R}`` directory.
-        header: ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``.
+        header: ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``, ``run_id``,
+            ``msprobe_version`` (the last two absent in files written before they existed), and for a
+            finished step ``abnormal``/``empty_reason`` when present.
         data: ``dump.json["data"]``: entry name -> body.
         stacks: entry name -> list of frame strings (forward entries).
         construct: entry name -> parent entry name or ``None``.
@@ -120,7 +122,8 @@ def iter_entries(directory: str):
 def iter_bodies(directory: str):
     """Yield ``(entry, body)`` of one ``step{N}/rank{R}`` directory in written (execution) order,
     after first yielding ``(None, header)`` (for ``dump.json``: the keys written before ``data``, i.e.
-    ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``; :func:`load` has all).
+    ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``, ``run_id``, ``msprobe_version``;
+    :func:`load` has all).
 
     A finished ``dump.json`` is streamed: it is parsed one entry at a time from 1 MiB chunks, so
     memory does not grow with the dump (the JSON libraries that stream do not accept the ``NaN`` /
