@@ -80,18 +80,19 @@ def write_step(writer, extras: StepExtras, empty_reason: str | None = None) -> N
     target = writer.target
     if target is None or target.closed or not (target.dirty or extras.changed):
         return
-    header, data, stacks, construct = target.replayed()
-    documents = {target.data_file: dump_document(header, data, extras.abnormal, empty_reason)}
-    if target.extra_info:
-        if header.get("task") != "structure":
-            construct = report.without_empty_backward(construct, data)
-        documents["stack.json"] = stacks
-        documents["construct.json"] = construct
-        # anomalies.json / coverage.json are extra files too (extra_info: false -> dump.json only)
-        identity = {k: header[k] for k in ("run_id", "msprobe_version") if header.get(k) is not None}
-        documents.update(report.step_reports(
-            target.directory, data, stacks, extras.notes,
-            scan=target.non_finite or extras.anomaly_extra is not None, construct=construct,
-            extra=extras.anomaly_extra, identity=identity))
-    target.write(documents, non_finite=(target.data_file,) if target.non_finite else ())
-    extras.changed = False
+    with target.lock:  # no line lands between reading the records and writing the files
+        header, data, stacks, construct = target.replayed()
+        documents = {target.data_file: dump_document(header, data, extras.abnormal, empty_reason)}
+        if target.extra_info:
+            if header.get("task") != "structure":
+                construct = report.without_empty_backward(construct, data)
+            documents["stack.json"] = stacks
+            documents["construct.json"] = construct
+            # anomalies.json / coverage.json are extra files too (extra_info: false -> dump.json only)
+            identity = {k: header[k] for k in ("run_id", "msprobe_version") if header.get(k) is not None}
+            documents.update(report.step_reports(
+                target.directory, data, stacks, extras.notes,
+                scan=target.non_finite or extras.anomaly_extra is not None, construct=construct,
+                extra=extras.anomaly_extra, identity=identity))
+        target.write(documents, non_finite=(target.data_file,) if target.non_finite else ())
+        extras.changed = False

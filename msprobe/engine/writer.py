@@ -83,7 +83,9 @@ class StepWriter:
         self.error_count = 0
         #: journal lines appended since the documents were last written (:meth:`write`)
         self.dirty = True
-        self._lock = threading.Lock()
+        #: held while lines are appended or documents written; hold it around :meth:`replayed`
+        #: and :meth:`write` so no line lands between reading the records and writing the files
+        self.lock = threading.RLock()
         self._journal_path = os.path.join(directory, JOURNAL)
         self._journal = open(self._journal_path, "ab")
         self._state = Replay()  # what the journal says so far, kept live (no read-back at stop())
@@ -122,7 +124,7 @@ class StepWriter:
             text += encode_json(rec, flags[0], line=True)  # orjson's bytes over-allocate: not kept
             if flags[0]:
                 self._non_finite = True
-        with self._lock:
+        with self.lock:
             self._journal.write(text)
             self._journal.flush()
             self.dirty = True
@@ -137,7 +139,7 @@ class StepWriter:
     def replayed(self):
         """``(header, data, stacks, construct)`` of everything journaled so far (see
         :meth:`msprobe.format.journal.Replay.result`); the caller must not modify them."""
-        with self._lock:
+        with self.lock:
             state = self._state
             if state is None:
                 state = Replay()
@@ -156,16 +158,15 @@ class StepWriter:
         Raises:
             OSError: a write failed (the files written before it stay).
         """
-        with self._lock:
+        with self.lock:
             for name, document in documents.items():
                 path = os.path.join(self.directory, name)
                 if document is None:
-                    if name in self._written or os.path.exists(path):
-                        try:
-                            os.remove(path)
-                        except FileNotFoundError:
-                            pass
-                        self._written.discard(name)
+                    try:
+                        os.remove(path)
+                    except FileNotFoundError:
+                        pass
+                    self._written.discard(name)
                     continue
                 atomic_write_json(path, document, name in non_finite)
                 self._written.add(name)
@@ -187,7 +188,7 @@ class StepWriter:
     def relocate(self, directory: str) -> None:
         """Rename this step's directory to ``directory`` (rank found after ``start()``); the journal
         goes on there and a new header line records the new ``dump_data_dir``."""
-        with self._lock:
+        with self.lock:
             self._journal.close()
             os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
             os.rename(self.directory, directory)
@@ -201,7 +202,7 @@ class StepWriter:
     def abandon(self, message: str) -> None:
         """Stop writing after a failed write: no more files; the journal stays (readable, the step
         loads with ``complete=False``); ``message`` goes to ``dump_error_info.log`` if possible."""
-        with self._lock:
+        with self.lock:
             self.closed = True
             try:
                 self._journal.close()
@@ -212,7 +213,7 @@ class StepWriter:
     def discard_if_empty(self) -> bool:
         """Close and delete this step directory if nothing was journaled but the header (a step
         opened by ``start()`` and renumbered by ``set_init_step`` before anything ran)."""
-        with self._lock:
+        with self.lock:
             if self.closed:
                 return False
             with open(self._journal_path, encoding="utf-8") as f:
@@ -241,7 +242,7 @@ class StepWriter:
         Idempotent."""
         if self.closed:
             return
-        with self._lock:
+        with self.lock:
             self.closed = True
             self._journal.close()
             os.remove(self._journal_path)
