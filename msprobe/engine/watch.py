@@ -12,8 +12,10 @@ Objects:
 * :class:`Watch` — one per runtime, lives for the whole run: the history ring, stack definitions,
   whether (and where) the anomaly was found, the heartbeat file.
 * :class:`WatchWriter` — one per step, with the interface of :class:`msprobe.engine.writer.StepWriter`
-  that the runtime uses; memory only until the trigger, then it forwards everything of its step to a
-  real ``StepWriter`` so the step directory is complete when the step ends.
+  that the runtime uses; memory only until the trigger (its ``target``, the writer of the step's files,
+  is ``None`` until then), then it forwards everything of its step to a real ``StepWriter`` so the step
+  directory is complete when the step ends. Journal lines are read through the accessors of
+  :mod:`msprobe.format.journal`.
 """
 from __future__ import annotations
 
