@@ -359,3 +359,14 @@ def test_writer_format_and_reader_do_not_import_mindspore():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_dumping_does_not_need_the_validator():
+    """jsonschema is for checking dumps, not for writing them: the tool imports without it (an
+    environment that installs msprobe with only its runtime needs, e.g. beside mindformers)."""
+    code = ("import sys\n"
+            "import msprobe.mindspore, msprobe.dump\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jsonschema', 'referencing')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
