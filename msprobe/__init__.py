@@ -4,4 +4,6 @@ Public entry points live in :mod:`msprobe.mindspore` (``PrecisionDebugger``, ``s
 ``MsprobeStep``, ``MsprobeInitStep``) and :mod:`msprobe.dump` (reading dumps back).
 """
 
-__version__ = "0.1.0"
+from msprobe._version import __version__
+
+__all__ = ["__version__"]

@@ -11,7 +11,8 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 #: package -> the packages it may import (besides itself). Top-level modules count as packages.
 ALLOWED = {
-    "format": set(),                                 # the on-disk contract: schemas, names, journal, .npy
+    "_version": set(),                               # the tool's version (msprobe/_version.py)
+    "format": {"_version"},                          # the on-disk contract: schemas, names, journal, .npy
     "tensors": {"format"},                           # describing values, host access, exact statistics
     "read": {"format"},                              # reading dumps and per-step reports
     "engine": {"tensors", "read", "format"},         # config, runtime state, flush policy, writer, watch
@@ -20,7 +21,7 @@ ALLOWED = {
     "dump": {"read", "format"},                      # the public reader
     "compare": {"dump", "format"},                   # analysis reads dumps through the reader only
     "cli": {"compare", "dump", "format"},            # the msprobe command
-    "": {"dump", "mindspore"},                       # msprobe/__init__.py
+    "": {"dump", "mindspore", "_version"},           # msprobe/__init__.py
 }
 
 

@@ -10,6 +10,7 @@ import os
 import pytest
 from jsonschema import Draft202012Validator
 
+from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.writer import StepWriter
 from msprobe.format.journal import SCHEMA
 from msprobe.format import (SCHEMA_VERSION, FormatError, schema, validate_document, validate_dump_tree,
@@ -356,12 +357,14 @@ def test_writer_round_trip(tmp_path):
         {"e": "Functional.log.0.forward", "k": "output", "v": [bad]},
         {"e": "Functional.log.0.backward", "k": "output", "i": 1, "n": 2, "v": tensor()},
     ])
-    writer.add_note("unwaited_async_handles", [{"entry": "MintDistributed.all_reduce.0.forward",
+    extras = StepExtras()
+    extras.add_note("unwaited_async_handles", [{"entry": "MintDistributed.all_reduce.0.forward",
                                                 "note": "handle never waited; output not recorded"}])
-    writer.write_files()
+    write_step(writer, extras)
     names = sorted(os.path.basename(p) for p in validate_dump_tree(str(tmp_path / "dump")))
     assert names == ["anomalies.json", "construct.json", "coverage.json", "dump.journal", "dump.json",
                      "stack.json"]
+    write_step(writer, extras)
     writer.close()
     assert "dump.journal" not in os.listdir(step)
     validate_dump_tree(str(tmp_path / "dump"))
@@ -375,6 +378,7 @@ def test_empty_step_round_trip(tmp_path):
     step = str(tmp_path / "dump" / "step0" / "proc12")
     writer = StepWriter(step, {"task": "tensor", "level": "debug", "framework": "mindspore"},
                         tensor_data=True, extra_info=False, data_file="debug.json")
+    write_step(writer, StepExtras(), "no debugger.save() call in this step")
     writer.close()
     assert sorted(os.listdir(step)) == ["debug.json", "dump_tensor_data"]
     validate_dump_tree(str(tmp_path / "dump"))

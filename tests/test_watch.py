@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
+import msprobe
 import msprobe.dump
 from msprobe.engine.config import ConfigError, load_config
 from msprobe.engine.watch import WatchAnomaly
+from msprobe.format import journal
 from msprobe.mindspore import PrecisionDebugger
 
 
@@ -132,6 +134,7 @@ def test_clean_steps_write_only_the_heartbeat(tmp_path):
     with open(os.path.join(dump_path, name)) as f:
         beat = json.load(f)
     assert beat["steps_watched"] == 3 and beat["last_step"] == 2 and beat["anomaly"] is None
+    assert beat["run_id"] == journal.run_id() and beat["msprobe_version"] == msprobe.__version__
 
 
 def test_raise_stops_training_after_the_files_are_complete(tmp_path):

@@ -12,7 +12,7 @@ import logging
 
 from mindspore import Tensor
 
-from msprobe.format import naming
+from msprobe.format import journal, naming
 
 logger = logging.getLogger("msprobe")
 
@@ -89,7 +89,7 @@ def save(runtime, variable, name: str, save_backward: bool = True) -> None:
             tensors = list(_tensor_paths(variable))
             if tensors:
                 with runtime.lock:
-                    runtime.queue_line({"e": grad_entry, "v": _null_shape(variable)}, token)
+                    runtime.queue_line(journal.value_line(grad_entry, _null_shape(variable)), token)
                 for path, tensor in tensors:
                     tensor.register_hook(_grad_hook(runtime, grad_entry, path, token))
 

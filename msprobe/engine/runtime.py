@@ -24,7 +24,8 @@ from collections import defaultdict
 
 from mindspore import Parameter, Tensor, ops
 
-from msprobe.format import naming
+from msprobe.format import journal, naming
+from msprobe.format.journal import encode_json
 from msprobe.read import report
 from msprobe.tensors import hotpath, stats
 from msprobe.engine import layout
@@ -34,6 +35,7 @@ from msprobe.engine.filters import Selector
 from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
 from msprobe.tensors.records import Describer, describe_other
 from msprobe.engine.stacks import StackTable
+from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.watch import Watch, WatchWriter
 from msprobe.engine.writer import StepWriter
 
@@ -157,6 +159,9 @@ class Runtime:
         self._tree_stacks: dict = {}  # tree name -> stack ids written into its stack.json this step
         self._bulk = 0  # > 0 inside bulk(): no batch-size, age or deadline flushes
         self._token = 0  # :attr:`step_token` of the newest opened step (one more per opened step)
+        self._tree_extras: dict = {}  # tree name -> the StepExtras of its open step directory
+        #: what the open step's files say beyond its records (coverage notes, abnormal end)
+        self.extras = StepExtras()
         self._tls = threading.local()
         self._lock = threading.RLock()
         #: held for a whole flush (take batch, read, append), so batches reach the journal in order
@@ -224,19 +229,6 @@ class Runtime:
             writer.error(message)
         else:
             logger.warning("msprobe: %s", message)
-
-    def add_note(self, key: str, items: list) -> None:
-        """Add ``items`` (JSON values) to ``coverage.json[key]`` of the open step (nothing when no
-        step is open)."""
-        writer = self.writer
-        if items and writer is not None and not writer.closed:
-            writer.add_note(key, items)
-
-    def mark_abnormal(self, reason: str) -> None:
-        """Record in the open step's ``dump.json`` why it ended abnormally (first reason kept)."""
-        writer = self.writer
-        if writer is not None and not writer.closed:
-            writer.mark_abnormal(reason)
 
     @property
     def step_dir(self) -> str | None:
@@ -465,12 +457,14 @@ class Runtime:
             directory = self.step_directory(name)
             try:
                 layout.clear_for(directory, self.rank)
-                writer = self.trees[name] = self._new_writer(directory)
+                extras = self._tree_extras[name] = StepExtras()
+                writer = self.trees[name] = self._new_writer(directory, extras)
             except OSError as exc:
                 self.disk_failure(exc, directory)
                 yield False
                 return
         emitted, self._emitted_stacks = self._emitted_stacks, self._tree_stacks.setdefault(name, set())
+        main_extras, self.extras = self.extras, self._tree_extras[name]
         self.writer = writer
         try:
             yield True
@@ -479,7 +473,7 @@ class Runtime:
                 self.flush_quietly()
             finally:
                 self._emitted_stacks = emitted
-                self.writer = main
+                self.writer, self.extras = main, main_extras
 
     def open_step(self):
         """Create (once per step) the writer of the current step and rank.
@@ -495,8 +489,9 @@ class Runtime:
             directory = self.step_directory()
             self._token += 1  # before the new writer exists: records of older tokens never reach it
             try:
+                self.extras = StepExtras()
                 layout.clear_for(directory, self.rank)
-                self.writer = self._new_writer(directory)
+                self.writer = self._new_writer(directory, self.extras)
             except OSError as exc:
                 self.disk_failure(exc, directory)
                 return None
@@ -504,21 +499,23 @@ class Runtime:
             self.snapshot = _host_snapshot if stats.synchronous_cpu() else _snapshot
         return self.step_token
 
-    def _new_writer(self, directory: str):
-        """The writer of one step directory (memory only until an anomaly in watch mode)."""
+    def _new_writer(self, directory: str, extras: StepExtras):
+        """The writer of one step directory (memory only until an anomaly in watch mode); ``extras``
+        collects what its files say beyond the records."""
         header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
         debug = self.config.level == "debug"
+        ext = hotpath.ext
+        encoder = None if ext is None else (lambda records: ext.encode_lines(records, encode_json))
 
         def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
             return StepWriter(path, header, tensor_data=tensor_data,
                               extra_info=self.config.extra_info and not debug,
-                              data_file="debug.json" if debug else "dump.json",
-                              empty_reason=self._empty_reason)
+                              data_file="debug.json" if debug else "dump.json", line_encoder=encoder)
 
-        if self.watch is not None:  # memory only until an anomaly (core/watch.py)
+        if self.watch is not None:  # memory only until an anomaly (engine/watch.py)
             return WatchWriter(self.watch, self.step, directory, self.rank,
                                lambda path: make_writer(path, self.config.watch.save_tensors),
-                               on_raise=self._watch_raise, level=self.config.level)
+                               extras, on_raise=self._watch_raise, level=self.config.level)
         return make_writer(directory)
 
     def refresh_rank(self) -> None:
@@ -582,7 +579,7 @@ class Runtime:
     def record(self, entry: str, key: str, value, category: str, token=None) -> None:
         """Queue ``data[entry][key] = describe(value)``; ``category`` names its ``.npy`` files.
         ``token``: the :attr:`step_token` of the step it belongs to (default: the open step)."""
-        self._describe_and_queue({"e": entry, "k": key}, value, entry, category, (),
+        self._describe_and_queue(journal.key_line, (entry, key), value, entry, category, (),
                                  self._writer_of(token))
 
     def record_item(self, entry: str, key: str, index: int, size: int, tensor, category: str,
@@ -591,24 +588,24 @@ class Runtime:
         the step of ``token`` (a :attr:`step_token`); dropped as late when that step is closed."""
         if self._is_late(entry, token):
             return
-        self._describe_and_queue({"e": entry, "k": key, "i": index, "n": size}, tensor, entry,
+        self._describe_and_queue(journal.item_line, (entry, key, index, size), tensor, entry,
                                  category, (index,), self.writer)
 
     def record_param_grad(self, entry: str, pname: str, grad) -> None:
         """Queue ``data[entry][pname] = [describe(grad)]`` (file ``{entry}.{pname}.npy``)."""
-        self._describe_and_queue({"e": entry, "k": pname}, grad, entry, "", (pname,), self.writer,
-                                 as_list=True, fixed_name=True)
+        self._describe_and_queue(journal.key_line, (entry, pname), grad, entry, "", (pname,),
+                                 self.writer, as_list=True, fixed_name=True)
 
     def record_value(self, entry: str, value, token=None) -> None:
         """Queue ``data[entry] = describe(value)`` (debug level; files ``{entry}.{index path}.npy``)."""
-        self._describe_and_queue({"e": entry}, value, entry, "", (), self._writer_of(token))
+        self._describe_and_queue(journal.value_line, (entry,), value, entry, "", (), self._writer_of(token))
 
     def record_at(self, entry: str, path: tuple, tensor, file_entry: str, token) -> None:
         """Queue a nested item of ``data[entry]`` at ``path`` (debug-level gradients) for the step of
         ``token``; dropped as late when that step is closed."""
         if self._is_late(entry, token):
             return
-        self._describe_and_queue({"e": entry, "p": list(path)}, tensor, file_entry, "", (), self.writer,
+        self._describe_and_queue(journal.path_line, (entry, path), tensor, file_entry, "", (), self.writer,
                                  fixed_name=True)
 
     def _is_late(self, entry: str, token) -> bool:
@@ -620,15 +617,15 @@ class Runtime:
                            "debugger.step() after the backward pass", entry)
         return True
 
-    def _describe_and_queue(self, line: dict, value, entry: str, category: str, index: tuple, writer,
-                            as_list: bool = False, fixed_name: bool = False) -> None:
+    def _describe_and_queue(self, make_line, args: tuple, value, entry: str, category: str, index: tuple,
+                            writer, as_list: bool = False, fixed_name: bool = False) -> None:
+        """Describe ``value`` and queue the journal line ``make_line(*args, described)``."""
         if not self.records_data or self.failed or self.forked():
             return
         self._asked += 1
         if type(value) in (dict, tuple, list) and not value:  # e.g. no keyword arguments: no tensors
             empty = {} if type(value) is dict else []
-            line["v"] = [empty] if as_list else empty
-            self._queue(line, (), writer)
+            self._queue(make_line(*args, [empty] if as_list else empty), (), writer)
             return
         if self._saves(entry):
             if fixed_name:
@@ -652,8 +649,7 @@ class Runtime:
             return
         if name_for is not _no_file and self.budget.limit is not None:
             self.budget.spend(slots)
-        line["v"] = [described] if as_list else described
-        self._queue(line, slots, writer)
+        self._queue(make_line(*args, [described] if as_list else described), slots, writer)
 
     def record_stack(self, entry: str, token=None, compiled: bool = False) -> None:
         """Attach the caller's stack to ``entry`` (stack.json), when ``extra_info`` is on;
@@ -666,8 +662,8 @@ class Runtime:
             lines = []
             if sid not in self._emitted_stacks:
                 self._emitted_stacks.add(sid)
-                lines.append({"s": sid, "f": self.stacks.rendered[sid]})
-            lines.append({"e": entry, "stack": sid})
+                lines.append(journal.stack_frames(sid, self.stacks.rendered[sid]))
+            lines.append(journal.stack_ref(entry, sid))
             self._pending.extend((writer, line) for line in lines)
             self._started_pending()
 
@@ -676,7 +672,7 @@ class Runtime:
         if not self.config.extra_info or self.failed:
             return
         with self._lock:
-            self._pending.append((self._writer_of(token), {"c": name, "p": parent}))
+            self._pending.append((self._writer_of(token), journal.construct_edge(name, parent)))
             self._started_pending()
 
     @contextlib.contextmanager
@@ -844,16 +840,39 @@ class Runtime:
             return
         self.refresh_rank()
         self.flush_quietly()
-        for writer in [self.writer] + list(self.trees.values()):
-            if writer is not None and not writer.closed:
-                try:
-                    writer.write_files()
-                except OSError as exc:
-                    self.disk_failure(exc)
+        for writer, extras in self._step_writers():
+            self._write_step(writer, extras)
+
+    def _step_writers(self) -> list:
+        """``[(writer, extras)]`` of the open step: its main tree, then the other trees (:meth:`tree`)."""
+        return [(self.writer, self.extras)] + [(w, self._tree_extras[name]) for name, w in self.trees.items()]
+
+    def _write_step(self, writer, extras) -> None:
+        """Write one step directory's files from its replayed records (:func:`write_step`), with its
+        extras and the reason it is empty, given as data."""
+        if writer is not None and not writer.closed:
+            try:
+                write_step(writer, extras, self._empty_reason())
+            except OSError as exc:
+                self.disk_failure(exc)
+
+    def add_note(self, key: str, items: list) -> None:
+        """List ``items`` (JSON objects) under ``key`` in the open step's ``coverage.json``."""
+        if self.step_open:
+            self.extras.add_note(key, items)
+
+    def mark_abnormal(self, reason: str) -> None:
+        """Record in the open step's ``dump.json["abnormal"]`` why it ended abnormally (first reason
+        kept); in watch mode the history is written then (the flight recorder)."""
+        if not self.step_open:
+            return
+        self.extras.mark_abnormal(reason)
+        if self.watch is not None:
+            self.writer.mark_abnormal(reason)
 
     def _empty_reason(self) -> str:
-        """Why a step's ``dump.json`` has no data (asked by the writer only when it has none).
-        Names only causes that are known to have happened in this step."""
+        """Why a step's ``dump.json`` has no data (written only when it has none). Names only causes
+        that are known to have happened in this step."""
         cfg = self.config
         if cfg.task == "structure":
             return "task 'structure' records the call structure (construct.json, stack.json), no data"
@@ -946,9 +965,11 @@ class Runtime:
         if self.forked():
             return
         self.flush_quietly()
-        writers, self.trees, self._tree_stacks = [self.writer] + list(self.trees.values()), {}, {}
-        for writer in writers:
+        writers = self._step_writers()
+        self.trees, self._tree_stacks, self._tree_extras = {}, {}, {}
+        for writer, extras in writers:
             if writer is not None:
+                self._write_step(writer, extras)
                 try:
                     writer.close()
                 except OSError as exc:

@@ -12,8 +12,10 @@ Objects:
 * :class:`Watch` — one per runtime, lives for the whole run: the history ring, stack definitions,
   whether (and where) the anomaly was found, the heartbeat file.
 * :class:`WatchWriter` — one per step, with the interface of :class:`msprobe.engine.writer.StepWriter`
-  that the runtime uses; memory only until the trigger, then it forwards everything of its step to a
-  real ``StepWriter`` so the step directory is complete when the step ends.
+  that the runtime uses; memory only until the trigger (its ``target``, the writer of the step's files,
+  is ``None`` until then), then it forwards everything of its step to a real ``StepWriter`` so the step
+  directory is complete when the step ends. Journal lines are read through the accessors of
+  :mod:`msprobe.format.journal`.
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ import time
 from msprobe.read import report
 from msprobe.tensors import stats
 from msprobe.engine import layout
+from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.writer import StepWriter, resolve_slots
+from msprobe.format import journal
 from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
 
 logger = logging.getLogger("msprobe")
@@ -142,10 +146,11 @@ class Watch:
         ``history`` are dropped whole."""
         ring, limit = self.ring, self.settings.history
         for line in lines:
-            if "s" in line and "f" in line:
-                self.stack_frames[line["s"]] = line["f"]
+            definition = journal.stack_definition(line)
+            if definition is not None:
+                self.stack_frames[definition[0]] = definition[1]
                 continue
-            name = line.get("e") or line.get("c")
+            name = journal.subject(line)
             if name is None:
                 continue
             key = (step, directory, name)
@@ -171,7 +176,7 @@ class Watch:
     def heartbeat(self, rank, step: int) -> None:
         """Tiny file saying the watch ran (rewritten at the end of every watched step)."""
         self.steps += 1
-        body = {"schema": SCHEMA, "mode": "watch", "rank": rank, "last_step": step,
+        body = {"schema": SCHEMA, **journal.identity(), "mode": "watch", "rank": rank, "last_step": step,
                 "steps_watched": self.steps, "records_seen": self.records, "time": time.time(),
                 "anomaly": self.triggered}
         try:
@@ -190,10 +195,14 @@ class WatchWriter:
         step: step number; directory: the step/rank directory it would write.
         make_writer: ``callable(directory) -> StepWriter`` (the normal writer for that directory).
         rank: this process's rank (``None`` when unknown).
+        extras: the step's :class:`~msprobe.engine.step_files.StepExtras` (the runtime's; written with
+            the step's files at the trigger, ``anomaly_extra`` set then).
+        on_raise: ``callable(exception)`` given the :class:`WatchAnomaly` when ``on_anomaly`` is
+            ``"raise"``. level: the dump level (named in messages).
     """
 
-    def __init__(self, watch: Watch, step: int, directory: str, rank, make_writer, on_raise=None,
-                 level: str = "L1"):
+    def __init__(self, watch: Watch, step: int, directory: str, rank, make_writer, extras: StepExtras,
+                 on_raise=None, level: str = "L1"):
         self.on_raise = on_raise
         self._level = level
         self.watch = watch
@@ -204,8 +213,7 @@ class WatchWriter:
         self.tensor_dir = None
         self.closed = False
         self.error_count = 0
-        self.notes: dict = {}
-        self.abnormal = None
+        self.extras = extras
         self.real: StepWriter | None = None   # after the trigger: the step's real writer
         self.last_flush = time.monotonic()
         self._entries: dict = {}              # entry -> [input bad, output bad] in this step
@@ -227,8 +235,9 @@ class WatchWriter:
             flags = [False]
             rec = {k: resolve_slots(v, flags) for k, v in r.items()}
             resolved.append(rec)
-            if "e" in rec and "k" in rec and (flags[0] or rec["k"] == "output"):
-                producer = self._check(rec, flags[0])
+            piece = journal.piece_of(rec)
+            if piece is not None and piece.key is not None and (flags[0] or piece.key == "output"):
+                producer = self._check(piece, flags[0])
                 if found is None:
                     found = producer
         if found is None and self._first_bad_input is not None and self.watch.triggered is None:
@@ -250,9 +259,10 @@ class WatchWriter:
         when they were recorded in the same flush) as ``.npy`` files of the anomaly's step."""
         directory = os.path.join(self.directory, TENSOR_DIR)
         for r in records:
-            if r.get("e") != producer:
+            piece = journal.piece_of(r)
+            if piece is None or piece.entry != producer:
                 continue
-            for slot in _slots(r.get("v")):
+            for slot in _slots(piece.value):
                 if slot.tensor is None or not slot.data_name or slot.leaf is None:
                     continue
                 try:
@@ -276,25 +286,17 @@ class WatchWriter:
         else:
             self._errors.append(message)
 
-    def add_note(self, key: str, items: list) -> None:
-        if self.real is not None:
-            self.real.add_note(key, items)
-        elif items:
-            self.notes.setdefault(key, []).extend(items)
+    @property
+    def target(self) -> StepWriter | None:
+        """The writer of this step's files: none until the trigger (memory only), then the real one."""
+        return self.real
 
     def mark_abnormal(self, reason: str) -> None:
-        """The step ended abnormally (an exception): the flight recorder writes the history."""
-        if self.abnormal is None:
-            self.abnormal = reason
+        """The step ended abnormally (an exception): the flight recorder writes the history (this
+        step's own files are written by the runtime, which knows why it may be empty)."""
         if self.real is None:
             self.dump_history({"step": self.step, "rank": self.rank, "producer": None, "kind": None,
-                               "cell": None, "trigger": f"abnormal end: {reason}"})
-        if self.real is not None:
-            self.real.mark_abnormal(reason)
-
-    def write_files(self) -> None:
-        if self.real is not None:
-            self.real.write_files()
+                               "cell": None, "trigger": f"abnormal end: {reason}"}, write_current=False)
 
     def relocate(self, directory: str) -> None:
         if self.real is not None:
@@ -321,10 +323,10 @@ class WatchWriter:
         self.watch.heartbeat(self.rank, self.step)
 
     # ------------------------------------------------------------------ detection
-    def _check(self, rec: dict, non_finite: bool):
-        """Update the entry's input/output state (``non_finite``: the record holds a non-finite
+    def _check(self, piece: journal.Piece, non_finite: bool):
+        """Update the entry's input/output state (``non_finite``: the piece holds a non-finite
         value); the entry name when it just became a producer."""
-        name, key = rec["e"], rec["k"]
+        name, key = piece.entry, piece.key
         state = self._entries.get(name)
         if state is None:
             state = self._entries[name] = [False, False, None]
@@ -332,10 +334,10 @@ class WatchWriter:
         watch = self.watch
         if key == "output":
             if non_finite or watch.checks_values:
-                base = rec["e"] if "i" not in rec else f"{rec['e']}[{rec['i']}]"
-                bad = watch.output_kind(base, list(report.leaves(rec.get("v"))), non_finite)
+                base = name if piece.index is None else f"{name}[{piece.index}]"
+                bad = watch.output_kind(base, list(report.leaves(piece.value)), non_finite)
         elif non_finite:
-            for leaf in report.leaves(rec.get("v")):
+            for leaf in report.leaves(piece.value):
                 bad = bad or _non_finite_kind(leaf, watch.settings.anomaly)
         if key == "output":
             if bad and not state[0] and not state[1]:
@@ -353,8 +355,9 @@ class WatchWriter:
         cell = None
         for lines in self.watch.ring.values():
             for _, line in lines:
-                if line.get("c") == producer:
-                    cell = line.get("p")
+                found, parent = journal.parent_of(line, producer)
+                if found:
+                    cell = parent
         what = _WHAT[kind]
         received = is_collective(producer)
         trigger = f"watch: {what} in the output of {producer}, inputs finite"
@@ -383,34 +386,33 @@ class WatchWriter:
         if self.watch.settings.on_anomaly == "raise" and self.on_raise is not None:
             self.on_raise(WatchAnomaly(message))
 
-    def dump_history(self, found: dict) -> None:
+    def dump_history(self, found: dict, write_current: bool = True) -> None:
         """Write the history (earlier steps' tail, this step so far) as normal step directories;
         this step's directory stays open and receives the rest of the step. ``found`` describes
-        what triggered it (added to this step's ``anomalies.json``). Once per run."""
+        what triggered it (added to this step's ``anomalies.json``). ``write_current``: also write
+        this step's files now (else the runtime writes them). Once per run."""
         watch = self.watch
         if watch.triggered is not None or self.closed:
             return
         watch.triggered = dict(found)
+        self.extras.anomaly_extra = dict(found) if found.get("kind") else None
+        self.extras.changed = True
+        kept = (f"watch mode keeps only the last {watch.settings.history} records before an anomaly; "
+                "none of this step's data is among them")
         for step, directory, lines in watch.history_by_step():
             writer = self.make_writer(directory)
-            sids = {line["stack"] for line in lines if "stack" in line}
-            writer.append([{"s": sid, "f": watch.stack_frames[sid]} for sid in sids
-                           if sid in watch.stack_frames] + lines)
+            writer.append([journal.stack_frames(sid, watch.stack_frames[sid])
+                           for sid in journal.stack_ids(lines) if sid in watch.stack_frames] + lines)
             if step != self.step:
+                write_step(writer, StepExtras(), kept)
                 writer.close()
                 continue
-            writer.anomaly_extra = dict(found) if found.get("kind") else None
-            for message in self._errors:
-                writer.error(message)
-            for key, items in self.notes.items():
-                writer.add_note(key, items)
-            if self.abnormal:
-                writer.mark_abnormal(self.abnormal)
-            writer.write_files()
             self.real = writer
-            self.tensor_dir = writer.tensor_dir
         if self.real is None:  # nothing of this step in the history yet
             self.real = self.make_writer(self.directory)
-            self.real.anomaly_extra = dict(found) if found.get("kind") else None
-            self.real.write_files()
+        self.tensor_dir = self.real.tensor_dir
+        for message in self._errors:
+            self.real.error(message)
+        if write_current:  # the trigger's data is recorded: the step is not empty
+            write_step(self.real, self.extras)
         watch.ring.clear()

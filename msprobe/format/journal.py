@@ -1,92 +1,218 @@
 """The journal: the append-only JSON-lines file a step is written to while it runs, and the one
-definition of what each line means (:class:`Replay`), shared by the writer (live, as records are
-appended) and the reader (on a journal file, complete or cut short).
+place that knows what a line holds: one constructor per line kind (below), and one interpreter,
+:meth:`Replay.apply`, shared by the writer (live, as records are appended), the reader (on a journal
+file, complete or cut short, also streamed as :class:`Piece` items) and watch mode (through the
+accessors :func:`subject`, :func:`stack_definition`, :func:`stack_ids`, :func:`parent_of`,
+:func:`piece_of`).
 
-Journal line kinds (each built by one constructor below):
+Line kinds:
 
-* ``{"e": entry, "k": key, "v": value}`` — set ``data[entry][key] = value``
-* ``{"e": entry, "k": key, "i": index, "n": size, "v": leaf}`` — set item ``index`` of a list of
-  ``size`` (backward gradients arrive one by one)
-* ``{"e": entry, "v": value}`` — set ``data[entry] = value`` (debug level: any nesting)
-* ``{"e": entry, "p": [key or index, ...], "v": leaf}`` — set a nested item (debug gradients)
-* ``{"e": entry, "stack": id}`` and ``{"s": id, "f": [frames]}`` — interned call stacks
-* ``{"c": name, "p": parent}`` — construct.json edge
-* ``{"h": header}`` — first line: task, level, framework, dump_data_dir, schema
+==================  ==================================================  ======================================
+constructor         line                                                effect
+==================  ==================================================  ======================================
+:func:`header`      ``{"h": {task, level, framework, dump_data_dir,     first line (repeated after a rename)
+                    schema, run_id, msprobe_version}}``
+:func:`key_line`    ``{"e": entry, "k": key, "v": value}``              ``data[entry][key] = value``
+:func:`item_line`   ``{"e": entry, "k": key, "i": index, "n": size,     item ``index`` of a list of ``size``
+                    "v": leaf}``                                        (backward gradients, one by one)
+:func:`value_line`  ``{"e": entry, "v": value}``                        ``data[entry] = value`` (debug level)
+:func:`path_line`   ``{"e": entry, "p": [key or index, ...], "v": leaf}``  a nested item (debug gradients)
+:func:`stack_ref`   ``{"e": entry, "stack": id}``                       ``entry`` ran from stack ``id``
+:func:`stack_frames`  ``{"s": id, "f": [frames]}``                      the frames of stack ``id``
+:func:`construct_edge`  ``{"c": name, "p": parent}``                    ``construct.json[name] = parent``
+==================  ==================================================  ======================================
 """
 from __future__ import annotations
 
 import json
 import os
+import uuid
+from typing import NamedTuple, Optional
 
 import orjson
+
+from msprobe._version import __version__ as VERSION
 
 SCHEMA = "msprobe-mindspore/1"
 
 JOURNAL = "dump.journal"
 TENSOR_DIR = "dump_tensor_data"
 
+#: this process's run id (32 lowercase hex digits), written into every file with a top-level object;
+#: a forked child gets its own (see :func:`run_id`)
+_RUN_ID = [uuid.uuid4().hex]
 
-def atomic_write_json(path: str, obj, non_finite: bool = True) -> None:
-    """Write ``obj`` as compact JSON to ``path`` through a temporary file; ``non_finite=False``
-    promises no NaN/Inf floats inside (then the faster encoder is used, see :func:`encode_json`)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        data = encode_json(obj, non_finite)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:  # disk full: leave no half-written temporary file behind
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+
+def _new_run_id() -> None:
+    _RUN_ID[0] = uuid.uuid4().hex
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_run_id)
+
+
+def run_id() -> str:
+    """The id of this run: chosen once per process (a forked child chooses its own), the same in
+    every file the process writes, so files of different runs under one ``dump_path`` (an earlier
+    run's directory moved aside, a heartbeat) can be told apart."""
+    return _RUN_ID[0]
+
+
+def identity() -> dict:
+    """``{"run_id", "msprobe_version"}`` of this process: the fields that name the writing run."""
+    return {"run_id": _RUN_ID[0], "msprobe_version": VERSION}
+
+
+# ---------------------------------------------------------------------------------------- constructors
+def header(task: str, level: str, framework: str, dump_data_dir: Optional[str],
+           run: Optional[str] = None) -> dict:
+    """The header line (first line of a journal; repeated after the step directory was renamed).
+
+    Args:
+        task, level, framework: the dump's config (``framework`` is ``"mindspore"``).
+        dump_data_dir: absolute path of ``dump_tensor_data/``, or ``None`` when no tensor is saved.
+        run: the run id; default :func:`run_id`.
+    """
+    return {"h": {"task": task, "level": level, "framework": framework, "dump_data_dir": dump_data_dir,
+                  "schema": SCHEMA, "run_id": run or _RUN_ID[0], "msprobe_version": VERSION}}
+
+
+def key_line(entry: str, key: str, value) -> dict:
+    """``data[entry][key] = value`` (``value``: a recorded value, e.g. a list of leaves)."""
+    return {"e": entry, "k": key, "v": value}
+
+
+def item_line(entry: str, key: str, index: int, size: int, value) -> dict:
+    """Item ``index`` (0-based) of the ``size``-item list ``data[entry][key]`` (``key``: ``input`` or
+    ``output`` of a backward entry; the other items stay null until their own line arrives)."""
+    return {"e": entry, "k": key, "i": index, "n": size, "v": value}
+
+
+def value_line(entry: str, value) -> dict:
+    """``data[entry] = value``, the whole entry (debug level)."""
+    return {"e": entry, "v": value}
+
+
+def path_line(entry: str, path, value) -> dict:
+    """The item of ``data[entry]`` at ``path`` (keys and indices, outermost first) becomes
+    ``value``; an empty path replaces the entry (debug-level gradients)."""
+    return {"e": entry, "p": list(path), "v": value}
+
+
+def stack_ref(entry: str, stack_id: int) -> dict:
+    """``entry`` ran from the call stack ``stack_id`` (defined by a :func:`stack_frames` line)."""
+    return {"e": entry, "stack": stack_id}
+
+
+def stack_frames(stack_id: int, frames: list) -> dict:
+    """The frames (strings, innermost first) of call stack ``stack_id``; journaled once, before the
+    stack's first :func:`stack_ref`."""
+    return {"s": stack_id, "f": frames}
+
+
+def construct_edge(name: str, parent: Optional[str]) -> dict:
+    """``construct.json[name] = parent`` (the enclosing Cell entry, or ``None`` at the top)."""
+    return {"c": name, "p": parent}
+
+
+# ---------------------------------------------------------------------------------------- interpreter
+#: the kinds of journal lines (the ``$defs`` of ``schemas/journal.json``), in constructor order
+KINDS = ("header", "set_key", "set_item", "set_entry", "set_path", "stack_ref", "stack_frames",
+         "construct_edge")
+
+
+def line_kind(line: dict) -> Optional[str]:
+    """The kind of a journal line (one of :data:`KINDS`), told by its keys alone, or ``None``; also
+    for a malformed line (the validator then names what its kind misses)."""
+    if "e" in line:
+        if "stack" in line:
+            return "stack_ref"
+        if "p" in line:
+            return "set_path"
+        if "i" in line or "n" in line:
+            return "set_item"
+        if "k" in line:
+            return "set_key"
+        return "set_entry"
+    if "c" in line:
+        return "construct_edge"
+    if "s" in line:
+        return "stack_frames"
+    if "h" in line:
+        return "header"
+    return None
 
 
 class Replay:
-    """Applies journal records in order: the one definition of what a journal line means.
+    """Applies journal lines in order; :meth:`apply` is the one definition of what a line means.
 
-    Used by the reader on a journal file and by :class:`StepWriter` live, as records are appended,
-    so ``dump.json`` is written without reading the journal back.
+    :meth:`apply` tells a line's kind (:func:`line_kind`) and calls the handler of that kind (``on_header``, ``on_key``,
+    ``on_item``, ``on_value``, ``on_path``, ``on_stack_ref``, ``on_stack_frames``,
+    ``on_construct_edge``), returning what the handler returns. This class's handlers rebuild
+    ``(header, data, stacks, construct)`` (:meth:`result`); the writer keeps one live, as records are
+    appended, so ``dump.json`` is written without reading the journal back. :func:`decode` uses the
+    same dispatch to name a single line's kind and fields.
     """
 
     def __init__(self):
         self.header, self.data, self.construct = {}, {}, {}
         self._frames, self._stack_names = {}, {}
-        self._valued: set = set()  # entries set whole by a {"e", "v"} line (debug level)
+        self._valued: set = set()  # entries set whole by a value line (debug level)
 
-    def apply(self, rec: dict) -> None:
-        entry = rec.get("e")
-        if entry is not None:
-            data = self.data
-            if "p" in rec:
-                if rec["p"]:
-                    _set_path(data.get(entry), rec["p"], rec["v"])
-                else:  # the saved variable is a single tensor: its gradient is the whole entry
-                    data[entry] = rec["v"]
-                return
-            if "k" not in rec and "v" in rec:
-                data[entry] = rec["v"]
-                self._valued.add(entry)
-                return
-            body = data.setdefault(entry, {})
-            if "k" in rec:
-                if "i" in rec:
-                    seq = body.get(rec["k"])
-                    if not isinstance(seq, list) or len(seq) < rec["n"]:
-                        seq = (seq or []) + [None] * (rec["n"] - len(seq or []))
-                        body[rec["k"]] = seq
-                    seq[rec["i"]] = rec["v"]
-                else:
-                    body[rec["k"]] = rec["v"]
-            if "stack" in rec:
-                self._stack_names.setdefault(rec["stack"], []).append(entry)
-        elif "c" in rec:
-            self.construct[rec["c"]] = rec["p"]
-        elif "s" in rec:
-            self._frames[rec["s"]] = rec["f"]
-        elif "h" in rec:
-            self.header = rec["h"]
+    def apply(self, rec: dict):
+        kind = line_kind(rec)
+        if kind == "set_key":
+            return self.on_key(rec["e"], rec["k"], rec["v"])
+        if kind == "set_item":
+            return self.on_item(rec["e"], rec["k"], rec["i"], rec["n"], rec["v"])
+        if kind == "stack_ref":
+            return self.on_stack_ref(rec["e"], rec["stack"])
+        if kind == "construct_edge":
+            return self.on_construct_edge(rec["c"], rec["p"])
+        if kind == "stack_frames":
+            return self.on_stack_frames(rec["s"], rec["f"])
+        if kind == "set_entry":
+            return self.on_value(rec["e"], rec["v"])
+        if kind == "set_path":
+            return self.on_path(rec["e"], rec["p"], rec["v"])
+        if kind == "header":
+            return self.on_header(rec["h"])
+        return None
+
+    # handlers: rebuild the step's files
+    def on_header(self, fields: dict):
+        self.header = fields
+
+    def on_key(self, entry: str, key: str, value):
+        self.data.setdefault(entry, {})[key] = value
+
+    def on_item(self, entry: str, key: str, index: int, size: int, value):
+        body = self.data.setdefault(entry, {})
+        seq = body.get(key)
+        if not isinstance(seq, list) or len(seq) < size:
+            seq = (seq or []) + [None] * (size - len(seq or []))
+            body[key] = seq
+        seq[index] = value
+
+    def on_value(self, entry: str, value):
+        self.data[entry] = value
+        self._valued.add(entry)
+
+    def on_path(self, entry: str, path: list, value):
+        if path:
+            _set_path(self.data.get(entry), path, value)
+        else:  # the saved variable is a single tensor: its gradient is the whole entry
+            self.data[entry] = value
+
+    def on_stack_ref(self, entry: str, stack_id: int):
+        self.data.setdefault(entry, {})  # an entry's place in data is its first line's
+        self._stack_names.setdefault(stack_id, []).append(entry)
+
+    def on_stack_frames(self, stack_id: int, frames: list):
+        self._frames[stack_id] = frames
+
+    def on_construct_edge(self, name: str, parent):
+        self.construct[name] = parent
 
     def result(self):
         """``(header, data, stacks, construct)``; ``stacks`` in the grouped ``stack.json`` form
@@ -108,6 +234,129 @@ def replay(lines):
     return state.result()
 
 
+class Piece(NamedTuple):
+    """One piece of an entry's data, as :func:`pieces` and ``msprobe.dump.iter_entries`` yield it.
+
+    ``key`` is ``None`` when ``value`` is the whole entry (debug level) or a nested item; ``index``
+    is set for one item of a list (a gradient arriving on its own, journal only); ``path`` for a
+    nested item (debug-level gradients, journal only).
+    """
+
+    entry: str
+    key: Optional[str]
+    value: object
+    index: Optional[int] = None
+    path: Optional[tuple] = None
+
+
+class _Decoder(Replay):
+    """:meth:`Replay.apply`'s dispatch returning ``(kind, fields)`` for one line, keeping nothing."""
+
+    def __init__(self):  # stateless: one instance serves every thread
+        pass
+
+    def on_header(self, fields):
+        return "header", (fields,)
+
+    def on_key(self, entry, key, value):
+        return "set_key", (entry, key, value)
+
+    def on_item(self, entry, key, index, size, value):
+        return "set_item", (entry, key, index, size, value)
+
+    def on_value(self, entry, value):
+        return "set_entry", (entry, value)
+
+    def on_path(self, entry, path, value):
+        return "set_path", (entry, path, value)
+
+    def on_stack_ref(self, entry, stack_id):
+        return "stack_ref", (entry, stack_id)
+
+    def on_stack_frames(self, stack_id, frames):
+        return "stack_frames", (stack_id, frames)
+
+    def on_construct_edge(self, name, parent):
+        return "construct_edge", (name, parent)
+
+
+_DECODER = _Decoder()
+
+
+def decode(line: dict):
+    """``(kind, fields)`` of one journal line: kind one of :data:`KINDS` (:func:`line_kind`), fields
+    what the line's constructor was given, in order (the header: its one dict); ``None`` for a line
+    of no known kind."""
+    return _DECODER.apply(line)
+
+
+def piece_of(line: dict) -> Optional[Piece]:
+    """The data a line carries as a :class:`Piece`, or ``None`` (header, stack, construct lines)."""
+    return _piece(_DECODER.apply(line))
+
+
+def _piece(found) -> Optional[Piece]:
+    if found is None:
+        return None
+    kind, fields = found
+    if kind == "set_key":
+        return Piece(fields[0], fields[1], fields[2])
+    if kind == "set_item":
+        return Piece(fields[0], fields[1], fields[4], index=fields[2])
+    if kind == "set_entry":
+        return Piece(fields[0], None, fields[1])
+    if kind == "set_path":
+        return Piece(fields[0], None, fields[2], path=tuple(fields[1]))
+    return None
+
+
+def pieces(lines, on_header=None):
+    """Yield the data of journal ``lines`` as :class:`Piece` items, in journal order (one entry may
+    come in several pieces); ``on_header(fields)`` is called for each header line."""
+    for line in lines:
+        found = _DECODER.apply(line)
+        if found is not None and found[0] == "header":
+            if on_header is not None:
+                on_header(found[1][0])
+            continue
+        piece = _piece(found)
+        if piece is not None:
+            yield piece
+
+
+def subject(line: dict) -> Optional[str]:
+    """The entry a line is about (data, stack use or construct edge), or ``None`` (header, frames)."""
+    found = _DECODER.apply(line)
+    if found is None or found[0] in ("header", "stack_frames"):
+        return None
+    return found[1][0]
+
+
+def stack_definition(line: dict):
+    """``(stack id, frames)`` of a stack-frames line, else ``None``."""
+    found = _DECODER.apply(line)
+    return found[1] if found is not None and found[0] == "stack_frames" else None
+
+
+def stack_ids(lines) -> set:
+    """The stack ids the stack-use lines among ``lines`` refer to."""
+    ids = set()
+    for line in lines:
+        found = _DECODER.apply(line)
+        if found is not None and found[0] == "stack_ref":
+            ids.add(found[1][1])
+    return ids
+
+
+def parent_of(line: dict, name: str):
+    """``(True, parent)`` when ``line`` is the construct edge of ``name``, else ``(False, None)``."""
+    found = _DECODER.apply(line)
+    if found is not None and found[0] == "construct_edge" and found[1][0] == name:
+        return True, found[1][1]
+    return False, None
+
+
+# ---------------------------------------------------------------------------------------- files
 def encode_json(obj, non_finite: bool, line: bool = False) -> bytes:
     """Compact UTF-8 JSON of ``obj`` (newline-terminated when ``line``). orjson when it can; the json
     module when ``obj`` may hold a non-finite float (orjson would write null where the dump format
@@ -120,6 +369,23 @@ def encode_json(obj, non_finite: bool, line: bool = False) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + ("\n" if line else "")).encode("utf-8")
 
 
+def atomic_write_json(path: str, obj, non_finite: bool = True) -> None:
+    """Write ``obj`` as compact JSON to ``path`` through a temporary file; ``non_finite=False``
+    promises no NaN/Inf floats inside (then the faster encoder is used, see :func:`encode_json`)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        data = encode_json(obj, non_finite)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:  # disk full: leave no half-written temporary file behind
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def _set_path(container, path, value) -> None:
     for key in path[:-1]:
         if container is None:
@@ -130,7 +396,8 @@ def _set_path(container, path, value) -> None:
 
 
 def read_journal(path: str):
-    """Yield journal records; a torn last line (killed mid-write) is skipped."""
+    """Yield journal lines (dicts) of the file ``path``; a torn last line (killed mid-write) is
+    skipped, and so is everything after a line that is not JSON."""
     # errors="replace": a write cut short by a full disk may end inside a multi-byte character
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:

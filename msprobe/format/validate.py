@@ -26,6 +26,8 @@ from jsonschema.exceptions import best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from msprobe.format.journal import JOURNAL, TENSOR_DIR, line_kind
+
 #: the dump format version these schemas describe (``"schema"`` field of dump.json/debug.json)
 SCHEMA_VERSION = "msprobe-mindspore/1"
 
@@ -40,8 +42,6 @@ FILE_SCHEMAS = {
     "anomalies.json": "anomalies",
     "coverage.json": "coverage",
 }
-JOURNAL = "dump.journal"
-TENSOR_DIR = "dump_tensor_data"
 _NON_FINITE_ALLOWED = {"dump.json", "debug.json", JOURNAL}
 _STEP_DIR = re.compile(r"^step[0-9]+$")
 #: ``rank{R}`` / ``proc{pid}``, or an earlier run's directory moved aside (``….previous-{stamp}[-k]``)
@@ -110,25 +110,13 @@ def validate_document(document, name: str, path: str = "<document>", line: int |
 
 
 def _journal_kind(rec, path: str, line: int | None) -> str:
-    """Which kind of journal line ``rec`` is, told by its keys (schema ``journal.json`` ``$defs``)."""
+    """Which kind of journal line ``rec`` is (:func:`msprobe.format.journal.line_kind`: the name of its
+    schema in ``journal.json`` ``$defs``)."""
     if not isinstance(rec, dict):
         raise FormatError(path, "", f"a journal line must be a JSON object, got {type(rec).__name__}", line)
-    if "h" in rec:
-        return "header"
-    if "c" in rec:
-        return "construct_edge"
-    if "s" in rec:
-        return "stack_frames"
-    if "e" in rec:
-        if "stack" in rec:
-            return "stack_ref"
-        if "p" in rec:
-            return "set_path"
-        if "i" in rec or "n" in rec:
-            return "set_item"
-        if "k" in rec:
-            return "set_key"
-        return "set_entry"
+    kind = line_kind(rec)
+    if kind is not None:
+        return kind
     raise FormatError(path, "", f"not a journal line kind (keys {sorted(rec)}); expected one of "
                                 "h; e+k+v; e+k+i+n+v; e+v; e+p+v; e+stack; s+f; c+p", line)
 

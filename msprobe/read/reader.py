@@ -12,12 +12,11 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
 
 import numpy as np
 
 from msprobe.read import report
-from msprobe.format.journal import JOURNAL, SCHEMA, TENSOR_DIR, read_journal, replay
+from msprobe.format.journal import JOURNAL, SCHEMA, TENSOR_DIR, Piece, pieces, read_journal, replay
 
 SUPPORTED_SCHEMAS = (SCHEMA,)
 _STEP_RE = re.compile(r"^step(\d+)$")
@@ -34,7 +33,9 @@ class StepDump:
 
     Attributes:
         directory: the ``step{N}/rank{R}`` directory.
-        header: ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``.
+        header: ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``, ``run_id``,
+            ``msprobe_version`` (the last two absent in files written before they existed), and for a
+            finished step ``abnormal``/``empty_reason`` when present.
         data: ``dump.json["data"]``: entry name -> body.
         stacks: entry name -> list of frame strings (forward entries).
         construct: entry name -> parent entry name or ``None``.
@@ -95,21 +96,6 @@ def load(directory: str) -> StepDump:
     return StepDump(directory, header, data, _ungroup(stacks), construct, complete)
 
 
-class Piece(NamedTuple):
-    """One piece of an entry, as :func:`iter_entries` yields it.
-
-    ``key`` is ``None`` when ``value`` is the whole entry (debug level); ``index`` is set for one
-    item of a list (a gradient arriving on its own, journal only); ``path`` for a nested item
-    (debug-level gradients, journal only).
-    """
-
-    entry: str
-    key: Optional[str]
-    value: object
-    index: Optional[int] = None
-    path: Optional[tuple] = None
-
-
 def iter_entries(directory: str):
     """Yield the data of one ``step{N}/rank{R}`` directory as :class:`Piece` items, in written order.
 
@@ -122,19 +108,7 @@ def iter_entries(directory: str):
     """
     journal = os.path.join(directory, JOURNAL)
     if os.path.exists(journal):
-        for rec in read_journal(journal):
-            if "h" in rec:
-                _check_schema(directory, rec["h"])
-                continue
-            entry = rec.get("e")
-            if entry is None or "v" not in rec:
-                continue
-            if "p" in rec:
-                yield Piece(entry, None, rec["v"], path=tuple(rec["p"]))
-            elif "k" not in rec:
-                yield Piece(entry, None, rec["v"])
-            else:
-                yield Piece(entry, rec["k"], rec["v"], index=rec.get("i"))
+        yield from pieces(read_journal(journal), on_header=lambda fields: _check_schema(directory, fields))
         return
     dump = load(directory)
     for entry, body in dump.data.items():
@@ -148,7 +122,8 @@ def iter_entries(directory: str):
 def iter_bodies(directory: str):
     """Yield ``(entry, body)`` of one ``step{N}/rank{R}`` directory in written (execution) order,
     after first yielding ``(None, header)`` (for ``dump.json``: the keys written before ``data``, i.e.
-    ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``; :func:`load` has all).
+    ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``, ``run_id``, ``msprobe_version``;
+    :func:`load` has all).
 
     A finished ``dump.json`` is streamed: it is parsed one entry at a time from 1 MiB chunks, so
     memory does not grow with the dump (the JSON libraries that stream do not accept the ``NaN`` /

@@ -119,18 +119,27 @@ def step_of(directory: str):
     return int(m.group(1)) if m else None
 
 
-def write_step_reports(directory: str, data: dict, stacks: dict, notes: dict, writer,
-                       scan: bool = True, construct: dict | None = None, extra: dict | None = None) -> None:
-    """Write ``anomalies.json`` and ``coverage.json`` for one step directory when they have content
-    (``writer(path, obj)`` writes JSON atomically); remove stale ones otherwise. ``scan=False``: the
-    caller knows every value is finite, so the anomaly scan is skipped. ``construct`` as for
-    :func:`find_anomalies`; ``extra``: fields added to ``anomalies.json`` (watch mode: what
-    triggered it), which is then written even when no statistic is non-finite (a magnitude bound)."""
+def step_reports(directory: str, data: dict, stacks: dict, notes: dict, scan: bool = True,
+                 construct: dict | None = None, extra: dict | None = None,
+                 identity: dict | None = None) -> dict:
+    """The documents ``anomalies.json`` and ``coverage.json`` of one step directory:
+    ``{ANOMALIES: object or None, COVERAGE: object or None}`` (``None``: the file has no content and
+    an earlier version must go).
+
+    Args:
+        directory: the step/rank directory (its ``step{N}`` parent gives ``step``).
+        data, stacks, construct: the step's replayed ``dump.json`` data, ``stack.json`` (grouped form)
+            and ``construct.json`` (for :func:`find_anomalies`).
+        notes: coverage notes, key -> list of JSON items.
+        scan: ``False`` when the caller knows every value is finite (the anomaly scan is skipped).
+        extra: fields added to ``anomalies.json`` (watch mode: what triggered it); it is then
+            written even when no statistic is non-finite (a magnitude bound).
+        identity: ``run_id``/``msprobe_version`` of the run, added to ``anomalies.json``.
+    """
     found = find_anomalies(data, construct) if scan else None
     if found is None and extra:
         found = {"first_producer": extra.get("producer"), "producers": [extra.get("producer")],
                  "first_non_finite": None}
-    path = os.path.join(directory, ANOMALIES)
     if found is not None:
         first = found["first_producer"]
         found = dict(found, step=step_of(directory),
@@ -141,18 +150,21 @@ def write_step_reports(directory: str, data: dict, stacks: dict, notes: dict, wr
             found["note"] = f"{first} {COMPILED_NOTE}; the NaN/Inf appeared inside that region"
         if extra:
             found.update(extra)
-        writer(path, found)
-    elif os.path.exists(path):
-        os.remove(path)
+        if identity:
+            found.update(identity)
     coverage = {k: list(v) for k, v in notes.items() if v}
     compiled = [name for name in data if name.startswith("Jit.") and ".forward" in name]
     if compiled:
         coverage["compiled_regions"] = [{"entry": name, "note": COMPILED_NOTE} for name in compiled]
-    path = os.path.join(directory, COVERAGE)
-    if coverage:
-        writer(path, coverage)
-    elif os.path.exists(path):
-        os.remove(path)
+    return {ANOMALIES: found, COVERAGE: coverage or None}
+
+
+def without_empty_backward(construct: dict, data: dict) -> dict:
+    """``construct`` without the backward entries that never received a gradient (a call whose
+    outputs carry none, e.g. ``shape``) and enclose nothing that did: they are not in ``dump.json``."""
+    needed = ancestors(data, construct)
+    return {name: parent for name, parent in construct.items()
+            if name in data or name in needed or ".backward" not in name}
 
 
 def read_report(directory: str, name: str):
