@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import io
 import itertools
 import math
 import os
@@ -37,7 +38,9 @@ def save_npy(path: str, arr: np.ndarray) -> None:
     then renamed over ``path`` (``os.replace``), so a crash never leaves a
     truncated ``.npy`` under the final name. No ``fsync``: the guarantee is
     against process crashes, not power loss. ``path`` is used as given (no
-    ``.npy`` is appended).
+    ``.npy`` is appended). The bytes are those ``numpy.save`` writes; a
+    C-contiguous array is written straight from its memory (no copy), with
+    the format 1.0 header built once per dtype and shape.
 
     Args:
         path: destination file; its directory must exist.
@@ -50,20 +53,64 @@ def save_npy(path: str, arr: np.ndarray) -> None:
         OSError: the file cannot be written.
     """
     arr = np.asanyarray(arr)
-    if arr.dtype.hasobject or is_extension_dtype(arr.dtype):
-        raise TypeError(f"cannot save dtype {arr.dtype} as a pickle-free .npy")
+    check_saveable(arr)
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(
         directory, f".npy-{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}.tmp"
     )
+    header = _header(arr) if arr.flags.c_contiguous and type(arr) is np.ndarray else None
     try:
-        with open(tmp, "xb") as fh:
-            np.save(fh, arr, allow_pickle=False)
+        if header is None:
+            with open(tmp, "xb") as fh:
+                np.save(fh, arr, allow_pickle=False)
+        else:
+            _write_raw(tmp, header, arr)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def check_saveable(arr: np.ndarray) -> None:
+    """Raise ``TypeError`` when :func:`save_npy` cannot write ``arr`` pickle-free (object or
+    extension dtype: ``numpy.load(allow_pickle=False)`` could not read it back)."""
+    if arr.dtype.hasobject or is_extension_dtype(arr.dtype):
+        raise TypeError(f"cannot save dtype {arr.dtype} as a pickle-free .npy")
+
+
+_HEADERS: Dict[Any, bytes] = {}
+_MAX_HEADERS = 4096
+_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+def _header(arr: np.ndarray):
+    """The ``.npy`` header ``numpy.save`` writes for a C-contiguous ``arr`` (format 1.0), cached by
+    dtype and shape; ``None`` when it needs another format version (very many dimensions)."""
+    key = (arr.dtype, arr.shape)
+    header = _HEADERS.get(key)
+    if header is None:
+        buf = io.BytesIO()
+        try:
+            np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(arr))
+        except ValueError:  # header longer than format 1.0 allows: numpy.save picks the version
+            return None
+        header = buf.getvalue()
+        if len(_HEADERS) >= _MAX_HEADERS:
+            _HEADERS.clear()
+        _HEADERS[key] = header
+    return header
+
+
+def _write_raw(path: str, header: bytes, arr: np.ndarray) -> None:
+    """Create ``path`` (it must not exist) holding ``header`` then the bytes of C-contiguous ``arr``."""
+    fd = os.open(path, _OPEN_FLAGS, 0o666)
+    try:
+        for chunk in (memoryview(header), memoryview(arr.reshape(-1).view(np.uint8))):
+            while chunk:
+                chunk = chunk[os.write(fd, chunk):]
+    finally:
+        os.close(fd)
 
 
 def load_npy(path: str) -> np.ndarray:
