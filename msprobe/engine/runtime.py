@@ -10,12 +10,14 @@ Capture code talks to it through :meth:`record`, :meth:`record_item`, :meth:`nex
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
 import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 
 from mindspore import Parameter, Tensor, ops
@@ -141,6 +143,13 @@ def _host_snapshot(tensor):
         copy = stats.host_copy(tensor)
         return copy if copy is not None else _deepcopy(tensor)
     return tensor
+
+
+def _append_lines(appends: list) -> None:
+    """Append each writer's journal lines of one batch (``[(writer, lines)]``)."""
+    for writer, lines in appends:
+        if not writer.closed:
+            writer.append(lines)
 
 
 class Runtime:
@@ -603,10 +612,13 @@ class Runtime:
         return 0.0
 
     def close_timer(self) -> None:
-        """End the background flush thread (process exit, debugger finished)."""
+        """End the background flush thread and the file thread (process exit, debugger finished);
+        what the file thread still had queued is written first."""
         if self._timer is not None:
             self._timer.close()
             self._timer = None
+        if self._files is not None and not self.forked():
+            self._files.close()
 
     @property
     def lock(self):
@@ -694,9 +706,9 @@ class Runtime:
                     appends.append((writer, lines))
             if files or (self._files is not None and self._files.busy):
                 # the files first, then the lines that name them; batches stay in order
-                self._file_queue().submit(files, lambda: self._append(appends))
+                self._file_queue().submit(files, functools.partial(_append_lines, appends))
             else:
-                self._append(appends)
+                _append_lines(appends)
         except OSError as exc:  # disk full, file too large, ...: the dump stops, training goes on
             self.disk_failure(exc)
         except Exception as exc:  # the tool's own failure (a value it cannot encode): training goes on
@@ -706,19 +718,15 @@ class Runtime:
                 release_tensors(slots)
             self._tls.depth -= 1  # not leave(): the caller decides where a user error is raised
 
-    @staticmethod
-    def _append(appends: list) -> None:
-        for writer, lines in appends:
-            if not writer.closed:
-                writer.append(lines)
-
     def _batch_error(self, exc: Exception, records: int | None = None) -> None:
         what = f"a batch of {records} records" if records is not None else "a batch of records"
         self.tool_error(f"could not write {what}: {exc!r}", key=("flush", type(exc)))
 
     def _file_queue(self) -> FileQueue:
-        if self._files is None:
-            self._files = FileQueue(on_failure=self.disk_failure, on_error=self._batch_error)
+        if self._files is None:  # held weakly by the queue's thread, which ends with the runtime
+            self._files = FileQueue(on_failure=weakref.WeakMethod(self.disk_failure),
+                                    on_error=weakref.WeakMethod(self._batch_error))
+            weakref.finalize(self, self._files.close)
         return self._files
 
     # ------------------------------------------------------------------ lifecycle

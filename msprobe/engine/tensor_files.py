@@ -38,10 +38,12 @@ class FileQueue:
     """Ordered, bounded queue of ``.npy`` writes with one writer thread.
 
     Args:
-        on_failure: ``callable(OSError)`` told about the first failed write (then nothing more is
-            written); called on the thread that ran the job.
-        on_error: ``callable(Exception)`` told about any other exception raised by a job's
-            continuation (the job's files are written; the queue goes on).
+        on_failure: ``weakref.WeakMethod`` (or a reference-like ``callable() -> callable | None``)
+            of ``callable(OSError)`` told about the first failed write (then nothing more is
+            written); called on the thread that ran the job. Held weakly so that the thread does
+            not keep its owner alive.
+        on_error: the same for ``callable(Exception)``, told about any other exception raised by a
+            job's continuation (the job's files are written; the queue goes on).
         limit: bytes of queued arrays above which :meth:`submit` waits.
     """
 
@@ -71,7 +73,7 @@ class FileQueue:
 
         The arrays must stay unchanged until written (pass copies of memory the user may change).
         After a failed write the job is dropped (``then`` is not run)."""
-        if self.failed or self._closed:
+        if self.failed:
             return
         size = sum(arr.nbytes for _, arr in files)
         with self._cond:
@@ -89,6 +91,7 @@ class FileQueue:
             self._jobs.append((files, then, size))
             self._queued += size
             self._unfinished += 1
+            self._closed = False
             self._cond.notify_all()
         self._ensure_thread()
 
@@ -109,7 +112,8 @@ class FileQueue:
             self._drop()
 
     def close(self) -> None:
-        """Write what is queued, then end the writer thread."""
+        """Write what is queued, then end the writer thread (a later :meth:`submit` starts a new
+        one)."""
         self.drain()
         with self._cond:
             self._closed = True
@@ -171,13 +175,13 @@ class FileQueue:
         except OSError as exc:
             self._fail(exc)
         except Exception as exc:  # the tool's own failure in the continuation: reported, queue goes on
-            self._on_error(exc)
+            _call(self._on_error, exc)
 
     def _fail(self, exc: OSError) -> None:
         with self._cond:
             self.failed = True
             self._drop()
-        self._on_failure(exc)
+        _call(self._on_failure, exc)
 
     def _drop(self) -> None:
         """Call with the condition held."""
@@ -185,3 +189,10 @@ class FileQueue:
         self._jobs.clear()
         self._queued = 0
         self._cond.notify_all()
+
+
+def _call(ref, exc: BaseException) -> None:
+    """Call the callable behind the weak reference ``ref`` with ``exc`` (nothing when it is gone)."""
+    target = ref()
+    if target is not None:
+        target(exc)
