@@ -220,3 +220,36 @@ def test_file_thread_ends_with_the_dump_and_holds_nothing(tmp_path):
     assert runtime() is None
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_batch_writes_the_bytes_of_numpy_save_and_stops_at_the_first_failure(tmp_path, monkeypatch, compiled):
+    import io
+
+    from msprobe.format import npy
+
+    if not compiled:
+        monkeypatch.setattr(npy, "_npy_files", None)
+    elif npy._npy_files is None:
+        pytest.skip("msprobe.format._npy_files is not built")
+    arrays = [np.float32(3).reshape(()), np.arange(12, dtype=np.int64).reshape(3, 4), np.zeros((0, 5), np.float16),
+              np.ones((2, 3), np.bool_), (np.arange(6) + 1j).astype(np.complex64),
+              np.arange(24, dtype=">f4").reshape(2, 3, 4), np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+              np.arange(10, dtype=np.uint8)[::2], np.random.default_rng(0).standard_normal(300_000)]
+    items = [(str(tmp_path / f"{i}.npy"), a) for i, a in enumerate(arrays)]
+    npy.save_npy_batch(items)
+    for path, arr in items:
+        expected = io.BytesIO()
+        np.save(expected, arr, allow_pickle=False)
+        with open(path, "rb") as f:
+            assert f.read() == expected.getvalue(), path
+    bad = [(str(tmp_path / "x.npy"), np.ones(3)), (str(tmp_path / "no" / "y.npy"), np.ones(3)),
+           (str(tmp_path / "z.npy"), np.ones(3))]
+    with pytest.raises(FileNotFoundError) as info:
+        npy.save_npy_batch(bad)
+    assert info.value.filename == bad[1][0]
+    names = set(os.listdir(tmp_path))
+    assert "x.npy" in names and "z.npy" not in names and not [n for n in names if n.endswith(".tmp")]
+    with pytest.raises(TypeError):  # checked before anything is written
+        npy.save_npy_batch([(str(tmp_path / "w.npy"), np.ones(2)), (str(tmp_path / "o.npy"), np.array([None]))])
+    assert not os.path.exists(tmp_path / "w.npy")

@@ -28,7 +28,7 @@ import collections
 import os
 import threading
 
-from msprobe.format.npy import save_npy
+from msprobe.format.npy import save_npy_batch
 
 #: bytes of host arrays queued at most (a single larger batch is still accepted when the queue is empty)
 QUEUE_BYTES = 128 << 20
@@ -163,8 +163,7 @@ class FileQueue:
         if self.failed:
             return
         try:
-            for path, arr in files:
-                save_npy(path, arr)  # atomic: a failed write leaves no partial file
+            save_npy_batch(files)  # atomic per file: a failed write leaves no partial file
         except OSError as exc:  # disk full, file too large, directory gone: nothing more is written
             self._fail(exc)
             return
