@@ -43,9 +43,7 @@ def save_npy(path: str, arr: np.ndarray) -> None:
     then renamed over ``path`` (``os.replace``), so a crash never leaves a
     truncated ``.npy`` under the final name. No ``fsync``: the guarantee is
     against process crashes, not power loss. ``path`` is used as given (no
-    ``.npy`` is appended). The bytes are those ``numpy.save`` writes; a
-    C-contiguous array is written straight from its memory (no copy), with
-    the format 1.0 header built once per dtype and shape.
+    ``.npy`` is appended). Many files at once: :func:`save_npy_batch`.
 
     Args:
         path: destination file; its directory must exist.
@@ -63,13 +61,9 @@ def save_npy(path: str, arr: np.ndarray) -> None:
     tmp = os.path.join(
         directory, f".npy-{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}.tmp"
     )
-    header = _header(arr) if arr.flags.c_contiguous and type(arr) is np.ndarray else None
     try:
-        if header is None:
-            with open(tmp, "xb") as fh:
-                np.save(fh, arr, allow_pickle=False)
-        else:
-            _write_raw(tmp, header, arr)
+        with open(tmp, "xb") as fh:
+            np.save(fh, arr, allow_pickle=False)
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -82,7 +76,9 @@ def save_npy(path: str, arr: np.ndarray) -> None:
 def save_npy_batch(items) -> None:
     """:func:`save_npy` for each ``(path, arr)`` of ``items``, in order, with the GIL released once
     for the whole batch when the compiled helper ``msprobe.format._npy_files`` is built (a thread
-    writing files then does not compete with the training thread for the interpreter per file).
+    writing files then does not compete with the training thread for the interpreter per file): the
+    bytes ``numpy.save`` writes, a C-contiguous array straight from its memory, the format 1.0 header
+    built once per dtype and shape.
 
     Raises:
         TypeError: as :func:`save_npy` (checked for every item before any file is written).
@@ -132,7 +128,6 @@ def check_saveable(arr: np.ndarray) -> None:
 
 _HEADERS: Dict[Any, bytes] = {}
 _MAX_HEADERS = 4096
-_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
 def _header(arr: np.ndarray):
@@ -151,17 +146,6 @@ def _header(arr: np.ndarray):
             _HEADERS.clear()
         _HEADERS[key] = header
     return header
-
-
-def _write_raw(path: str, header: bytes, arr: np.ndarray) -> None:
-    """Create ``path`` (it must not exist) holding ``header`` then the bytes of C-contiguous ``arr``."""
-    fd = os.open(path, _OPEN_FLAGS, 0o666)
-    try:
-        for chunk in (memoryview(header), memoryview(arr.reshape(-1).view(np.uint8))):
-            while chunk:
-                chunk = chunk[os.write(fd, chunk):]
-    finally:
-        os.close(fd)
 
 
 def load_npy(path: str) -> np.ndarray:
