@@ -5,8 +5,9 @@ PY     := $(VENV)/bin/python
 
 .PHONY: demo test install clean bench bench-compare
 
-# pip install -e . also compiles msprobe/tensors/_stats_kernel.c (the statistics kernel): rebuild when it changes
-$(VENV)/.installed: pyproject.toml msprobe/tensors/_stats_kernel.c
+# pip install -e . also compiles msprobe/tensors/_stats_kernel.c (the statistics kernel) and
+# msprobe/format/_npy_files.c (batch .npy writes): rebuild when they change
+$(VENV)/.installed: pyproject.toml msprobe/tensors/_stats_kernel.c msprobe/format/_npy_files.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test,examples]"
@@ -36,4 +37,4 @@ bench-compare: install
 	$(PY) benchmarks/compare_scale.py
 
 clean:
-	rm -rf $(VENV) demo_dump demo_dump_fp16 demo_compare demo_watch build msprobe/tensors/_stats_kernel.*.so
+	rm -rf $(VENV) demo_dump demo_dump_fp16 demo_compare demo_watch build msprobe/tensors/_stats_kernel.*.so msprobe/format/_npy_files.*.so

@@ -21,7 +21,9 @@ Method
 * Reported: median per-step ms of the off runs, of the on runs, and the ratio = median of the
   per-pair ratios on_i / off_i (robust to slow drift of machine load, which is large here: other
   jobs share the 2 cores).  ``cpu ratio`` is the same with process CPU time (all threads), which is
-  much less sensitive to other processes competing for the cores.
+  much less sensitive to other processes competing for the cores. ``thr ratio``: CPU time of the
+  training thread alone (``time.thread_time``), i.e. without the tool's background threads
+  (``msprobe-flush``, the ``.npy`` writer ``msprobe-files``) and MindSpore's own threads.
 * Isolation (default ``--isolation config``): one fresh subprocess per configuration, alternating
   internally; the ``PrecisionDebugger`` is constructed only at the first 'on' phase and the 'off'
   phases never call it.  This is valid because the tool installs its patches/hooks at ``start()``
@@ -215,11 +217,12 @@ def worker(args) -> dict:
     runs = []
     for kind in phases:
         gc.collect()
-        w0, c0 = time.perf_counter(), time.process_time()
+        w0, c0, t0 = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(steps):
             one_step(kind == "on")
-        w1, c1 = time.perf_counter(), time.process_time()
-        runs.append({"phase": kind, "wall_ms": 1000 * (w1 - w0) / steps, "cpu_ms": 1000 * (c1 - c0) / steps})
+        w1, c1, t1 = time.perf_counter(), time.process_time(), time.thread_time()
+        runs.append({"phase": kind, "wall_ms": 1000 * (w1 - w0) / steps, "cpu_ms": 1000 * (c1 - c0) / steps,
+                     "thread_ms": 1000 * (t1 - t0) / steps})
     if state["dbg"] is not None:
         state["dbg"].service.close()
     out = {"runs": runs, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -269,8 +272,10 @@ def bench_config(name: str, pairs: int, steps: int, warmup: int, isolation: str)
         on = [r for r in runs if r["phase"] == "on"]
         off_ms, on_ms, ratio, ratios = _summarise(off, on, "wall_ms")
         coff, con, cratio, _ = _summarise(off, on, "cpu_ms")
+        toff, ton, tratio, _ = _summarise(off, on, "thread_ms")
         return {"config": name, "description": desc, "off_ms": off_ms, "on_ms": on_ms, "ratio": ratio,
                 "pair_ratios": ratios, "cpu_off_ms": coff, "cpu_on_ms": con, "cpu_ratio": cratio,
+                "thread_off_ms": toff, "thread_on_ms": ton, "thread_ratio": tratio,
                 "entries_per_step": dump.get("entries_per_step", 0),
                 "mb_per_step": dump.get("mb_per_step", 0.0),
                 "tensor_bytes_per_step": dump.get("tensor_bytes_per_step", 0), "runs": runs}
@@ -320,9 +325,9 @@ def main(argv=None) -> int:
     bandwidth = memory_bandwidth()
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (numpy add.reduce of 100 MB, fastest of 7); "
           "floor = off ms + (bytes of tensors recorded per step / bandwidth): one read of each tensor")
-    fmt = "{:<12} {:>9} {:>9} {:>7} {:>9} {:>8} {:>9} {:>9} {:>7}  {}"
-    print(fmt.format("config", "off ms", "on ms", "ratio", "cpu ratio", "entries", "MB/step", "tensorMB",
-                     "floor", "pair ratios"))
+    fmt = "{:<12} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}  {}"
+    print(fmt.format("config", "off ms", "on ms", "ratio", "cpu ratio", "thr ratio", "entries", "MB/step",
+                     "tensorMB", "floor", "pair ratios"))
     for name in names:
         if name == "rss":
             continue
@@ -331,7 +336,7 @@ def main(argv=None) -> int:
         floor_ms = 1000 * r["tensor_bytes_per_step"] / bandwidth
         r["floor_ratio"] = (r["off_ms"] + floor_ms) / r["off_ms"] if r["off_ms"] else None
         print(fmt.format(name, f"{r['off_ms']:.1f}", f"{r['on_ms']:.1f}", f"{r['ratio']:.2f}x",
-                         f"{r['cpu_ratio']:.2f}x", f"{r['entries_per_step']:.0f}", f"{r['mb_per_step']:.2f}",
+                         f"{r['cpu_ratio']:.2f}x", f"{r['thread_ratio']:.2f}x", f"{r['entries_per_step']:.0f}", f"{r['mb_per_step']:.2f}",
                          f"{r['tensor_bytes_per_step'] / 1e6:.2f}", f"{r['floor_ratio']:.3f}x",
                          " ".join(f"{x:.2f}" for x in r["pair_ratios"])), flush=True)
     if "rss" in names:

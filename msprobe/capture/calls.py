@@ -51,7 +51,7 @@ class CallRecorder:
                         if rt.track_parents:
                             rt.record_parent(bwd, naming.backward_of(self._parent()))
                 if (inplace or mutates) and rt.has_pending:
-                    rt.flush()
+                    rt.flush(settle=False)  # read before the change; files may follow
             except Exception as exc:  # tool failure (or the user's, asynchronous launch): keep training
                 self._tool_error(api, exc, (args, kwargs))
                 selected, probe = False, None

@@ -58,7 +58,7 @@ def guard_patches(runtime, targets: list) -> AttributePatches:
 
         def guarded(*args, __original=original, **kwargs):
             if runtime.has_pending and not runtime.busy():
-                runtime.flush()
+                runtime.flush(settle=False)  # read before the change; files may follow
             return __original(*args, **kwargs)
 
         functools.update_wrapper(guarded, original)

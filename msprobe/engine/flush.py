@@ -17,6 +17,9 @@ import os
 import threading
 import weakref
 
+import numpy as np
+
+from msprobe.format.npy import check_saveable
 from msprobe.tensors import hotpath, stats
 
 #: how often one synchronisation is retried after it raised (MindSpore reports a failure once)
@@ -64,7 +67,7 @@ def raised_by_mindspore(exc: BaseException) -> bool:
 
 
 def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: bool = True,
-                counts: tuple = ()):
+                counts: tuple = (), files: list | None = None):
     """Fill ``slot.leaf`` for every slot (statistics, optional CRC-32, optional ``.npy`` file).
 
     Args:
@@ -77,6 +80,11 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
         counts: optional statistics to add (``NanCount``, ... :data:`msprobe.engine.config.COUNT_ITEMS`).
         release: drop the slots' tensors when done; ``False`` leaves that to the caller
             (:func:`release_tensors`; watch mode saves a producer's tensors after the batch).
+        files: a list to which the ``.npy`` files are appended as ``(path, numpy.ndarray)`` instead
+            of being written here (:class:`msprobe.engine.tensor_files.FileQueue` writes them later).
+            Each array is the tool's own memory: a view of a tensor's memory is copied (the user
+            may overwrite the tensor once the flush is over); one array per tensor, however many
+            files name it.
 
     Returns:
         ``None``, or the exception MindSpore raised for a failed operation of the user's while the
@@ -85,6 +93,7 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
 
     Raises:
         OSError: a ``.npy`` file could not be written (disk full); no truncated file is left.
+            Only when ``files`` is ``None``.
     """
     # The same tensor object often appears several times in one batch (an API's output is the next
     # API's input). Nothing can change it within a batch (the mutation guard flushes before in-place
@@ -109,18 +118,21 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
                     arr, stored = slot.tensor, "native"
                 else:
                     arr, stored = stats.to_host(slot.tensor, zero_copy)
-                known = seen[id(slot.tensor)] = (arr, stored, stats.compute_stats(arr, counts=counts), [])
-            arr, stored, tensor_stats, crc = known
-            leaf.update(tensor_stats)
+                known = seen[id(slot.tensor)] = _HostValue(arr, stored, stats.compute_stats(arr, counts=counts))
+            leaf.update(known.stats)
             if slot.data_name and tensor_dir:
-                stats.save_npy(os.path.join(tensor_dir, slot.data_name), arr)
+                path = os.path.join(tensor_dir, slot.data_name)
+                if files is None:
+                    stats.save_npy(path, known.arr)
+                else:
+                    files.append((path, known.kept()))
                 leaf["data_name"] = slot.data_name
-                if stored != "native":
-                    leaf["stored_as"] = stored
+                if known.stored != "native":
+                    leaf["stored_as"] = known.stored
             if md5:
-                if not crc:
-                    crc.append(stats.crc32_hex(arr))
-                leaf["md5"] = crc[0]
+                if known.md5 is None:
+                    known.md5 = stats.crc32_hex(known.arr)
+                leaf["md5"] = known.md5
         except OSError:  # the disk is full or not writable: the runtime switches the dump off
             if slot.data_name and tensor_dir:  # no truncated .npy left behind
                 try:
@@ -140,6 +152,34 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
     if release:  # release the tensors only now: ids must stay unique while ``seen`` is used
         release_tensors(slots)
     return failure
+
+
+class _HostValue:
+    """One tensor of a batch on the host: its array, how it is stored, statistics, CRC-32, and the
+    array handed to the file queue (the tool's own memory, made once however many files name it)."""
+
+    __slots__ = ("arr", "stored", "stats", "md5", "_kept")
+
+    def __init__(self, arr, stored: str, tensor_stats: dict):
+        self.arr, self.stored, self.stats, self.md5, self._kept = arr, stored, tensor_stats, None, None
+
+    def kept(self) -> np.ndarray:
+        """``arr`` as memory that stays unchanged until written: ``arr`` itself when the tool owns it,
+        else a copy (``arr`` views a tensor the user may overwrite after the flush)."""
+        if self._kept is None:
+            check_saveable(self.arr)
+            self._kept = self.arr if owns_memory(self.arr) else np.array(self.arr)
+        return self._kept
+
+
+def owns_memory(arr: np.ndarray) -> bool:
+    """True when ``arr``'s memory belongs to the tool (a copy or conversion it made), false when it is
+    a view of memory it does not own (a tensor's, through ``data_ptr`` or ``asnumpy``)."""
+    while isinstance(arr, np.ndarray):
+        if arr.base is None:
+            return arr.flags.owndata
+        arr = arr.base
+    return False
 
 
 def release_tensors(slots) -> None:

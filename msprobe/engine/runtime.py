@@ -15,11 +15,13 @@ Capture code talks to it through :meth:`record`, :meth:`record_item`, :meth:`nex
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 
 from mindspore import Parameter, Tensor, ops
@@ -36,6 +38,7 @@ from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raise
 from msprobe.tensors.records import Describer, describe_other
 from msprobe.engine.stacks import StackTable
 from msprobe.engine.step_files import StepExtras, write_step
+from msprobe.engine.tensor_files import FileQueue
 from msprobe.engine.watch import Watch, WatchWriter
 from msprobe.engine.writer import StepWriter
 
@@ -116,6 +119,13 @@ def _host_snapshot(tensor):
     return tensor
 
 
+def _append_lines(appends: list) -> None:
+    """Append each writer's journal lines of one batch (``[(writer, lines)]``)."""
+    for writer, lines in appends:
+        if not writer.closed:
+            writer.append(lines)
+
+
 class Runtime:
     """Dump state for one process.
 
@@ -175,6 +185,8 @@ class Runtime:
         #: the user when the outermost tool section of a user thread ends (:meth:`leave`)
         self._user_error: BaseException | None = None
         self._timer: FlushTimer | None = None
+        #: writes the .npy files of flushed batches off the flushing thread (made at the first file)
+        self._files: FileQueue | None = None
         self._step_failure: str | None = None  # the first user failure of this step, for messages
         self._asked = 0  # values handed to record*() in this step (for empty_reason)
         self._emitted_stacks: set = set()
@@ -557,6 +569,8 @@ class Runtime:
         with self._lock:
             self._pending, self._pending_slots, self._pending_bytes = [], [], 0
             self._oldest = None
+        if self._files is not None:
+            self._files.cancel()  # queued files and the journal lines naming them are not written
         writer = self.writer
         where = writer.directory if writer is not None else directory
         message = (f"writing the dump failed in {where}: {exc!r}. Dumping is switched off for the rest "
@@ -739,10 +753,13 @@ class Runtime:
         return 0.0
 
     def close_timer(self) -> None:
-        """End the background flush thread (process exit, debugger finished)."""
+        """End the background flush thread and the file thread (process exit, debugger finished);
+        what the file thread still had queued is written first."""
         if self._timer is not None:
             self._timer.close()
             self._timer = None
+        if self._files is not None and not self.forked():
+            self._files.close()
 
     @property
     def lock(self):
@@ -759,13 +776,16 @@ class Runtime:
         """Tensors wait to be read (or a flush is reading them): flush before mutating any."""
         return bool(self._pending_slots) or self._flushing
 
-    def flush(self, wait: bool = True) -> bool:
+    def flush(self, wait: bool = True, settle: bool = True) -> bool:
         """Compute statistics of everything pending and append it to the journals.
 
         Args:
             wait: wait for a flush running on another thread (then flush what is left), so that
                 on return every record queued before the call is read; ``False``: return at once
                 if one runs (opportunistic flushes: batch full, background deadline).
+            settle: with ``wait``, also wait until the ``.npy`` files and journal lines of every
+                flushed batch are on disk; ``False`` (the mutation guard: only the reading must
+                happen before the tensor changes) leaves them to the file thread.
 
         Returns:
             False when ``wait`` is False and another flush was running, else True.
@@ -774,15 +794,16 @@ class Runtime:
         raised to the user when the outermost tool section ends (:meth:`leave`), or at once when
         called from user code (the mutation guard): never swallowed.
         """
-        if not self.flush_quietly(wait):
+        if not self.flush_quietly(wait, settle):
             return False
         if wait:
             self.raise_user_error()  # only outside tool code (see raise_user_error)
         return True
 
-    def flush_quietly(self, wait: bool = True) -> bool:
+    def flush_quietly(self, wait: bool = True, settle: bool = True) -> bool:
         """:meth:`flush` that keeps a user failure for later (``stop()``/``step()`` raise it once
-        their files are written)."""
+        their files are written). With ``wait`` and ``settle``, also waits until the ``.npy`` files
+        and journal lines of every flushed batch are on disk (:class:`FileQueue`)."""
         if self.forked():  # the child never writes (and a lock held by the parent's flush thread
             return True    # at fork time stays held here)
         if not self._flush_lock.acquire(blocking=wait):
@@ -793,6 +814,8 @@ class Runtime:
         finally:
             self._flushing = False
             self._flush_lock.release()
+        if wait and settle and self._files is not None:
+            self._files.drain()
         return True
 
     def _flush_batch(self) -> None:
@@ -810,28 +833,46 @@ class Runtime:
                 if group is None:
                     group = by_writer[id(writer)] = (writer, [])
                 group[1].append(line)
+            files: list = []
             if slots:
                 target = pending[0][0]
                 failure = materialize(slots, md5=self.config.md5,
                                       tensor_dir=target.tensor_dir if target else None,
                                       on_error=target.error if target else logger.warning,
-                                      release=not self._watch_names, counts=self.config.stat_counts)
+                                      release=not self._watch_names, counts=self.config.stat_counts,
+                                      files=files)
                 if failure is not None:
                     self._user_failed(failure)
+            appends = []
             for writer, lines in by_writer.values():
                 if writer is None or writer.closed:
                     self.late_pieces += len(lines)
-                    continue
-                writer.append(lines)
+                else:
+                    appends.append((writer, lines))
+            if files or (self._files is not None and self._files.busy):
+                # the files first, then the lines that name them; batches stay in order
+                self._file_queue().submit(files, functools.partial(_append_lines, appends))
+            else:
+                _append_lines(appends)
         except OSError as exc:  # disk full, file too large, ...: the dump stops, training goes on
             self.disk_failure(exc)
         except Exception as exc:  # the tool's own failure (a value it cannot encode): training goes on
-            self.tool_error(f"could not write a batch of {len(pending)} records: {exc!r}",
-                            key=("flush", type(exc)))
+            self._batch_error(exc, len(pending))
         finally:
             if self._watch_names and slots:
                 release_tensors(slots)
             self._tls.depth -= 1  # not leave(): the caller decides where a user error is raised
+
+    def _batch_error(self, exc: Exception, records: int | None = None) -> None:
+        what = f"a batch of {records} records" if records is not None else "a batch of records"
+        self.tool_error(f"could not write {what}: {exc!r}", key=("flush", type(exc)))
+
+    def _file_queue(self) -> FileQueue:
+        if self._files is None:  # held weakly by the queue's thread, which ends with the runtime
+            self._files = FileQueue(on_failure=weakref.WeakMethod(self.disk_failure),
+                                    on_error=weakref.WeakMethod(self._batch_error))
+            weakref.finalize(self, self._files.close)
+        return self._files
 
     # ------------------------------------------------------------------ lifecycle
     def write_files(self) -> None:

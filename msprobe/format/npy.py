@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import io
 import itertools
 import math
 import os
@@ -29,6 +30,11 @@ def is_extension_dtype(dtype: np.dtype) -> bool:
 
 _tmp_counter = itertools.count()
 
+try:  # compiled helper (optional, built by pip install): batch writes with the GIL released
+    from msprobe.format import _npy_files
+except ImportError:  # pragma: no cover - the Python path writes the same bytes
+    _npy_files = None
+
 
 def save_npy(path: str, arr: np.ndarray) -> None:
     """Write ``arr`` to ``path`` in ``.npy`` format, atomically.
@@ -37,7 +43,7 @@ def save_npy(path: str, arr: np.ndarray) -> None:
     then renamed over ``path`` (``os.replace``), so a crash never leaves a
     truncated ``.npy`` under the final name. No ``fsync``: the guarantee is
     against process crashes, not power loss. ``path`` is used as given (no
-    ``.npy`` is appended).
+    ``.npy`` is appended). Many files at once: :func:`save_npy_batch`.
 
     Args:
         path: destination file; its directory must exist.
@@ -47,11 +53,10 @@ def save_npy(path: str, arr: np.ndarray) -> None:
     Raises:
         TypeError: object dtype or an extension dtype (``numpy.load`` with
             ``allow_pickle=False`` could not read it back).
-        OSError: the file cannot be written.
+        OSError: the file cannot be written (``filename`` is ``path``).
     """
     arr = np.asanyarray(arr)
-    if arr.dtype.hasobject or is_extension_dtype(arr.dtype):
-        raise TypeError(f"cannot save dtype {arr.dtype} as a pickle-free .npy")
+    check_saveable(arr)
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(
         directory, f".npy-{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}.tmp"
@@ -60,9 +65,11 @@ def save_npy(path: str, arr: np.ndarray) -> None:
         with open(tmp, "xb") as fh:
             np.save(fh, arr, allow_pickle=False)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno is not None:  # named by the file it was writing
+            raise OSError(exc.errno, exc.strerror, path) from exc
         raise
 
 
@@ -108,6 +115,81 @@ def npy_complete(path: str) -> bool:
         return os.path.getsize(path) >= header.offset + header.payload_bytes
     except (OSError, ValueError, TypeError):
         return False
+
+
+def save_npy_batch(items) -> None:
+    """:func:`save_npy` for each ``(path, arr)`` of ``items``, in order, with the GIL released once
+    for the whole batch when the compiled helper ``msprobe.format._npy_files`` is built (a thread
+    writing files then does not compete with the training thread for the interpreter per file): the
+    bytes ``numpy.save`` writes, a C-contiguous array straight from its memory, the format 1.0 header
+    built once per dtype and shape.
+
+    Raises:
+        TypeError: as :func:`save_npy` (checked for every item before any file is written).
+        OSError: the first file that could not be written (``filename`` is its path); the files
+            before it are written, none after it, and no temporary file is left.
+    """
+    items = [(path, np.asanyarray(arr)) for path, arr in items]
+    for _, arr in items:
+        check_saveable(arr)
+    if _npy_files is None:
+        for path, arr in items:
+            save_npy(path, arr)
+        return
+    plan, slow = [], []
+    for path, arr in items:
+        header = _header(arr) if arr.flags.c_contiguous and type(arr) is np.ndarray else None
+        if header is None:  # written by numpy.save, in order with the rest
+            plan.append(None)
+            slow.append((path, arr))
+            continue
+        path = os.path.abspath(path)
+        tmp = os.path.join(os.path.dirname(path),
+                           f".npy-{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}.tmp")
+        plan.append((os.fsencode(tmp), os.fsencode(path), header, arr.reshape(-1).view(np.uint8)))
+    start = 0
+    while start < len(plan):
+        end = start
+        while end < len(plan) and plan[end] is not None:
+            end += 1
+        if end > start:
+            failed = _npy_files.write_files(plan[start:end])
+            if failed is not None:
+                index, errno = failed
+                raise OSError(errno, os.strerror(errno), os.fsdecode(plan[start + index][1]))
+        if end < len(plan):  # the next item numpy.save writes
+            save_npy(*slow.pop(0))
+            end += 1
+        start = end
+
+
+def check_saveable(arr: np.ndarray) -> None:
+    """Raise ``TypeError`` when :func:`save_npy` cannot write ``arr`` pickle-free (object or
+    extension dtype: ``numpy.load(allow_pickle=False)`` could not read it back)."""
+    if arr.dtype.hasobject or is_extension_dtype(arr.dtype):
+        raise TypeError(f"cannot save dtype {arr.dtype} as a pickle-free .npy")
+
+
+_HEADERS: Dict[Any, bytes] = {}
+_MAX_HEADERS = 4096
+
+
+def _header(arr: np.ndarray):
+    """The ``.npy`` header ``numpy.save`` writes for a C-contiguous ``arr`` (format 1.0), cached by
+    dtype and shape; ``None`` when it needs another format version (very many dimensions)."""
+    key = (arr.dtype, arr.shape)
+    header = _HEADERS.get(key)
+    if header is None:
+        buf = io.BytesIO()
+        try:
+            np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(arr))
+        except ValueError:  # header longer than format 1.0 allows: numpy.save picks the version
+            return None
+        header = buf.getvalue()
+        if len(_HEADERS) >= _MAX_HEADERS:
+            _HEADERS.clear()
+        _HEADERS[key] = header
+    return header
 
 
 def load_npy(path: str) -> np.ndarray:
