@@ -36,7 +36,7 @@ MINDFORMERS_REQUIREMENTS = [
     "transformers==4.57.1", "datasets>=4.0.0", "pyarrow<21",
 ]
 #: msprobe's own runtime dependencies (it is installed with --no-deps; see pyproject.toml)
-MSPROBE_REQUIREMENTS = ["pydantic>=2.5,<3", "PyYAML>=6", "orjson>=3.9", "jsonschema>=4.18"]
+MSPROBE_REQUIREMENTS = ["pydantic>=2.5,<3", "PyYAML>=6", "orjson>=3.9", "jsonschema>=4.18", "zlib-ng>=1.0"]
 
 
 def python_of(venv: str = VENV) -> str:
