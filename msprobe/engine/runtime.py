@@ -382,13 +382,15 @@ class Runtime:
         exc, self._user_error = self._user_error, None
         return exc
 
-    def claim_user_failure(self, exc: BaseException, value) -> bool:
+    def claim_user_failure(self, exc: BaseException, value, compiled: bool = False) -> bool:
         """Tool code that caught ``exc`` while handling the user's ``value`` (arguments, outputs)
         asks whether it is the user's: True when MindSpore raised it and a Tensor in ``value``
         cannot tell its shape (the operation producing it failed, asynchronous launch). Then it is
         kept and raised to the user when the outermost tool section ends (:meth:`leave`); the
-        caller must not report it as its own failure."""
-        if not (raised_by_mindspore(exc) and _holds_failed_tensor(value)):
+        caller must not report it as its own failure. ``compiled``: ``exc`` came out of the compiled
+        per-call path, which reads MindSpore's tensor attributes without a Python frame of
+        MindSpore's, so only the failed tensor tells."""
+        if not ((compiled or raised_by_mindspore(exc)) and _holds_failed_tensor(value)):
             return False
         self._user_failed(exc)
         return True
@@ -658,7 +660,7 @@ class Runtime:
             else:
                 described = describer.describe(value)
         except Exception as exc:
-            if not self.claim_user_failure(exc, value):
+            if not self.claim_user_failure(exc, value, compiled=describer is None):
                 raise  # the tool's own failure: the capture code reports it
             return
         if name_for is not _no_file and self.budget.limit is not None:
