@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/watch_memory.py                 # 500 steps, off / watch-L0 / watch-L1
     .venv/bin/python benchmarks/watch_memory.py --steps 200 --only watch-L1 --json out.json
+    .venv/bin/python benchmarks/watch_memory.py --steps 300 --only off,L1,watch-L1   # plain L1 dump beside
 
 Method: one fresh process per configuration trains the TinyLM of ``benchmarks/overhead.py`` (same
 model, data and synchronous launch) for ``--steps`` steps, with ``start(net)``/``stop()``/``step()``
@@ -27,7 +28,9 @@ sys.path.insert(0, HERE)
 
 import overhead  # noqa: E402  (the same workload and config writer)
 
-CONFIGS = {"off": None, "watch-L0": overhead.CONFIGS["watch-L0"][1], "watch-L1": overhead.CONFIGS["watch-L1"][1]}
+#: name -> config (None: tool off); plain L0/L1 dumps (every step written) for comparison
+CONFIGS = {"off": None, **{name: overhead.CONFIGS[name][1] for name in ("watch-L0", "watch-L1", "L0", "L1")}}
+DEFAULT = "off,watch-L0,watch-L1"
 
 
 def _rss_mb() -> float:
@@ -67,7 +70,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--every", type=int, default=25)
     parser.add_argument("--settle", type=int, default=100, help="steps before the growth is measured")
-    parser.add_argument("--only", default=",".join(CONFIGS))
+    parser.add_argument("--only", default=DEFAULT, help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -287,3 +287,29 @@ def test_history_keeps_execution_order_at_mix(tmp_path):
     assert list(msprobe.dump.load(d).data) == list(msprobe.dump.load(normal_dir).data)
     for key in ("first_producer", "producers", "first_non_finite"):
         assert found[key] == normal[key], key
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_raise_comes_before_the_optimizer_writes_the_weights(tmp_path, level):
+    """The producer is found when the records are read, at the latest before a call that writes
+    tensors (the optimizer's compiled update reads everything pending first); ``raise`` is raised
+    there, before the update, so the Parameters are still the finite values of the step before."""
+    debugger, _ = _debugger(tmp_path, level, {"on_anomaly": "raise"})
+    ms.set_seed(0)
+    net = Net()
+    opt = nn.Momentum(net.trainable_params(), 0.001, 0.9)
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    x = Tensor(np.full((2, 4), 0.5, np.float32))
+    with pytest.raises(WatchAnomaly, match="Functional.log.0.forward"):
+        for step in range(3):
+            _forward_nan(net, step == 1)
+            debugger.start(net)
+            _, grads = grad_fn(x)
+            before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+            opt(grads)
+            debugger.stop()
+            debugger.step()
+    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+    assert all(np.array_equal(p.asnumpy(), before[p.name]) for p in net.trainable_params())
+    debugger.stop()
+    debugger.step()

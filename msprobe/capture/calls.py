@@ -55,6 +55,8 @@ class CallRecorder:
             except Exception as exc:  # tool failure (or the user's, asynchronous launch): keep training
                 self._tool_error(api, exc, (args, kwargs))
                 selected, probe = False, None
+            if inplace or mutates:  # watch mode's raise: before the call changes any tensor
+                rt.raise_watch_anomaly()
             out = original(*args, **kwargs)
             if selected or probe is not None:
                 try:

@@ -39,7 +39,7 @@ from msprobe.tensors.records import Describer, describe_other
 from msprobe.engine.stacks import StackTable
 from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.tensor_files import FileQueue
-from msprobe.engine.watch import Watch, WatchWriter
+from msprobe.engine.watch import Watch, WatchAnomaly, WatchWriter
 from msprobe.engine.writer import StepWriter
 
 logger = logging.getLogger("msprobe")
@@ -376,6 +376,15 @@ class Runtime:
         call, ``stop()`` or ``step()``), after the anomaly's files are written."""
         if self._user_error is None:
             self._user_error = exc
+
+    def raise_watch_anomaly(self) -> None:
+        """Raise now the :class:`WatchAnomaly` of ``on_anomaly: "raise"`` if one is waiting (its files
+        are written). Called before a call that writes tensors (in-place APIs, compiled regions such
+        as an optimizer's update), so training stops with the Parameters as they were."""
+        exc = self._user_error
+        if isinstance(exc, WatchAnomaly):
+            self._user_error = None
+            raise exc
 
     def take_user_error(self):
         """The failure of the user's computation not raised yet (and forget it), or ``None``."""

@@ -367,8 +367,9 @@ class WatchWriter:
                            "cell": cell, "via_collective": received, "trigger": trigger})
         logger.warning("msprobe: watch found %s first produced by %s at step %s; the history is in %s",
                        what, producer, self.step, self.directory)
-        self._raise(f"msprobe watch: {what} first produced by {producer} (step {self.step}, rank "
-                    f"{self.rank if self.rank is not None else 0}{', in ' + cell if cell else ''}); its "
+        where = f", rank {self.rank}" if self.rank is not None else ""  # no rank before init(): none named
+        self._raise(f"msprobe watch: {what} first produced by {producer} (step {self.step}{where}"
+                    f"{', in ' + cell if cell else ''}); its "
                     f"inputs were finite. Dump: {self.directory}")
 
     def _trigger_unrecorded(self, entry: str, kind: str) -> None:
