@@ -251,8 +251,10 @@ def show(dump, entry, step, rank):
 @click.option("-o", "--output", "output", default="report.html", show_default=True,
               type=click.Path(dir_okay=False), help="HTML file to write.")
 @_mode_opt
-@_step_opt
-@_rank_opt
+@click.option("--step", callback=_int_list, metavar="N",
+              help="The step to show (one report is one step; default: the first step present).")
+@click.option("--rank", callback=_int_list, metavar="R",
+              help="The rank to show (default: the first rank present).")
 @_mapping_opt
 @_thresholds_opt
 @_bad_input
@@ -265,6 +267,11 @@ def report(dump, golden, output, mode, step, rank, mapping, thresholds):
     """
     from msprobe.compare.html import write_report
 
+    for name, values in (("--step", step), ("--rank", rank)):
+        if values and len(values) > 1:
+            raise click.BadParameter(f"a report shows one step and rank; got {len(values)} values "
+                                     f"{', '.join(map(str, values))}: write one report per value",
+                                     param_hint=name)
     path = write_report(dump, output, golden=golden, mode=mode, step=step, rank=rank,
                         mapping=mapping, thresholds=thresholds)
     click.echo(f"report: {path}")

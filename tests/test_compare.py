@@ -355,3 +355,15 @@ def test_tensor_mode_loads_one_pair_at_a_time(tmp_path, monkeypatch):
     rows = compare(b, a)
     assert most[0] <= 1               # when a file is loaded, no earlier pair's array is alive
     assert sum(1 for r in rows if r["Cosine"] is not None) > 50      # and every tensor was compared
+
+
+def test_report_takes_one_step_and_says_so(dumps, tmp_path):
+    """A report is one step and rank: several values for --step are refused with a message naming the
+    option and the values (no report that silently shows only the first)."""
+    out = tmp_path / "r.html"
+    proc = cli("report", dumps["seed1"], "--golden", dumps["base"], "--step", "0,1", "-o", str(out),
+               check_code=2)
+    assert "--step" in proc.stderr + proc.stdout and "0, 1" in proc.stderr + proc.stdout
+    assert not out.exists()
+    cli("report", dumps["seed1"], "--golden", dumps["base"], "--step", "0", "-o", str(out), check_code=0)
+    assert out.exists()
