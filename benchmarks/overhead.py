@@ -4,10 +4,13 @@
     .venv/bin/python benchmarks/overhead.py --quick    # 3 pairs x 3 steps (indicative only)
     .venv/bin/python benchmarks/overhead.py --json out.json --only L1,L0
     .venv/bin/python benchmarks/overhead.py --isolation process   # a fresh process per run (slow)
+    .venv/bin/python benchmarks/overhead.py --launch default      # MindSpore's asynchronous launch
+    .venv/bin/python benchmarks/overhead.py --model large --only L1   # d_model 512, d_ff 2048, seq 128
 
 Every benchmark process calls ``ms.set_device("CPU"); ms.runtime.launch_blocking()``: on a 2-core
 machine MindSpore's default asynchronous PyNative pipeline is ~30x slower than synchronous launch and
-very noisy, so the numbers below are for synchronous launch (what the examples use too).
+very noisy, so the numbers below are for synchronous launch (what the examples use too) unless
+``--launch default`` is given.
 
 Method
 ------
@@ -100,18 +103,37 @@ def write_config(directory: str, spec: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------- worker
-def _setup():
+#: ``--model`` -> TinyLM arguments and batch size (the MLP of each block is 4 x d_model wide)
+MODELS = {
+    "tiny": {"d_model": 64, "n_heads": 4, "n_layers": 2, "seq_len": 32, "batch": 8},
+    "large": {"d_model": 512, "n_heads": 8, "n_layers": 2, "seq_len": 128, "batch": 8},
+}
+
+
+def describe_model(model: str) -> str:
+    m = MODELS[model]
+    return (f"TinyLM(d_model={m['d_model']}, d_ff={4 * m['d_model']}, n_heads={m['n_heads']}, "
+            f"n_layers={m['n_layers']}, seq_len={m['seq_len']}), batch {m['batch']}, Adam")
+
+
+def _setup(model: str = "tiny", launch: str = "blocking"):
+    """The benchmark LM, its batches and train step. ``launch``: ``"blocking"`` calls
+    ``ms.runtime.launch_blocking()`` (synchronous launch), ``"default"`` keeps MindSpore's default
+    asynchronous launch."""
     sys.path.insert(0, EXAMPLES)
     import mindspore as ms
     from mindspore import nn
 
     ms.set_device("CPU")
-    ms.runtime.launch_blocking()
+    if launch == "blocking":
+        ms.runtime.launch_blocking()
     import models
 
+    m = MODELS[model]
     models.set_seed(0)
-    vocab, batches = models.load_text_corpus(seq_len=32, batch_size=8)
-    net = models.TinyLM(len(vocab), d_model=64, n_heads=4, n_layers=2, seq_len=32)
+    vocab, batches = models.load_text_corpus(seq_len=m["seq_len"], batch_size=m["batch"])
+    net = models.TinyLM(len(vocab), d_model=m["d_model"], n_heads=m["n_heads"], n_layers=m["n_layers"],
+                        seq_len=m["seq_len"])
     net.set_train(True)
     optimizer = nn.Adam(net.trainable_params(), learning_rate=3e-3)
     train_step = models.make_train_step(net, models.LMCrossEntropy(), optimizer)
@@ -183,7 +205,7 @@ def worker(args) -> dict:
     import resource
 
     spec = json.loads(args.worker)
-    net, batches, train_step = _setup()
+    net, batches, train_step = _setup(spec.get("model", "tiny"), spec.get("launch", "blocking"))
     phases = spec["phases"]  # e.g. ["off", "on", "off", "on"] or ["on"]
     steps, warmup = spec["steps"], spec["warmup"]
     config_path = spec.get("config_path")
@@ -232,7 +254,12 @@ def worker(args) -> dict:
     return out
 
 
+#: the ``--model``/``--launch`` of this benchmark run, added to every worker's spec
+WORKLOAD = {"model": "tiny", "launch": "blocking"}
+
+
 def run_worker(spec: dict, timeout: float = 600) -> dict:
+    spec = dict(WORKLOAD, **spec)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
     env = dict(os.environ, GLOG_v="3", PYTHONWARNINGS="ignore")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -308,6 +335,11 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated config names (" + ", ".join(CONFIGS) + ", rss)")
     p.add_argument("--isolation", choices=("config", "process"), default="config")
     p.add_argument("--json", metavar="OUT", help="save results as JSON")
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny",
+                   help="benchmark LM size: tiny (default) or large (d_model 512, d_ff 2048, seq 128)")
+    p.add_argument("--launch", choices=("blocking", "default"), default="blocking",
+                   help="blocking: ms.runtime.launch_blocking() (default); default: MindSpore's "
+                        "asynchronous launch")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -316,8 +348,10 @@ def main(argv=None) -> int:
     pairs = args.pairs or (3 if args.quick else 5)
     steps = args.steps or (3 if args.quick else 4)
     names = args.only.split(",") if args.only else list(CONFIGS) + ["rss"]
-    print(HEADER)
-    print(f"TinyLM(d_model=64, n_heads=4, n_layers=2, seq_len=32), batch 8, Adam; {pairs} alternating "
+    WORKLOAD.update(model=args.model, launch=args.launch)
+    print(HEADER if args.launch == "blocking" else
+          "MindSpore CPU, ms.set_device('CPU'), MindSpore's default (asynchronous) launch")
+    print(f"{describe_model(args.model)}; {pairs} alternating "
           f"off/on pairs x {steps} steps/run, warm-up {args.warmup} steps/phase, isolation={args.isolation}; "
           f"cpu_count={os.cpu_count()}, loadavg={os.getloadavg()[0]:.2f}", flush=True)
     results = []
@@ -349,7 +383,8 @@ def main(argv=None) -> int:
         print(f"  {r['config']:<12} {r['description']}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"header": HEADER, "bandwidth_bytes_per_s": bandwidth, "pairs": pairs, "steps": steps,
+            json.dump({"header": HEADER, "model": describe_model(args.model), "launch": args.launch,
+                       "bandwidth_bytes_per_s": bandwidth, "pairs": pairs, "steps": steps,
                        "warmup": args.warmup,
                        "isolation": args.isolation, "results": results}, f, indent=1)
     return 0

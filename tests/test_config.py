@@ -273,6 +273,23 @@ def test_invalid_config(tmp_path, data, kwargs, field, shown, allowed):
     assert "allowed:" in message and allowed in message
 
 
+@pytest.mark.parametrize("field, value, hint", [
+    ("level", "l1", "did you mean 'L1'?"),
+    ("level", "MIX", "did you mean 'mix'?"),
+    ("task", "statistic", "did you mean 'statistics'?"),
+])
+def test_invalid_choice_suggests_the_close_value(tmp_path, field, value, hint):
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, {**BASE, field: value})
+    assert hint in str(info.value) and info.value.field == field
+
+
+def test_invalid_choice_far_from_every_value_has_no_suggestion(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, {**BASE, "level": "kernel"})
+    assert "did you mean" not in str(info.value)
+
+
 def test_invalid_json_reports_position(tmp_path):
     with pytest.raises(ConfigError, match=r"line 2 column \d+"):
         load(tmp_path, "{\"task\": \"statistics\",\n  \"dump_path\": }")

@@ -206,8 +206,18 @@ def parse_index_list(value: object, field: str) -> Tuple[int, ...]:
 
 def _choice(value: object, choices: Tuple[str, ...], where: Tuple[str, str], allowed: str) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ConfigError(where[0], value, allowed, kind=where[1])
+        raise ConfigError(where[0], value, allowed, _spelling_hint(value, choices), kind=where[1])
     return value
+
+
+def _spelling_hint(value: object, choices: Tuple[str, ...]) -> Optional[str]:
+    """``"did you mean 'L1'?"`` when ``value`` differs from one choice only in letter case, or is a
+    close misspelling of one; else ``None``."""
+    if not isinstance(value, str):
+        return None
+    same_case = [c for c in choices if c.lower() == value.lower()]
+    close = same_case or difflib.get_close_matches(value, choices, n=1, cutoff=0.75)
+    return f"did you mean {close[0]!r}?" if close else None
 
 
 def _strict_bool(value: object, where: Tuple[str, str]) -> bool:
