@@ -125,6 +125,10 @@ def _print_finding(f, label: str, exact: bool = False) -> None:
     if f.kind == "input":
         click.echo("  its inputs already differ: the difference comes from outside the dump "
                    "(data, parameters or code that is not dumped)")
+    if f.kind == "precision":
+        click.echo("  its outputs fail only at a stricter precision than its inputs were judged with "
+                   "and do not amplify their error: the runs differ in precision before this entry "
+                   "and agree within the lower precision up to here")
     if f.kind == "unmatched":
         click.echo("  present on one side only (the runs executed different calls)")
     click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else '(none: top level, or an L1 dump)'}")
@@ -191,6 +195,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, as_
             click.echo("the runs agree within tolerance" + (" (bitwise)" if exact else ""))
         for f in diverged:
             _print_finding(f, {"divergence": "first divergence", "input": "first difference",
+                               "precision": "first difference of precision",
                                "unmatched": "first unmatched entry"}[f.kind], exact)
         for side, found in nans.items():
             if not found:

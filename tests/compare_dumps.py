@@ -17,11 +17,12 @@ class CompareNet(nn.Cell):
     Variants: ``extra_relu`` calls ``ops.relu`` once more right after the first (same values: relu is
     idempotent), ``approximate`` is gelu's argument and ``factor`` the ``mint.mul`` factor inside the
     ``Scale`` Cell (changed-op cases), ``mint_relu`` calls ``mint.nn.functional.relu`` instead of
-    the last ``ops.relu`` (a name mapping case), ``nan`` takes ``ops.sqrt``
+    the last ``ops.relu`` (a name mapping case), ``cast_out`` ends with ``ops.cast`` to float32 (the
+    float32 loss of a mixed-precision run), ``nan`` takes ``ops.sqrt``
     of a tensor holding negative values (NaN produced at ``Functional.sqrt.0.forward``, after one extra ``Tensor.__sub__``)."""
 
     def __init__(self, extra_relu=False, approximate="none", nan=False, factor=2.0,
-                 mint_relu=False):
+                 mint_relu=False, cast_out=False):
         super().__init__()
         self.fc1 = nn.Dense(8, 16)
         self.relu = nn.ReLU()
@@ -29,6 +30,7 @@ class CompareNet(nn.Cell):
         self.fc2 = nn.Dense(16, 4)
         self.extra_relu, self.approximate, self.nan = extra_relu, approximate, nan
         self.mint_relu = mint_relu
+        self.cast_out = cast_out
 
     def construct(self, x):
         h = self.relu(self.fc1(x))
@@ -41,7 +43,10 @@ class CompareNet(nn.Cell):
             h = ops.sqrt(h - 0.3)
         if self.mint_relu:  # looked up at call time: msprobe wraps the module attribute
             return mint.nn.functional.relu(self.fc2(h))
-        return ops.relu(self.fc2(h))
+        out = ops.relu(self.fc2(h))
+        if self.cast_out:  # a loss computed in float32 (mixed precision)
+            out = ops.cast(out, ms.float32)
+        return out
 
 
 class Scale(nn.Cell):
@@ -85,6 +90,8 @@ def make_dump(root, name, *, level="mix", task="statistics", steps=1, seed=0, dt
     params = net.trainable_params()
     opt = nn.SGD(params, learning_rate=0.1)
     x, y = batch(dtype)
+    if variant.get("cast_out"):
+        y = ops.cast(y, ms.float32)
     grad_fn = ms.value_and_grad(lambda a, b: ops.mse_loss(net(a), b), None, params)
     try:
         for _ in range(steps):

@@ -99,6 +99,26 @@ def test_fp16_vs_fp32_dtype_aware_thresholds(dumps, tmp_path):
     assert by_name(strict_rows)["Cell.fc1.Dense.forward.0.output.0"]["Result"] == "error"
 
 
+def test_float16_to_float32_cast_is_not_blamed(tmp_path):
+    """A Float16 run with a float32 loss against a Float32 run: the final cast carries the Float16
+    rounding into a Float32 tensor, judged with Float32 tolerance; it adds no error, so it is not the
+    source, and first-diff says the runs differ in precision there (not a divergence)."""
+    target = make_dump(tmp_path, "fp16cast", dtype=ms.float16, cast_out=True)
+    golden = make_dump(tmp_path, "cast", cast_out=True)
+    rows = compare(target, golden)
+    cast = [r for r in rows if r["NPU Name"].startswith("Functional.cast.0.forward")]
+    dtypes = {r["NPU Name"].split(".forward.")[1]: (r["NPU Dtype"], r["Bench Dtype"]) for r in cast}
+    assert dtypes["input.0"] == ("Float16", "Float32") and dtypes["output.0"] == ("Float32", "Float32")
+    out = [r for r in cast if ".output." in r["NPU Name"]]
+    assert out and all(r["Result"] != "pass" for r in out)          # Float32 tolerance is exceeded
+    assert {r["Entry Result"] for r in cast} == {"propagated"}
+    assert all(r["Entry Result"] != "source" for r in rows)
+    (found,) = first_divergence(target, golden)
+    assert (found.kind, found.entry) == ("precision", "Functional.cast.0.forward")
+    printed = cli("first-diff", target, golden, check_code=1).stdout
+    assert "first difference of precision" in printed and "Functional.cast.0.forward" in printed
+
+
 def test_one_extra_call_does_not_shift_later_names(dumps):
     rows = compare(dumps["extra"], dumps["base"])
     named = by_name(rows)

@@ -79,7 +79,7 @@ def judge_many(pairs, t_side, g_side, thresholds) -> list:
         code_k = code_l[k]
         if code_k == 0 and t.dtype == g.dtype and k not in bad_rows:   # the common case
             append(Judged(t, g, J.PASS, err_l[k], exact_l[k] and t.md5 == g.md5, [],
-                          dict(zip(cols, values))))
+                          dict(zip(cols, values)), names[k].warning))
             continue
         messages = []
         if t.dtype != g.dtype:
@@ -93,7 +93,7 @@ def judge_many(pairs, t_side, g_side, thresholds) -> list:
             messages.append(f"largest scaled statistic error {err_l[k]:.3g} > {group.name} {result} "
                             f"threshold {limit:g}")
         append(Judged(t, g, result, err_l[k], exact_l[k] and t.md5 == g.md5, messages,
-                      dict(zip(cols, values))))
+                      dict(zip(cols, values)), names[k].warning))
     return out
 
 

@@ -25,7 +25,10 @@ class Finding:
     """One named entry (a divergence or a NaN/Inf producer) with where to look.
 
     Attributes:
-        kind: ``divergence`` (inputs agree, outputs do not), ``input`` (the first differing entry
+        kind: ``divergence`` (inputs agree, outputs do not), ``precision`` (no divergence; the first
+            entry whose outputs fail only at a stricter precision than its inputs were judged with,
+            without amplifying their error: the runs differ in precision, e.g. Float16 vs Float32,
+            and agree within the lower one up to there), ``input`` (the first differing entry
             already had differing inputs: the difference comes from outside the dump: data,
             parameters, or code that is not dumped), ``unmatched`` (the first entry present on one
             side only), ``nan`` (inputs finite, an output NaN/Inf).
@@ -106,6 +109,7 @@ class DivergenceFinder:
         self.exact = exact
         self.found = {"forward": [], "backward": []}
         self.unmatched = {"forward": None, "backward": None}
+        self.first_precision = None
         self.first_input = None
 
     def add(self, entry: EntryResult) -> None:
@@ -119,7 +123,10 @@ class DivergenceFinder:
             return
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
         if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
-            self.found[way].append(entry)
+            if exact or entry.verdict != "propagated":
+                self.found[way].append(entry)
+            elif self.first_precision is None:  # agrees within the inputs' precision, not amplified
+                self.first_precision = entry
         elif self.first_input is None:
             self.first_input = entry
 
@@ -130,6 +137,8 @@ class DivergenceFinder:
                 return _finding("unmatched", comparison, self.unmatched[way], construct)
             if self.found[way]:
                 return _finding("divergence", comparison, _innermost(self.found[way], construct), construct)
+        if self.first_precision is not None:
+            return _finding("precision", comparison, self.first_precision, construct)
         if self.first_input is not None:
             return _finding("input", comparison, self.first_input, construct)
         return None

@@ -55,6 +55,9 @@ class EntryResult:
     verdict: str                  # pass, source, propagated, unmatched
     inputs_agree: bool = True     # every tensor input passes (backward: and its forward's inputs)
     inputs_exact: bool = True     # every input record is bitwise equal (likewise)
+    #: the inputs pass only at their own, looser precision: judged with the tolerance of the failing
+    #: outputs' dtype (a Float16 -> Float32 cast), an input would not pass
+    precision_limited: bool = False
 
     def side(self, flow: str) -> List[J.Judged]:
         return [r for r in self.records if r.flow == flow]
@@ -196,13 +199,25 @@ def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> Ent
         in_err, agree, exact = max(in_err, upstream[0]), agree and upstream[1], exact and upstream[2]
     out_err = max((r.error for r in outs), default=0.0)
     gain = None if out_err == 0 else (math.inf if in_err == 0 else out_err / in_err)
+    limited = agree and _precision_limited(ins, outs)
     if all(r.result == J.PASS for r in outs):
         verdict = J.PASS
-    elif agree or (gain is not None and gain > gain_limit):
+    elif (agree and not limited) or (gain is not None and gain > gain_limit):
         verdict = SOURCE
     else:
         verdict = PROPAGATED
-    return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact)
+    return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact, limited)
+
+
+def _precision_limited(ins: list, outs: list) -> bool:
+    """Whether some input, which passed with the tolerance of its own dtype, would fail with the
+    stricter tolerance of a failing output (an exact Float16 -> Float32 cast of a Float16 run compared
+    with a Float32 run: the output carries the input's rounding, judged as Float32)."""
+    strict = [r.tolerance for r in outs if r.result != J.PASS and r.tolerance is not None]
+    if not strict:
+        return False
+    limit = min(strict)
+    return any(r.error > limit for r in ins)
 
 
 def _fmt_shape(rec) -> Optional[str]:

@@ -32,17 +32,18 @@ class Judged:
         error or unmatched. error: the number the thresholds were applied to (inf: one-sided
         NaN/Inf). exact: bitwise equal (statistics and CRC, or the arrays). messages: why.
         metrics: the mode's columns. flow: ``in`` or ``out`` (see :attr:`Record.flow`).
-        is_tensor: the record is a tensor.
+        is_tensor: the record is a tensor. tolerance: the ``warning`` threshold of the dtype group
+        the record was judged with (``None``: unmatched).
     """
 
     __slots__ = ("target", "golden", "result", "error", "exact", "messages", "metrics", "flow",
-                 "is_tensor")
+                 "is_tensor", "tolerance")
 
     def __init__(self, target: Optional[Record], golden: Optional[Record], result: str,
                  error: float = 0.0, exact: bool = False, messages: Optional[list] = None,
-                 metrics: Optional[dict] = None):
+                 metrics: Optional[dict] = None, tolerance: Optional[float] = None):
         self.target, self.golden, self.result = target, golden, result
-        self.error, self.exact = error, exact
+        self.error, self.exact, self.tolerance = error, exact, tolerance
         self.messages = [] if messages is None else messages
         self.metrics = {} if metrics is None else metrics
         rec = target if target is not None else golden
@@ -81,7 +82,7 @@ def judge(t: Optional[Record], g: Optional[Record], mode: str, thresholds: Thres
     if t is None or g is None:
         return Judged(t, g, UNMATCHED, math.inf, messages=["no counterpart on the other side"])
     group = thresholds.group(t.dtype, g.dtype)
-    out = Judged(t, g, PASS)
+    out = Judged(t, g, PASS, tolerance=group.warning)
     if t.dtype != g.dtype:
         out.messages.append(f"dtype differs ({t.dtype} vs {g.dtype}): judged as {group.name}")
     if t.is_tensor != g.is_tensor or (t.is_tensor and t.shape != g.shape
