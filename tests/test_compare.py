@@ -9,6 +9,7 @@ import csv
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -387,3 +388,17 @@ def test_report_takes_one_step_and_says_so(dumps, tmp_path):
     assert not out.exists()
     cli("report", dumps["seed1"], "--golden", dumps["base"], "--step", "0", "-o", str(out), check_code=0)
     assert out.exists()
+
+
+def test_report_of_a_dump_with_several_steps_names_the_step_it_shows(tmp_path):
+    """Without --step a report shows the first step; its headline names that step and the report
+    lists the other steps present, so "the runs agree" is never read as a claim about all of them."""
+    target = make_dump(tmp_path, "two", steps=2)
+    golden = make_dump(tmp_path, "two_again", steps=2)
+    out = tmp_path / "r.html"
+    cli("report", target, "--golden", golden, "-o", str(out), check_code=0)
+    html = out.read_text(encoding="utf-8")
+    assert "step 0" in html and "the runs agree within tolerance" in html
+    assert re.search(r"step 0 \S+: the runs agree within tolerance", html)
+    other = re.search(r'id="other-steps">(.*?)</div>', html, re.S).group(1)
+    assert "step 0" in other and "step 1" in other and "--step N" in other

@@ -124,8 +124,12 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
         return {"id": ids.get(f.entry), "entry": f.entry, "kind": f.kind, "direction": f.direction,
                 "cell_path": f.cell_path, "source": source_line(f.target_stack)}
 
+    shown = (step, rank)
+    others = sorted({(item.step, item.rank) for item in resolve(dump)} - {shown},
+                    key=lambda sr: (sr[0] is None, sr[0] or 0, sr[1]))
     return {"dump": os.path.abspath(dump), "golden": os.path.abspath(golden) if golden else None,
             "directory": directory, "step": step, "rank": rank, "header": side.header,
+            "others": [f"step {s} {r}" if s is not None else r for s, r in others],
             "mode": comparison.mode if comparison is not None else None, "roots": roots,
             "entries": len(side.names), "counts": counts, "golden_only": golden_only,
             "divergence": finding(first_div), "nan": finding(nan)}
