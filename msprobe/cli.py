@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from typing import Optional
 
@@ -150,9 +151,28 @@ def _print_finding(f, label: str, exact: bool = False) -> None:
         click.echo(line)
     for name, stack in (("target", f.target_stack), ("golden", f.golden_stack)):
         if stack:
-            click.echo(f"  {name} stack (innermost first):")
-            for frame in stack[:6]:
-                click.echo("    " + frame.replace("\n", ""))
+            click.echo(f"  {name} stack (innermost first; MindSpore's own frames folded):")
+            for line in _folded_stack(stack, 6):
+                click.echo("    " + line)
+
+
+def _folded_stack(frames: list, limit: int) -> list:
+    """The innermost frame of ``frames`` (stack.json lines, innermost first), then up to ``limit``
+    frames in all outside the ``mindspore`` package, each run of MindSpore frames between them
+    shown as one line."""
+    out, folded, shown = [], 0, 0
+    for k, frame in enumerate(frames):
+        if shown == limit:
+            break
+        if k and f"{os.sep}mindspore{os.sep}" in frame.split(",", 1)[0]:
+            folded += 1
+            continue
+        if folded:
+            out.append(f"... {folded} MindSpore frame{'s' if folded > 1 else ''}")
+            folded = 0
+        out.append(frame.replace("\n", ""))
+        shown += 1
+    return out
 
 
 @main.command("first-diff")

@@ -161,6 +161,12 @@ def test_first_divergence_inside_a_cell_names_the_innermost_call(dumps):
     proc = cli("first-diff", dumps["factor"], dumps["base"], check_code=1)
     assert "first divergence" in proc.stdout and "Mint.mul.0.forward" in proc.stdout
     assert "Cell path: Cell.scale.Scale.forward.0" in proc.stdout
+    # the stack printed shows the user's frames: the Cell-call machinery between them is folded
+    target_stack = proc.stdout.split("target stack")[1].split("golden stack")[0].splitlines()[1:]
+    assert "compare_dumps.py" in target_stack[0] and "mint.mul(h, self.factor)" in target_stack[0]
+    assert re.fullmatch(r"\s*\.\.\. \d+ MindSpore frames?", target_stack[1])
+    assert "h = self.scale(h)" in target_stack[2]
+    assert not any("site-packages" in line and "mindspore" in line for line in target_stack[1:])
     data = json.loads(cli("first-diff", dumps["factor"], dumps["base"], "--json", check_code=1).stdout)
     assert data["divergences"][0]["entry"] == "Mint.mul.0.forward"
 
