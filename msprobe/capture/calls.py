@@ -5,10 +5,20 @@ inputs described -> (in-place call: pending batch flushed, so inputs and every e
 before the mutation) -> original called -> outputs described -> gradient hooks registered.
 Anything the tool itself fails at is logged to ``dump_error_info.log`` and the call goes on; errors
 raised by the original API reach the user unchanged.
+
+The common case, :meth:`CallRecorder.fast_call` (a call that writes no tensor, with a config that
+selects every entry and writes statistics only: :meth:`Runtime.takes_whole_calls`), makes the same
+records with a fraction of the Python calls: inputs and output are described into one body and
+queued after the call with its stack as one journal line (:meth:`Runtime.queue_call`). Nothing
+else runs between a call's inputs and its output on the calling thread (calls made inside a
+recorded call are not recorded), so the journal replays to the same files; a call whose inputs
+cannot be described this way takes the general path's recording.
 """
 from __future__ import annotations
 
 import logging
+
+from mindspore import Tensor
 
 from msprobe.capture.async_handles import defer_until_wait
 from msprobe.capture.backward import BackwardProbe, grad_enabled
@@ -24,6 +34,80 @@ class CallRecorder:
     def __init__(self, runtime):
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
+        self._whole = runtime.takes_whole_calls()
+
+    def has_fast_path(self, api: str, inplace: bool) -> bool:
+        """Whether calls of ``api`` go through :meth:`fast_call`: not an in-place API, not a
+        collective (whose output may be an argument it writes, or come at a handle's ``wait()``),
+        and a config that allows it (:meth:`Runtime.takes_whole_calls`)."""
+        return self._whole and not inplace and api.partition(".")[0] not in ("Distributed", "MintDistributed")
+
+    def fast_call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
+        """:meth:`call` for an API of :meth:`has_fast_path` (``inplace`` is False): the same records,
+        the same errors, the same user exceptions."""
+        rt = self.rt
+        if rt.recomputing or rt.failed:
+            return self.call(api, original, args, kwargs)
+        rt.enter()
+        try:
+            probe = body = fwd = None
+            edges = ()
+            try:
+                n = rt.next_count(api)
+                fwd = f"{api}.{n}.forward"  # naming.api_entry(api, n, naming.FORWARD)
+                try:
+                    body, slots = rt.describe_call(args, kwargs)
+                except Exception:  # the general path records the inputs and decides about the failure
+                    self._record_inputs(fwd, args, kwargs)
+                if (self.bwd_in or self.bwd_out) and grad_enabled():
+                    bwd = naming.api_entry(api, n, naming.BACKWARD)
+                    probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
+                    if rt.track_parents:
+                        edge = (bwd, naming.backward_of(self._parent()))
+                        if body is None:
+                            rt.record_parent(*edge)
+                        else:
+                            edges = (edge,)
+                if rt.track_parents and body is not None:
+                    edges = ((fwd, self._parent()),) + edges
+            except Exception as exc:
+                self._tool_error(api, exc, (args, kwargs))
+                probe = body = fwd = None
+            try:
+                out = original(*args, **kwargs)
+            except BaseException:
+                if body is not None:
+                    self._queue_call(api, fwd, body, slots, edges)
+                raise
+            if fwd is None:
+                return out
+            try:
+                if body is None:  # inputs recorded by the general path: so is the output
+                    if not defer_until_wait(rt, fwd, api, args, kwargs, out):
+                        rt.record(fwd, "output", as_output_list(out), "output")
+                else:
+                    try:
+                        if type(out) is not Tensor and defer_until_wait(rt, fwd, api, args, kwargs, out):
+                            pass
+                        else:
+                            rt.describe_output(body, slots, as_output_list(out))
+                    finally:
+                        rt.queue_call(fwd, body, slots, edges)
+                if probe is not None:
+                    probe.observe(args, out)
+            except Exception as exc:
+                self._tool_error(api, exc, out)
+            return out
+        finally:
+            rt.leave()
+
+    def _queue_call(self, api, fwd, body, slots, edges) -> None:
+        """:meth:`Runtime.queue_call` when the original call raised: a tool failure is reported,
+        the user's exception goes on."""
+        try:
+            self.rt.queue_call(fwd, body, slots, edges)
+        except Exception as exc:
+            self._tool_error(api, exc, body)
 
     def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False,
              mutates: bool = False):

@@ -700,6 +700,89 @@ class Runtime:
             self._pending.append((self._writer_of(token), journal.construct_edge(name, parent)))
             self._started_pending()
 
+    # ------------------------------------------------------------------ one API call in one line
+    def takes_whole_calls(self) -> bool:
+        """Whether this run's config lets a plain API call take the one-line path of
+        :class:`msprobe.capture.calls.CallRecorder` (:meth:`describe_call`, :meth:`queue_call`):
+        statistics (no ``.npy`` file, no watch mode), forward inputs and outputs recorded, and a
+        selector that selects every entry without keeping state (no ``scope``, no ``list``)."""
+        cfg = self.config
+        return (self.records_data and not self.save_tensors and not cfg.tensor_list and self.watch is None
+                and not self.selector.scope and not self.selector.items
+                and cfg.allows("forward", "input") and cfg.allows("forward", "output"))
+
+    def describe_call(self, args: tuple, kwargs: dict):
+        """``({"input_args": ..., "input_kwargs": ...}, slots)``: a call's inputs described as
+        :meth:`record` describes them (``.npy`` files are never named here, see
+        :meth:`takes_whole_calls`), not queued yet. Raises what describing raises; the caller then
+        records the inputs through :meth:`record`, which decides about the failure."""
+        slots: list = []
+        ext = hotpath.ext
+        if ext is not None:
+            a = ext.describe(args, self.snapshot, slots, describe_other) if args else []
+            k = ext.describe(kwargs, self.snapshot, slots, describe_other) if kwargs else {}
+        else:
+            describer = Describer(_no_file, self.snapshot)
+            a = describer.describe(args) if args else []
+            k = describer.describe(kwargs) if kwargs else {}
+            slots = describer.slots
+        self._asked += 2
+        return {"input_args": a, "input_kwargs": k}, slots
+
+    def describe_output(self, body: dict, slots: list, value) -> bool:
+        """Add ``"output": describe(value)`` to a call's ``body`` (from :meth:`describe_call`).
+        Returns False when describing met the failure of the user's own operation (kept for the
+        user, as :meth:`record` does: no output); raises a failure of the tool's."""
+        self._asked += 1
+        if type(value) in (tuple, list) and not value:
+            body["output"] = []
+            return True
+        ext = hotpath.ext
+        try:
+            if ext is not None:
+                body["output"] = ext.describe(value, self.snapshot, slots, describe_other)
+            else:
+                describer = Describer(_no_file, self.snapshot)
+                body["output"] = describer.describe(value)
+                slots.extend(describer.slots)
+        except Exception as exc:
+            if not self.claim_user_failure(exc, value, compiled=ext is not None):
+                raise
+            return False
+        return True
+
+    def queue_call(self, entry: str, body: dict, slots: list, edges: tuple = ()) -> None:
+        """Queue a whole forward call at once: its stack (when ``extra_info`` is on) and ``body``
+        (``input_args``, ``input_kwargs``, ``output``) as one stack-use line
+        (:func:`msprobe.format.journal.stack_ref`), then the ``construct.json`` ``edges``
+        (``(name, parent)`` pairs). The same records as :meth:`record_stack`, :meth:`record_parent`
+        and one :meth:`record` per key, in that order; called by the caller of the API, whose
+        stack is recorded."""
+        if self.failed:
+            return
+        writer = self.writer
+        with self._lock:
+            pending = self._pending
+            if self.config.extra_info:
+                sid = self.stacks.current()
+                if sid not in self._emitted_stacks:
+                    self._emitted_stacks.add(sid)
+                    pending.append((writer, journal.stack_frames(sid, self.stacks.rendered[sid])))
+                pending.append((writer, journal.stack_ref(entry, sid, body)))
+            else:
+                pending.extend([(writer, journal.key_line(entry, key, value)) for key, value in body.items()])
+            for name, parent in edges:
+                pending.append((writer, journal.construct_edge(name, parent)))
+            now = self._started_pending()
+            if slots:
+                self._pending_slots.extend(slots)
+                self._pending_bytes += sum([s.nbytes() for s in slots])
+            full = not self.config.async_dump and not self._bulk and (
+                    len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
+                    or now - self._oldest >= FLUSH_SECONDS)
+        if full:
+            self.flush(wait=False)
+
     @contextlib.contextmanager
     def bulk(self):
         """``with runtime.bulk():`` — many records made at once on this thread (what the probes of a
