@@ -147,3 +147,43 @@ def test_journal_stack_use_with_a_body_means_its_lines():
     from msprobe.format import validate_document
 
     validate_document(combined[1], "journal")
+
+
+class BrokenDtype(Tensor):
+    """A Tensor whose ``dtype`` cannot be read: describing it is a failure of the tool's, not of the
+    user's computation."""
+
+    @property
+    def dtype(self):
+        raise RuntimeError("no dtype here")
+
+
+def test_tool_failure_is_reported_and_the_call_goes_on(tmp_path, monkeypatch, make_debugger):
+    """An argument the tool cannot describe: the same records and the same dump_error_info.log
+    message on both paths; the call's result reaches the user, and later calls are recorded."""
+    got = {}
+    for whole in (True, False):
+        with monkeypatch.context() as patch:
+            if not whole:
+                patch.setattr(Runtime, "takes_whole_calls", lambda self: False)
+            dump = str(tmp_path / f"dump_{whole}")
+            debugger = make_debugger(dump_path=dump)
+            assert debugger.service.recorder.has_fast_path("Functional.relu", False) == whole
+            x = Tensor(np.array([-1.0, 2.0], np.float32))
+            broken = BrokenDtype(np.array([-1.0, 2.0], np.float32))
+            debugger.start()
+            first = ops.relu(broken)
+            second = ops.sigmoid(x)
+            debugger.stop()
+            debugger.step()
+            step = only_step_dir(dump, 0)
+            with open(os.path.join(step, "dump.json"), "rb") as f:
+                data = f.read()
+            log = os.path.join(step, "dump_error_info.log")
+            messages = [line.split(" ", 2)[2] for line in open(log, encoding="utf-8")] if os.path.exists(log) else []
+            got[whole] = data, messages, first.asnumpy().tolist(), second.asnumpy().tolist()
+    assert got[True] == got[False]
+    assert got[True][1] == ["failed to record Functional.relu: RuntimeError('no dtype here')\n"]
+    assert got[True][2] == [0.0, 2.0]
+    data = json.loads(got[True][0])["data"]
+    assert "Functional.relu.0.forward" not in data and "Functional.sigmoid.0.forward" in data

@@ -9,10 +9,10 @@ raised by the original API reach the user unchanged.
 The common case, :meth:`CallRecorder.fast_call` (a call that writes no tensor, with a config that
 selects every entry and writes statistics only: :meth:`Runtime.takes_whole_calls`), makes the same
 records with a fraction of the Python calls: inputs and output are described into one body and
-queued after the call with its stack as one journal line (:meth:`Runtime.queue_call`). Nothing
-else runs between a call's inputs and its output on the calling thread (calls made inside a
-recorded call are not recorded), so the journal replays to the same files; a call whose inputs
-cannot be described this way takes the general path's recording.
+queued after the call with its stack as one journal line (:meth:`Runtime.begin_call`,
+:meth:`Runtime.end_call`). Nothing else runs between a call's inputs and its output on the calling
+thread (calls made inside a recorded call are not recorded), so the journal replays to the same
+files; a call whose inputs cannot be described this way takes the general path's recording.
 """
 from __future__ import annotations
 
@@ -53,11 +53,9 @@ class CallRecorder:
             probe = body = fwd = None
             edges = ()
             try:
-                n = rt.next_count(api)
+                n, body, slots = rt.begin_call(api, args, kwargs)
                 fwd = f"{api}.{n}.forward"  # naming.api_entry(api, n, naming.FORWARD)
-                try:
-                    body, slots = rt.describe_call(args, kwargs)
-                except Exception:  # the general path records the inputs and decides about the failure
+                if body is None:  # the general path records the inputs and decides about the failure
                     self._record_inputs(fwd, args, kwargs)
                 if (self.bwd_in or self.bwd_out) and grad_enabled():
                     bwd = naming.api_entry(api, n, naming.BACKWARD)
@@ -76,8 +74,11 @@ class CallRecorder:
             try:
                 out = original(*args, **kwargs)
             except BaseException:
-                if body is not None:
-                    self._queue_call(api, fwd, body, slots, edges)
+                if body is not None:  # the inputs are recorded, the user's exception goes on
+                    try:
+                        rt.end_call(fwd, body, slots, None, edges)
+                    except Exception as exc:
+                        self._tool_error(api, exc, (args, kwargs))
                 raise
             if fwd is None:
                 return out
@@ -85,14 +86,10 @@ class CallRecorder:
                 if body is None:  # inputs recorded by the general path: so is the output
                     if not defer_until_wait(rt, fwd, api, args, kwargs, out):
                         rt.record(fwd, "output", as_output_list(out), "output")
+                elif type(out) is not Tensor and defer_until_wait(rt, fwd, api, args, kwargs, out):
+                    rt.end_call(fwd, body, slots, None, edges)
                 else:
-                    try:
-                        if type(out) is not Tensor and defer_until_wait(rt, fwd, api, args, kwargs, out):
-                            pass
-                        else:
-                            rt.describe_output(body, slots, as_output_list(out))
-                    finally:
-                        rt.queue_call(fwd, body, slots, edges)
+                    rt.end_call(fwd, body, slots, as_output_list(out), edges)
                 if probe is not None:
                     probe.observe(args, out)
             except Exception as exc:
@@ -100,14 +97,6 @@ class CallRecorder:
             return out
         finally:
             rt.leave()
-
-    def _queue_call(self, api, fwd, body, slots, edges) -> None:
-        """:meth:`Runtime.queue_call` when the original call raised: a tool failure is reported,
-        the user's exception goes on."""
-        try:
-            self.rt.queue_call(fwd, body, slots, edges)
-        except Exception as exc:
-            self._tool_error(api, exc, body)
 
     def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False,
              mutates: bool = False):

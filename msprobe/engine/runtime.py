@@ -703,7 +703,7 @@ class Runtime:
     # ------------------------------------------------------------------ one API call in one line
     def takes_whole_calls(self) -> bool:
         """Whether this run's config lets a plain API call take the one-line path of
-        :class:`msprobe.capture.calls.CallRecorder` (:meth:`describe_call`, :meth:`queue_call`):
+        :class:`msprobe.capture.calls.CallRecorder` (:meth:`begin_call`, :meth:`end_call`):
         statistics (no ``.npy`` file, no watch mode), forward inputs and outputs recorded, and a
         selector that selects every entry without keeping state (no ``scope``, no ``list``)."""
         cfg = self.config
@@ -711,53 +711,59 @@ class Runtime:
                 and not self.selector.scope and not self.selector.items
                 and cfg.allows("forward", "input") and cfg.allows("forward", "output"))
 
-    def describe_call(self, args: tuple, kwargs: dict):
-        """``({"input_args": ..., "input_kwargs": ...}, slots)``: a call's inputs described as
-        :meth:`record` describes them (``.npy`` files are never named here, see
-        :meth:`takes_whole_calls`), not queued yet. Raises what describing raises; the caller then
-        records the inputs through :meth:`record`, which decides about the failure."""
+    def begin_call(self, api: str, args: tuple, kwargs: dict):
+        """``(n, body, slots)``: the call number of ``api`` (advanced, as :meth:`next_count`) and the
+        call's inputs described as :meth:`record` describes them into ``body``
+        (``{"input_args", "input_kwargs"}``; ``.npy`` files are never named here, see
+        :meth:`takes_whole_calls`), not queued yet (:meth:`end_call`). ``body`` is ``None`` when
+        describing raised: the caller then records the inputs through :meth:`record`, which decides
+        about the failure."""
+        with self._lock:  # threads recording concurrently must not share a call number
+            counters = self.counters
+            n = counters[api]
+            counters[api] = n + 1
         slots: list = []
-        ext = hotpath.ext
-        if ext is not None:
-            a = ext.describe(args, self.snapshot, slots, describe_other) if args else []
-            k = ext.describe(kwargs, self.snapshot, slots, describe_other) if kwargs else {}
-        else:
-            describer = Describer(_no_file, self.snapshot)
-            a = describer.describe(args) if args else []
-            k = describer.describe(kwargs) if kwargs else {}
-            slots = describer.slots
-        self._asked += 2
-        return {"input_args": a, "input_kwargs": k}, slots
-
-    def describe_output(self, body: dict, slots: list, value) -> bool:
-        """Add ``"output": describe(value)`` to a call's ``body`` (from :meth:`describe_call`).
-        Returns False when describing met the failure of the user's own operation (kept for the
-        user, as :meth:`record` does: no output); raises a failure of the tool's."""
-        self._asked += 1
-        if type(value) in (tuple, list) and not value:
-            body["output"] = []
-            return True
+        snapshot = self.snapshot
         ext = hotpath.ext
         try:
             if ext is not None:
-                body["output"] = ext.describe(value, self.snapshot, slots, describe_other)
+                a = ext.describe(args, snapshot, slots, describe_other) if args else []
+                k = ext.describe(kwargs, snapshot, slots, describe_other) if kwargs else {}
             else:
-                describer = Describer(_no_file, self.snapshot)
-                body["output"] = describer.describe(value)
-                slots.extend(describer.slots)
-        except Exception as exc:
-            if not self.claim_user_failure(exc, value, compiled=ext is not None):
-                raise
-            return False
-        return True
+                describer = Describer(_no_file, snapshot)
+                a = describer.describe(args) if args else []
+                k = describer.describe(kwargs) if kwargs else {}
+                slots = describer.slots
+        except Exception:
+            return n, None, None
+        self._asked += 2
+        return n, {"input_args": a, "input_kwargs": k}, slots
 
-    def queue_call(self, entry: str, body: dict, slots: list, edges: tuple = ()) -> None:
-        """Queue a whole forward call at once: its stack (when ``extra_info`` is on) and ``body``
-        (``input_args``, ``input_kwargs``, ``output``) as one stack-use line
+    def end_call(self, entry: str, body: dict, slots: list, output=None, edges: tuple = ()) -> None:
+        """Queue a whole forward call begun by :meth:`begin_call`: ``output`` (the call's forward
+        ``output`` list; ``None``: none is recorded now) is described into ``body``, then the call's
+        stack (when ``extra_info`` is on) and ``body`` are queued as one stack-use line
         (:func:`msprobe.format.journal.stack_ref`), then the ``construct.json`` ``edges``
-        (``(name, parent)`` pairs). The same records as :meth:`record_stack`, :meth:`record_parent`
-        and one :meth:`record` per key, in that order; called by the caller of the API, whose
-        stack is recorded."""
+        (``(name, parent)`` pairs): the records of :meth:`record_stack`, :meth:`record_parent` and
+        one :meth:`record` per key, in that order. Called by the caller of the API, whose stack is
+        recorded. Describing the output may meet the failure of the user's own operation (kept for
+        the user, no output, as :meth:`record` does) or raise the tool's (the inputs are queued)."""
+        failure = None
+        if output is not None:
+            self._asked += 1
+            ext = hotpath.ext
+            try:
+                if type(output) in (tuple, list) and not output:
+                    body["output"] = []
+                elif ext is not None:
+                    body["output"] = ext.describe(output, self.snapshot, slots, describe_other)
+                else:
+                    describer = Describer(_no_file, self.snapshot)
+                    body["output"] = describer.describe(output)
+                    slots.extend(describer.slots)
+            except Exception as exc:
+                if not self.claim_user_failure(exc, output, compiled=ext is not None):
+                    failure = exc
         if self.failed:
             return
         writer = self.writer
@@ -782,6 +788,8 @@ class Runtime:
                     or now - self._oldest >= FLUSH_SECONDS)
         if full:
             self.flush(wait=False)
+        if failure is not None:
+            raise failure
 
     @contextlib.contextmanager
     def bulk(self):
