@@ -27,6 +27,10 @@ from msprobe.format import naming
 
 logger = logging.getLogger("msprobe")
 
+#: entry prefixes of collectives: their output may be an argument they write, or come at a work
+#: handle's ``wait()`` (the general path decides)
+_COLLECTIVES = ("Distributed.", "MintDistributed.")
+
 
 class CallRecorder:
     """Records calls of API-like functions into the runtime."""
@@ -40,14 +44,14 @@ class CallRecorder:
         """Whether calls of ``api`` go through :meth:`fast_call`: not an in-place API, not a
         collective (whose output may be an argument it writes, or come at a handle's ``wait()``),
         and a config that allows it (:meth:`Runtime.takes_whole_calls`)."""
-        return self._whole and not inplace and api.partition(".")[0] not in ("Distributed", "MintDistributed")
+        return self._whole and not inplace and not api.startswith(_COLLECTIVES)
 
     def fast_call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
         """:meth:`call` for an API of :meth:`has_fast_path` (``inplace`` is False): the same records,
         the same errors, the same user exceptions."""
         rt = self.rt
         if rt.recomputing or rt.failed:
-            return self.call(api, original, args, kwargs)
+            return self._call(api, original, args, kwargs)
         rt.enter()
         try:
             probe = body = fwd = None
@@ -105,6 +109,13 @@ class CallRecorder:
         ``inplace``: the call writes its arguments (they are read before it, no input gradients).
         ``mutates``: the call may write tensors it is not given (a compiled region such as an
         optimizer assigning Parameters): everything pending is read before it runs."""
+        if self._whole and not (inplace or mutates) and not api.startswith(_COLLECTIVES):
+            return self.fast_call(api, original, args, kwargs)
+        return self._call(api, original, args, kwargs, inplace, mutates)
+
+    def _call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False,
+              mutates: bool = False):
+        """:meth:`call` without the common case's path."""
         rt = self.rt
         rt.enter()
         try:
