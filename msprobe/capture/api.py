@@ -162,17 +162,19 @@ def make_wrapper(runtime, recorder: CallRecorder, original, api: str, home: dict
     MindSpore-internal and is not recorded; user and third-party code (``mindformers``) is.
     """
     inplace = is_inplace(api)
+    # the common case's path (same records, fewer steps) when the API and the config allow it
+    record = recorder.fast_call if recorder.has_fast_path(api, inplace) else recorder.call
 
     if home is None:
         def wrapper(*args, **kwargs):
             if not runtime.capturing():
                 return original(*args, **kwargs)
-            return recorder.call(api, original, args, kwargs, inplace)
+            return record(api, original, args, kwargs, inplace)
     else:
         def wrapper(*args, **kwargs):
             if not runtime.capturing() or _mindspore_internal(sys._getframe(1).f_globals):
                 return original(*args, **kwargs)
-            return recorder.call(api, original, args, kwargs, inplace)
+            return record(api, original, args, kwargs, inplace)
 
     functools.update_wrapper(wrapper, original)
     return wrapper

@@ -5,10 +5,20 @@ inputs described -> (in-place call: pending batch flushed, so inputs and every e
 before the mutation) -> original called -> outputs described -> gradient hooks registered.
 Anything the tool itself fails at is logged to ``dump_error_info.log`` and the call goes on; errors
 raised by the original API reach the user unchanged.
+
+The common case, :meth:`CallRecorder.fast_call` (a call that writes no tensor, with a config that
+selects every entry and writes statistics only: :meth:`Runtime.takes_whole_calls`), makes the same
+records with a fraction of the Python calls: inputs and output are described into one body and
+queued after the call with its stack as one journal line (:meth:`Runtime.begin_call`,
+:meth:`Runtime.end_call`). Nothing else runs between a call's inputs and its output on the calling
+thread (calls made inside a recorded call are not recorded), so the journal replays to the same
+files; a call whose inputs cannot be described this way takes the general path's recording.
 """
 from __future__ import annotations
 
 import logging
+
+from mindspore import Tensor
 
 from msprobe.capture.async_handles import defer_until_wait
 from msprobe.capture.backward import BackwardProbe, grad_enabled
@@ -17,6 +27,10 @@ from msprobe.format import naming
 
 logger = logging.getLogger("msprobe")
 
+#: entry prefixes of collectives: their output may be an argument they write, or come at a work
+#: handle's ``wait()`` (the general path decides)
+_COLLECTIVES = ("Distributed.", "MintDistributed.")
+
 
 class CallRecorder:
     """Records calls of API-like functions into the runtime."""
@@ -24,6 +38,69 @@ class CallRecorder:
     def __init__(self, runtime):
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
+        self._whole = runtime.takes_whole_calls()
+
+    def has_fast_path(self, api: str, inplace: bool) -> bool:
+        """Whether calls of ``api`` go through :meth:`fast_call`: not an in-place API, not a
+        collective (whose output may be an argument it writes, or come at a handle's ``wait()``),
+        and a config that allows it (:meth:`Runtime.takes_whole_calls`)."""
+        return self._whole and not inplace and not api.startswith(_COLLECTIVES)
+
+    def fast_call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False):
+        """:meth:`call` for an API of :meth:`has_fast_path` (``inplace`` is False): the same records,
+        the same errors, the same user exceptions."""
+        rt = self.rt
+        if rt.recomputing or rt.failed:
+            return self._call(api, original, args, kwargs)
+        rt.enter()
+        try:
+            probe = body = fwd = None
+            edges = ()
+            try:
+                n, body, slots = rt.begin_call(api, args, kwargs)
+                fwd = f"{api}.{n}.forward"  # naming.api_entry(api, n, naming.FORWARD)
+                if body is None:  # the general path records the inputs and decides about the failure
+                    self._record_inputs(fwd, args, kwargs)
+                if (self.bwd_in or self.bwd_out) and grad_enabled():
+                    bwd = naming.api_entry(api, n, naming.BACKWARD)
+                    probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
+                    if rt.track_parents:
+                        edge = (bwd, naming.backward_of(self._parent()))
+                        if body is None:
+                            rt.record_parent(*edge)
+                        else:
+                            edges = (edge,)
+                if rt.track_parents and body is not None:
+                    edges = ((fwd, self._parent()),) + edges
+            except Exception as exc:
+                self._tool_error(api, exc, (args, kwargs))
+                probe = body = fwd = None
+            try:
+                out = original(*args, **kwargs)
+            except BaseException:
+                if body is not None:  # the inputs are recorded, the user's exception goes on
+                    try:
+                        rt.end_call(fwd, body, slots, None, edges)
+                    except Exception as exc:
+                        self._tool_error(api, exc, (args, kwargs))
+                raise
+            if fwd is None:
+                return out
+            try:
+                if body is None:  # inputs recorded by the general path: so is the output
+                    if not defer_until_wait(rt, fwd, api, args, kwargs, out):
+                        rt.record(fwd, "output", as_output_list(out), "output")
+                elif type(out) is not Tensor and defer_until_wait(rt, fwd, api, args, kwargs, out):
+                    rt.end_call(fwd, body, slots, None, edges)
+                else:
+                    rt.end_call(fwd, body, slots, as_output_list(out), edges)
+                if probe is not None:
+                    probe.observe(args, out)
+            except Exception as exc:
+                self._tool_error(api, exc, out)
+            return out
+        finally:
+            rt.leave()
 
     def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False,
              mutates: bool = False):
@@ -32,6 +109,13 @@ class CallRecorder:
         ``inplace``: the call writes its arguments (they are read before it, no input gradients).
         ``mutates``: the call may write tensors it is not given (a compiled region such as an
         optimizer assigning Parameters): everything pending is read before it runs."""
+        if self._whole and not (inplace or mutates) and not api.startswith(_COLLECTIVES):
+            return self.fast_call(api, original, args, kwargs)
+        return self._call(api, original, args, kwargs, inplace, mutates)
+
+    def _call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False,
+              mutates: bool = False):
+        """:meth:`call` without the common case's path."""
         rt = self.rt
         rt.enter()
         try:

@@ -700,6 +700,97 @@ class Runtime:
             self._pending.append((self._writer_of(token), journal.construct_edge(name, parent)))
             self._started_pending()
 
+    # ------------------------------------------------------------------ one API call in one line
+    def takes_whole_calls(self) -> bool:
+        """Whether this run's config lets a plain API call take the one-line path of
+        :class:`msprobe.capture.calls.CallRecorder` (:meth:`begin_call`, :meth:`end_call`):
+        statistics (no ``.npy`` file, no watch mode), forward inputs and outputs recorded, and a
+        selector that selects every entry without keeping state (no ``scope``, no ``list``)."""
+        cfg = self.config
+        return (self.records_data and not self.save_tensors and not cfg.tensor_list and self.watch is None
+                and not self.selector.scope and not self.selector.items
+                and cfg.allows("forward", "input") and cfg.allows("forward", "output"))
+
+    def begin_call(self, api: str, args: tuple, kwargs: dict):
+        """``(n, body, slots)``: the call number of ``api`` (advanced, as :meth:`next_count`) and the
+        call's inputs described as :meth:`record` describes them into ``body``
+        (``{"input_args", "input_kwargs"}``; ``.npy`` files are never named here, see
+        :meth:`takes_whole_calls`), not queued yet (:meth:`end_call`). ``body`` is ``None`` when
+        describing raised: the caller then records the inputs through :meth:`record`, which decides
+        about the failure."""
+        with self._lock:  # threads recording concurrently must not share a call number
+            counters = self.counters
+            n = counters[api]
+            counters[api] = n + 1
+        slots: list = []
+        snapshot = self.snapshot
+        ext = hotpath.ext
+        try:
+            if ext is not None:
+                a = ext.describe(args, snapshot, slots, describe_other) if args else []
+                k = ext.describe(kwargs, snapshot, slots, describe_other) if kwargs else {}
+            else:
+                describer = Describer(_no_file, snapshot)
+                a = describer.describe(args) if args else []
+                k = describer.describe(kwargs) if kwargs else {}
+                slots = describer.slots
+        except Exception:
+            return n, None, None
+        self._asked += 2
+        return n, {"input_args": a, "input_kwargs": k}, slots
+
+    def end_call(self, entry: str, body: dict, slots: list, output=None, edges: tuple = ()) -> None:
+        """Queue a whole forward call begun by :meth:`begin_call`: ``output`` (the call's forward
+        ``output`` list; ``None``: none is recorded now) is described into ``body``, then the call's
+        stack (when ``extra_info`` is on) and ``body`` are queued as one stack-use line
+        (:func:`msprobe.format.journal.stack_ref`), then the ``construct.json`` ``edges``
+        (``(name, parent)`` pairs): the records of :meth:`record_stack`, :meth:`record_parent` and
+        one :meth:`record` per key, in that order. Called by the caller of the API, whose stack is
+        recorded. Describing the output may meet the failure of the user's own operation (kept for
+        the user, no output, as :meth:`record` does) or raise the tool's (the inputs are queued)."""
+        failure = None
+        if output is not None:
+            self._asked += 1
+            ext = hotpath.ext
+            try:
+                if type(output) in (tuple, list) and not output:
+                    body["output"] = []
+                elif ext is not None:
+                    body["output"] = ext.describe(output, self.snapshot, slots, describe_other)
+                else:
+                    describer = Describer(_no_file, self.snapshot)
+                    body["output"] = describer.describe(output)
+                    slots.extend(describer.slots)
+            except Exception as exc:
+                if not self.claim_user_failure(exc, output, compiled=ext is not None):
+                    failure = exc
+        if self.failed:
+            return
+        writer = self.writer
+        with self._lock:
+            pending = self._pending
+            if self.config.extra_info:
+                sid = self.stacks.current()
+                if sid not in self._emitted_stacks:
+                    self._emitted_stacks.add(sid)
+                    pending.append((writer, journal.stack_frames(sid, self.stacks.rendered[sid])))
+                pending.append((writer, journal.stack_ref(entry, sid, body)))
+            else:
+                pending.extend([(writer, journal.key_line(entry, key, value)) for key, value in body.items()])
+            for name, parent in edges:
+                pending.append((writer, journal.construct_edge(name, parent)))
+            now = self._started_pending()
+            if slots:
+                self._pending_slots.extend(slots)
+                self._pending_bytes += sum([s.nbytes() for s in slots])
+            full = not self.config.async_dump and not self._bulk and (
+                    len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
+                    or now - self._oldest >= FLUSH_SECONDS)
+        if full:
+            self.flush(wait=False)
+        if failure is not None:
+            raise failure
+
     @contextlib.contextmanager
     def bulk(self):
         """``with runtime.bulk():`` — many records made at once on this thread (what the probes of a

@@ -18,6 +18,8 @@ constructor         line                                                effect
 :func:`value_line`  ``{"e": entry, "v": value}``                        ``data[entry] = value`` (debug level)
 :func:`path_line`   ``{"e": entry, "p": [key or index, ...], "v": leaf}``  a nested item (debug gradients)
 :func:`stack_ref`   ``{"e": entry, "stack": id}``                       ``entry`` ran from stack ``id``
+                    ``{"e": entry, "stack": id, "v": {key: value}}``    the same, then ``data[entry][key] = value``
+                                                                        for each key in order (a whole call)
 :func:`stack_frames`  ``{"s": id, "f": [frames]}``                      the frames of stack ``id``
 :func:`construct_edge`  ``{"c": name, "p": parent}``                    ``construct.json[name] = parent``
 ==================  ==================================================  ======================================
@@ -99,9 +101,15 @@ def path_line(entry: str, path, value) -> dict:
     return {"e": entry, "p": list(path), "v": value}
 
 
-def stack_ref(entry: str, stack_id: int) -> dict:
-    """``entry`` ran from the call stack ``stack_id`` (defined by a :func:`stack_frames` line)."""
-    return {"e": entry, "stack": stack_id}
+def stack_ref(entry: str, stack_id: int, body: Optional[dict] = None) -> dict:
+    """``entry`` ran from the call stack ``stack_id`` (defined by a :func:`stack_frames` line).
+
+    ``body``: ``{key: value}`` set into ``data[entry]`` in order right after, as if by one
+    :func:`key_line` each: a recorded call's stack, ``input_args``, ``input_kwargs`` and ``output``
+    in one line (the same records as the four lines, a quarter of the lines to encode and replay)."""
+    if body is None:
+        return {"e": entry, "stack": stack_id}
+    return {"e": entry, "stack": stack_id, "v": body}
 
 
 def stack_frames(stack_id: int, frames: list) -> dict:
@@ -166,7 +174,10 @@ class Replay:
         if kind == "set_item":
             return self.on_item(rec["e"], rec["k"], rec["i"], rec["n"], rec["v"])
         if kind == "stack_ref":
-            return self.on_stack_ref(rec["e"], rec["stack"])
+            body = rec.get("v")
+            if body is None:
+                return self.on_stack_ref(rec["e"], rec["stack"])
+            return self.on_stack_ref(rec["e"], rec["stack"], body)
         if kind == "construct_edge":
             return self.on_construct_edge(rec["c"], rec["p"])
         if kind == "stack_frames":
@@ -204,9 +215,11 @@ class Replay:
         else:  # the saved variable is a single tensor: its gradient is the whole entry
             self.data[entry] = value
 
-    def on_stack_ref(self, entry: str, stack_id: int):
-        self.data.setdefault(entry, {})  # an entry's place in data is its first line's
+    def on_stack_ref(self, entry: str, stack_id: int, body: Optional[dict] = None):
+        got = self.data.setdefault(entry, {})  # an entry's place in data is its first line's
         self._stack_names.setdefault(stack_id, []).append(entry)
+        if body is not None:
+            got.update(body)
 
     def on_stack_frames(self, stack_id: int, frames: list):
         self._frames[stack_id] = frames
@@ -270,8 +283,10 @@ class _Decoder(Replay):
     def on_path(self, entry, path, value):
         return "set_path", (entry, path, value)
 
-    def on_stack_ref(self, entry, stack_id):
-        return "stack_ref", (entry, stack_id)
+    def on_stack_ref(self, entry, stack_id, body=None):
+        if body is None:
+            return "stack_ref", (entry, stack_id)
+        return "stack_ref", (entry, stack_id, body)
 
     def on_stack_frames(self, stack_id, frames):
         return "stack_frames", (stack_id, frames)
@@ -291,8 +306,18 @@ def decode(line: dict):
 
 
 def piece_of(line: dict) -> Optional[Piece]:
-    """The data a line carries as a :class:`Piece`, or ``None`` (header, stack, construct lines)."""
-    return _piece(_DECODER.apply(line))
+    """The data a line carries as a :class:`Piece`, or ``None`` (header, stack, construct lines).
+    A stack use with a body carries one piece per key: this is its first (:func:`pieces` yields
+    all)."""
+    found = _DECODER.apply(line)
+    if found is not None and found[0] == "stack_ref" and len(found[1]) == 3:
+        return next(iter(_body_pieces(found[1])), None)
+    return _piece(found)
+
+
+def _body_pieces(fields) -> list:
+    entry, _, body = fields
+    return [Piece(entry, key, value) for key, value in body.items()]
 
 
 def _piece(found) -> Optional[Piece]:
@@ -318,6 +343,9 @@ def pieces(lines, on_header=None):
         if found is not None and found[0] == "header":
             if on_header is not None:
                 on_header(found[1][0])
+            continue
+        if found is not None and found[0] == "stack_ref" and len(found[1]) == 3:
+            yield from _body_pieces(found[1])
             continue
         piece = _piece(found)
         if piece is not None:

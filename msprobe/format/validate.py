@@ -118,7 +118,7 @@ def _journal_kind(rec, path: str, line: int | None) -> str:
     if kind is not None:
         return kind
     raise FormatError(path, "", f"not a journal line kind (keys {sorted(rec)}); expected one of "
-                                "h; e+k+v; e+k+i+n+v; e+v; e+p+v; e+stack; s+f; c+p", line)
+                                "h; e+k+v; e+k+i+n+v; e+v; e+p+v; e+stack(+v); s+f; c+p", line)
 
 
 def _strict_object(pairs):
