@@ -101,6 +101,7 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
     # ops; Parameters are snapshots), so it is read and reduced once. Keyed by id(): the slots keep
     # every tensor alive until the batch is done, so ids are not reused meanwhile.
     seen: dict = {}
+    prefix = os.path.join(tensor_dir, "") if tensor_dir else None  # + data_name: the file's path
     failure = None
     zero_copy = False
     if any(slot.type_name != "numpy.ndarray" for slot in slots):
@@ -121,8 +122,8 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
                     arr, stored = stats.to_host(slot.tensor, zero_copy)
                 known = seen[id(slot.tensor)] = _HostValue(arr, stored, stats.compute_stats(arr, counts=counts))
             leaf.update(known.stats)
-            if slot.data_name and tensor_dir:
-                path = os.path.join(tensor_dir, slot.data_name)
+            if slot.data_name and prefix:
+                path = prefix + slot.data_name
                 if files is None:
                     stats.save_npy(path, known.arr)
                 else:

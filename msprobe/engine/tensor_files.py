@@ -44,10 +44,11 @@ from msprobe.tensors.stats import views_live_tensor
 
 #: bytes of host arrays queued at most (a single larger batch is still accepted when the queue is empty)
 QUEUE_BYTES = 128 << 20
-#: files written by one call into the writer (the GIL released): at most this many ...
-CHUNK_FILES = 32
+#: files written by one call into the writer (the GIL released): at most this many ... (small: a
+#: mutation waits for the chunk being written, :meth:`FileQueue.protect`)
+CHUNK_FILES = 8
 #: ... and this many bytes once the chunk holds a file
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 2 << 20
 _ALIGN = 64  # bytes: alignment of each copy inside a block made by FileQueue.protect
 
 
