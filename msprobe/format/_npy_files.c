@@ -1,6 +1,6 @@
 /* Writes a batch of .npy files with the GIL released once for the whole batch.
  *
- * write_files(items, tag) -> None | (index, errno)
+ * write_batch(items, tag) -> None | (index, errno)
  *   items: list of (path: bytes, header: bytes, data: C-contiguous buffer); tag: bytes.
  *   For each item in order: create "<directory of path>/.npy-<tag>-<index>.tmp" (O_EXCL), write
  *   header and data with one writev (repeated only for a partial write), close, rename it to path.
@@ -101,11 +101,11 @@ static int directory_of(const item_t *items, Py_ssize_t i, int *dfd, Py_ssize_t 
     return 0;
 }
 
-static PyObject *write_files(PyObject *self, PyObject *args) {
+static PyObject *write_batch(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *list;
     const char *tag;
-    if (!PyArg_ParseTuple(args, "O!y:write_files", &PyList_Type, &list, &tag)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!y:write_batch", &PyList_Type, &list, &tag)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(list);
     item_t *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof(item_t));
     if (!items) return PyErr_NoMemory();
@@ -163,8 +163,8 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"write_files", write_files, METH_VARARGS,
-     "write_files(items, tag) -> None | (index, errno): write (path, header, data) items in order, "
+    {"write_batch", write_batch, METH_VARARGS,
+     "write_batch(items, tag) -> None | (index, errno): write (path, header, data) items in order, "
      "each to a temporary file '.npy-<tag>-<index>.tmp' beside it then renamed to path, with the GIL "
      "released; stops at the first failure."},
     {NULL, NULL, 0, NULL},

@@ -34,6 +34,8 @@ try:  # compiled helper (optional, built by pip install): batch writes with the 
     from msprobe.format import _npy_files
 except ImportError:  # pragma: no cover - the Python path writes the same bytes
     _npy_files = None
+if _npy_files is not None and not hasattr(_npy_files, "write_batch"):  # pragma: no cover
+    _npy_files = None  # a helper built from an older source: the Python path
 
 
 def save_npy(path: str, arr: np.ndarray) -> None:
@@ -146,7 +148,7 @@ def save_npy_batch(items) -> None:
                 break
             plan.append((os.fsencode(path), header, arr.reshape(-1).view(np.uint8)))
         if plan:
-            failed = _npy_files.write_files(plan, tag + b"-%d" % start)
+            failed = _npy_files.write_batch(plan, tag + b"-%d" % start)
             if failed is not None:
                 index, errno = failed
                 raise OSError(errno, os.strerror(errno), items[start + index][0])
