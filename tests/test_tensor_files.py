@@ -253,3 +253,75 @@ def test_batch_writes_the_bytes_of_numpy_save_and_stops_at_the_first_failure(tmp
     with pytest.raises(TypeError):  # checked before anything is written
         npy.save_npy_batch([(str(tmp_path / "w.npy"), np.ones(2)), (str(tmp_path / "o.npy"), np.array([None]))])
     assert not os.path.exists(tmp_path / "w.npy")
+
+
+def test_large_jobs_are_written_by_the_writer_and_the_draining_thread_in_order(tmp_path):
+    """Jobs larger than one chunk: ``drain`` writes chunks beside the writer thread, and still every
+    continuation runs after all of its job's files, in submission order."""
+    from msprobe.engine import tensor_files
+
+    queue, failures, errors = _queue(limit=64 << 20)
+    done = []
+    files_per_job = 3 * tensor_files.CHUNK_FILES + 5
+
+    def then(i, paths):
+        assert all(os.path.exists(p) for p in paths)
+        done.append(i)
+
+    for i in range(6):
+        files = [(str(tmp_path / f"{i}.{k}.npy"), np.full((64,), i * 1000 + k, np.int32))
+                 for k in range(files_per_job)]
+        queue.submit(files, lambda i=i, paths=[p for p, _ in files]: then(i, paths))
+    queue.drain()
+    assert done == list(range(6)) and not failures and not errors and not queue.busy
+    assert np.load(str(tmp_path / f"4.{files_per_job - 1}.npy")).tolist() == [4000 + files_per_job - 1] * 64
+
+
+def test_queued_files_read_the_tensors_in_place_until_a_mutation_copies_them(tmp_path):
+    """No copy on the training thread: while the writer is held, the queued arrays read the tensors'
+    memory (and keep the tensors alive); an in-place operation (the guard's flush) copies them first,
+    so the file holds the value the call saw; a tensor that is not changed is written from its own
+    memory."""
+    from msprobe.tensors.stats import views_live_tensor
+
+    ms.set_device("CPU")
+    dump_path = str(tmp_path / "dump")
+    debugger = PrecisionDebugger(dump_path=dump_path, level="L1", task="tensor")
+    x = Tensor(np.array([1.0, -2.0, 3.0], np.float32))
+    debugger.start()
+    runtime = debugger.service.runtime
+    queue = runtime._file_queue()
+    with queue._run:                                  # the writer thread cannot write yet
+        y = ops.abs(x)
+        runtime.flush(wait=False)                     # read, files queued (as the batch rules do)
+        queued = [arr for job in queue._jobs for _, arr in job.files]
+        assert queued and all(views_live_tensor(arr) for arr in queued)
+        assert queue.holds_views and runtime.has_pending
+        x[1] = 7.0                                    # in place: the guard protects the queued files
+        assert not queue.holds_views
+        assert not any(views_live_tensor(arr) for job in queue._jobs for _, arr in job.files)
+    debugger.stop()
+    debugger.step()
+    dump = msprobe.dump.load(only_step_dir(dump_path, 0))
+    body = dump.data["Functional.abs.0.forward"]
+    assert dump.load_tensor(body["input_args"][0]).tolist() == [1.0, -2.0, 3.0]
+    assert dump.load_tensor(body["output"][0]).tolist() == [1.0, 2.0, 3.0]
+    assert x.asnumpy().tolist() == [1.0, 7.0, 3.0] and y.asnumpy().tolist() == [1.0, 2.0, 3.0]
+    debugger.service.close()
+
+
+def test_protect_copies_into_one_block_reused_once_its_files_are_written():
+    queue, _, _ = _queue()
+    arrays = [np.arange(10, dtype=np.float32), np.arange(6.0).reshape(2, 3), np.float16(2.5).reshape(())]
+    first = queue._copy(arrays)
+    for arr in arrays:
+        copy = first[id(arr)]
+        assert copy.dtype == arr.dtype and copy.shape == arr.shape and copy.tobytes() == arr.tobytes()
+        assert copy.base is queue._spare and copy.flags.c_contiguous
+    block = id(queue._spare)
+    second = queue._copy(arrays)                      # the first copies are still queued
+    assert id(queue._spare) != block
+    block = id(queue._spare)
+    del first, second                                 # written: the block is free
+    third = queue._copy(arrays)
+    assert id(queue._spare) == block and third[id(arrays[0])].tolist() == list(range(10))

@@ -82,9 +82,10 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
             (:func:`release_tensors`; watch mode saves a producer's tensors after the batch).
         files: a list to which the ``.npy`` files are appended as ``(path, numpy.ndarray)`` instead
             of being written here (:class:`msprobe.engine.tensor_files.FileQueue` writes them later).
-            Each array is the tool's own memory: a view of a tensor's memory is copied (the user
-            may overwrite the tensor once the flush is over); one array per tensor, however many
-            files name it.
+            Each array is the tool's own memory or a zero-copy view of a tensor's memory that keeps
+            the tensor alive (:func:`msprobe.tensors.stats.views_live_tensor`; the file queue copies
+            it before the program may change the tensor, :meth:`~msprobe.engine.tensor_files.FileQueue.protect`);
+            any other view is copied. One array per tensor, however many files name it.
 
     Returns:
         ``None``, or the exception MindSpore raised for a failed operation of the user's while the
@@ -100,6 +101,7 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
     # ops; Parameters are snapshots), so it is read and reduced once. Keyed by id(): the slots keep
     # every tensor alive until the batch is done, so ids are not reused meanwhile.
     seen: dict = {}
+    prefix = os.path.join(tensor_dir, "") if tensor_dir else None  # + data_name: the file's path
     failure = None
     zero_copy = False
     if any(slot.type_name != "numpy.ndarray" for slot in slots):
@@ -120,8 +122,8 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
                     arr, stored = stats.to_host(slot.tensor, zero_copy)
                 known = seen[id(slot.tensor)] = _HostValue(arr, stored, stats.compute_stats(arr, counts=counts))
             leaf.update(known.stats)
-            if slot.data_name and tensor_dir:
-                path = os.path.join(tensor_dir, slot.data_name)
+            if slot.data_name and prefix:
+                path = prefix + slot.data_name
                 if files is None:
                     stats.save_npy(path, known.arr)
                 else:
@@ -156,7 +158,7 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
 
 class _HostValue:
     """One tensor of a batch on the host: its array, how it is stored, statistics, CRC-32, and the
-    array handed to the file queue (the tool's own memory, made once however many files name it)."""
+    array handed to the file queue (made once however many files name it)."""
 
     __slots__ = ("arr", "stored", "stats", "md5", "_kept")
 
@@ -164,11 +166,13 @@ class _HostValue:
         self.arr, self.stored, self.stats, self.md5, self._kept = arr, stored, tensor_stats, None, None
 
     def kept(self) -> np.ndarray:
-        """``arr`` as memory that stays unchanged until written: ``arr`` itself when the tool owns it,
-        else a copy (``arr`` views a tensor the user may overwrite after the flush)."""
+        """``arr`` for the file queue: itself when the tool owns it or when it views a tensor's memory
+        and keeps the tensor alive (no copy on this thread: the queue copies it only if the tensor
+        may change before its file is written), else a copy (memory nothing keeps)."""
         if self._kept is None:
             check_saveable(self.arr)
-            self._kept = self.arr if owns_memory(self.arr) else np.array(self.arr)
+            keep = owns_memory(self.arr) or stats.views_live_tensor(self.arr)
+            self._kept = self.arr if keep else np.array(self.arr)
         return self._kept
 
 

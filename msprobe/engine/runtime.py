@@ -875,8 +875,9 @@ class Runtime:
 
     @property
     def has_pending(self) -> bool:
-        """Tensors wait to be read (or a flush is reading them): flush before mutating any."""
-        return bool(self._pending_slots) or self._flushing
+        """Tensors wait to be read (or a flush is reading them), or queued files read a tensor's
+        memory in place: flush before mutating any."""
+        return bool(self._pending_slots) or self._flushing or (self._files is not None and self._files.holds_views)
 
     def flush(self, wait: bool = True, settle: bool = True) -> bool:
         """Compute statistics of everything pending and append it to the journals.
@@ -887,7 +888,8 @@ class Runtime:
                 if one runs (opportunistic flushes: batch full, background deadline).
             settle: with ``wait``, also wait until the ``.npy`` files and journal lines of every
                 flushed batch are on disk; ``False`` (the mutation guard: only the reading must
-                happen before the tensor changes) leaves them to the file thread.
+                happen before the tensor changes) leaves them to the file thread, after copying
+                what queued files read of tensors in place (:meth:`FileQueue.protect`).
 
         Returns:
             False when ``wait`` is False and another flush was running, else True.
@@ -916,8 +918,11 @@ class Runtime:
         finally:
             self._flushing = False
             self._flush_lock.release()
-        if wait and settle and self._files is not None:
-            self._files.drain()
+        if wait and self._files is not None:
+            if settle:
+                self._files.drain()
+            else:  # a mutation follows: queued files must not read the tensors it may change
+                self._files.protect()
         return True
 
     def _flush_batch(self) -> None:

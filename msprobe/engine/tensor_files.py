@@ -2,36 +2,70 @@
 
 A flush (:mod:`msprobe.engine.flush`) reads each tensor once on the thread that flushes: statistics,
 CRC-32, and a host array for every ``.npy`` file of the batch. Creating and writing those files (a
-file creation costs ~0.1-0.5 ms on this kind of disk, more than reading the data) is left to one
+file creation costs 0.01-0.4 ms on this kind of disk, more than reading the data) is left to one
 daemon thread, ``msprobe-files``, through :class:`FileQueue`:
 
 * A *job* is one flushed batch: its files, then what to do once they are on disk (append the batch's
-  journal lines). Jobs run one at a time in the order they were submitted, so a journal line never
-  names a file that is not written yet, and batches reach the journal in flush order.
+  journal lines). A job's files are written in chunks (:data:`CHUNK_FILES`, :data:`CHUNK_BYTES`),
+  each with the GIL released; every file of a job is written before the next job's first one, and
+  the continuations run in submission order, so a journal line never names a file that is not
+  written yet, and batches reach the journal in flush order.
 * The queue is bounded (:data:`QUEUE_BYTES` of host arrays): :meth:`FileQueue.submit` blocks while it
   is full (back-pressure on the flushing thread), so memory stays bounded however fast a program
-  records.
-* :meth:`FileQueue.drain` returns when every submitted job is done; the caller runs queued jobs itself
-  (in order), so it also works when the thread is gone (process exit, ``fork``). The runtime drains at
-  ``stop()``/``step()``, before renaming a step directory and at exit (``atexit``); the flush thread's
-  deadline plus one job bounds how long a record waits for the disk.
-* The first failed write (``OSError``: disk full, file too large) removes that job's partial file,
-  drops the jobs not yet run (their journal lines are not written: what the journal names exists) and
-  is reported once through ``on_failure``.
+  records. An array is released as soon as its file is written.
+* :meth:`FileQueue.drain` returns when every submitted job is done; the caller writes chunks itself
+  beside the writer thread (two cores then share a step's last files), so it also works when the
+  thread is gone (process exit, ``fork``). The runtime drains at ``stop()``/``step()``, before
+  renaming a step directory and at exit (``atexit``); the flush thread's deadline plus one job bounds
+  how long a record waits for the disk.
+* The first failed write (``OSError``: disk full, file too large) removes that file's partial
+  temporary file, drops the jobs not yet finished (their journal lines are not written: what the
+  journal names exists) and is reported once through ``on_failure``.
 
-The arrays handed over must not change until written: :func:`msprobe.engine.flush.materialize` copies
-those that view a tensor's memory (the user may overwrite the tensor after the flush).
+No copy on the training thread: an array may read a tensor's memory in place
+(:func:`msprobe.tensors.stats.views_live_tensor`: the view keeps the tensor alive, so that memory is
+neither freed nor reused before the file is written). The program may still change such a tensor in
+place before its file is written; whatever may do that (an in-place operation, a compiled region
+that assigns tensors) first calls :meth:`FileQueue.protect` (the runtime's flush before a mutation),
+which copies the arrays of the files not written yet and waits for the chunk being written. Every
+other array is the tool's own memory.
 """
 from __future__ import annotations
 
 import collections
 import os
+import sys
 import threading
 
+import numpy as np
+
 from msprobe.format.npy import save_npy_batch
+from msprobe.tensors.stats import views_live_tensor
 
 #: bytes of host arrays queued at most (a single larger batch is still accepted when the queue is empty)
 QUEUE_BYTES = 128 << 20
+#: files written by one call into the writer (the GIL released): at most this many ... (small: a
+#: mutation waits for the chunk being written, :meth:`FileQueue.protect`)
+CHUNK_FILES = 8
+#: ... and this many bytes once the chunk holds a file
+CHUNK_BYTES = 2 << 20
+_ALIGN = 64  # bytes: alignment of each copy inside a block made by FileQueue.protect
+
+
+class _Job:
+    """One submitted batch: ``files`` (``[(path, array)]``, ``None`` once taken by a writer), which
+    of them read a tensor's memory in place, the continuation, and how far its writing is."""
+
+    __slots__ = ("files", "views", "then", "next", "active", "ticket", "dropped")
+
+    def __init__(self, files: list, then):
+        self.files = list(files)
+        self.views = [views_live_tensor(arr) for _, arr in self.files]
+        self.then = then
+        self.next = 0          # index of the first file no writer has taken
+        self.active = 0        # chunks of this job being written
+        self.ticket = -1       # submission number: continuations run in this order
+        self.dropped = False   # after a failed write: nothing more of it is done
 
 
 class FileQueue:
@@ -51,14 +85,20 @@ class FileQueue:
         self._on_failure = on_failure
         self._on_error = on_error
         self._limit = limit
-        self._jobs: collections.deque = collections.deque()
-        self._queued = 0                   # bytes of arrays in queued (not yet started) jobs
+        self._jobs: collections.deque = collections.deque()  # jobs with files not all written
+        self._queued = 0                   # bytes of files no writer has taken yet
         self._unfinished = 0               # jobs submitted and not finished
+        self._views = 0                    # files no writer has taken that read a tensor's memory
+        self._writing_views = 0            # chunks being written that read a tensor's memory
+        self._active = 0                   # chunks being written
+        self._tickets = 0                  # jobs submitted so far
+        self._next_then = 0                # ticket of the next continuation to run
         self._cond = threading.Condition()
-        self._run = threading.Lock()       # held while one job runs: jobs finish in order
+        self._run = threading.Lock()       # held while a writer takes work (holding it stops writing)
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._spare = None                 # block of memory for protect's copies, reused when free
         #: set by the first failed write; nothing is written after it
         self.failed = False
 
@@ -67,43 +107,108 @@ class FileQueue:
         """Jobs are queued or running: a batch without files must queue behind them (order)."""
         return self._unfinished > 0
 
+    @property
+    def holds_views(self) -> bool:
+        """Files not written yet read a tensor's memory in place: call :meth:`protect` before that
+        tensor may change."""
+        return bool(self._views or self._writing_views)
+
     def submit(self, files: list, then=None) -> None:
         """Queue ``files`` (``[(path, numpy.ndarray)]``, written in this order), then run ``then()``
         (no arguments) once all of them are on disk. Waits while :data:`QUEUE_BYTES` are queued.
 
-        The arrays must stay unchanged until written (pass copies of memory the user may change).
-        After a failed write the job is dropped (``then`` is not run)."""
+        An array must stay unchanged until written: the tool's own memory, or a view of a tensor's
+        memory that keeps the tensor alive (:func:`msprobe.tensors.stats.views_live_tensor`; call
+        :meth:`protect` before anything may change that tensor). After a failed write the job is
+        dropped (``then`` is not run)."""
         if self.failed:
             return
-        size = sum(arr.nbytes for _, arr in files)
+        job = _Job(files, then)
+        size = sum(arr.nbytes for _, arr in job.files)
         with self._cond:
             while self._queued and self._queued + size > self._limit and not self.failed:
-                if not self._thread_alive():  # no thread to make room: the caller runs the oldest job
+                if not self._thread_alive():  # no thread to make room: the caller writes
                     self._cond.release()
                     try:
-                        self._run_one()
+                        worked = self._work()
                     finally:
                         self._cond.acquire()
-                    continue
+                    if worked:
+                        continue
                 self._cond.wait(0.5)
             if self.failed:
                 return
-            self._jobs.append((files, then, size))
+            job.ticket = self._tickets
+            self._tickets += 1
+            self._jobs.append(job)
             self._queued += size
+            self._views += sum(job.views)
             self._unfinished += 1
             self._closed = False
             self._cond.notify_all()
         self._ensure_thread()
 
+    def protect(self) -> None:
+        """Make the files not written yet independent of tensors that may change: copy now (on the
+        calling thread) every queued array that reads a tensor's memory, and wait until the chunk
+        being written from such memory is written. Call before an in-place operation or a compiled
+        region that may assign tensors runs. Cheap when nothing queued reads a tensor's memory."""
+        if not self.holds_views:
+            return
+        with self._cond:
+            originals: dict = {}  # id -> array to copy (alive until the end: ids stay unique)
+            for job in self._jobs:
+                for i in range(job.next, len(job.files)):
+                    if job.views[i]:
+                        arr = job.files[i][1]
+                        originals[id(arr)] = arr
+            copies = self._copy(list(originals.values()))
+            for job in self._jobs:
+                for i in range(job.next, len(job.files)):
+                    if job.views[i]:
+                        path, arr = job.files[i]
+                        job.files[i] = (path, copies[id(arr)])  # one copy per tensor
+                        job.views[i] = False
+            self._views = 0
+            while self._writing_views:
+                self._cond.wait()
+
+    def _copy(self, arrays: list) -> dict:
+        """``{id(array): copy}`` for :meth:`protect`: the copies are carved out of one block of
+        memory (the spare block of the previous call when no copy made in it is still queued:
+        memory already mapped is filled ~3x faster than fresh allocations, which fault in every
+        page)."""
+        offsets, need = [], 0
+        for arr in arrays:
+            offsets.append(need)
+            need += -(-arr.nbytes // _ALIGN) * _ALIGN
+        # the spare block is free when only ``_spare`` and getrefcount's argument refer to it
+        # (each copy made in it is a view of it)
+        if self._spare is not None and self._spare.nbytes >= need and sys.getrefcount(self._spare) == 2:
+            block = self._spare
+        else:
+            block = np.empty(max(need, 1), np.uint8)
+            self._spare = block if need <= self._limit else None
+        out = {}
+        for arr, start in zip(arrays, offsets):
+            copy = block[start:start + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+            np.copyto(copy, arr, casting="no")
+            out[id(arr)] = copy
+        return out
+
     def drain(self) -> None:
         """Return when every job submitted before the call is done (written or dropped). The calling
-        thread runs queued jobs itself, in order, instead of waiting for the writer thread."""
+        thread writes chunks itself, beside the writer thread, instead of only waiting for it."""
         if os.getpid() != self._pid:
             return  # a forked child never writes (the parent's thread and lock state are not its own)
-        while self._run_one():
-            pass
-        with self._run:  # a job the writer thread started is finished
-            pass
+        while True:
+            if self._work():
+                continue
+            with self._cond:
+                if not self._unfinished and not self._active:
+                    return
+                if not self._has_work():
+                    self._cond.wait(0.5)
 
     def cancel(self) -> None:
         """Drop every job not yet started and accept no more (the dump was switched off)."""
@@ -117,6 +222,7 @@ class FileQueue:
         self.drain()
         with self._cond:
             self._closed = True
+            self._spare = None
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ internals
@@ -134,59 +240,117 @@ class FileQueue:
 
     def _loop(self) -> None:
         while True:
+            if self._work():
+                continue
             with self._cond:
-                while not self._jobs and not self._closed:
-                    self._cond.wait()
                 if self._closed and not self._jobs:
                     return
-            self._run_one()
+                if not self._has_work():
+                    self._cond.wait()
 
-    def _run_one(self) -> bool:
-        """Run the oldest queued job (under the run lock, so jobs finish in order). False when there
-        was none."""
+    def _has_work(self) -> bool:
+        """Call with the condition held: the oldest job has a file no writer has taken (or none at
+        all, then it is to be finished)."""
+        if not self._jobs or self.failed:
+            return False
+        job = self._jobs[0]
+        return job.next < len(job.files) or not job.active
+
+    def _work(self) -> bool:
+        """Write the next chunk of the oldest job, or finish a job whose files are all written.
+        False when this thread has nothing to do now (nothing queued, or the rest of the oldest job
+        is being written by another thread)."""
         with self._run:
             with self._cond:
-                if not self._jobs:
+                if not self._has_work():
                     return False
-                files, then, size = self._jobs.popleft()
-                self._queued -= size
+                job = self._jobs[0]
+                if job.next == len(job.files):  # a job without files
+                    self._jobs.popleft()
+                    chunk = None
+                else:
+                    chunk, views = self._take(job)
+        if chunk is not None:
+            failure = None
+            if not self.failed:
+                try:
+                    save_npy_batch(chunk)  # atomic per file: a failed write leaves no partial file
+                except OSError as exc:  # disk full, file too large, directory gone: nothing more
+                    failure = exc
+            del chunk  # the arrays are released as soon as their files are written
+            with self._cond:
+                job.active -= 1
+                self._active -= 1
+                self._writing_views -= views
+                done = (failure is None and not job.dropped and not job.active
+                        and job.next == len(job.files))
+                if done:
+                    self._jobs.popleft()  # the oldest job (only it is written)
                 self._cond.notify_all()
-            try:
-                self._run_job(files, then)
-            finally:
-                with self._cond:
-                    self._unfinished -= 1
-                    self._cond.notify_all()
+            if failure is not None:
+                self._fail(failure)
+            if not done:
+                return True
+        self._finish(job)
         return True
 
-    def _run_job(self, files: list, then) -> None:
-        if self.failed:
-            return
+    def _take(self, job: _Job):
+        """Call with the condition held: the next chunk of ``job`` and whether it reads a tensor's
+        memory (0 or 1)."""
+        start = end = job.next
+        size = 0
+        while end < len(job.files) and end - start < CHUNK_FILES and (end == start or size < CHUNK_BYTES):
+            size += job.files[end][1].nbytes
+            end += 1
+        chunk = job.files[start:end]
+        job.files[start:end] = [None] * (end - start)
+        views = sum(job.views[start:end])
+        job.next = end
+        job.active += 1
+        self._active += 1
+        self._queued -= size
+        self._views -= views
+        views = 1 if views else 0
+        self._writing_views += views
+        self._cond.notify_all()  # room for a waiting submit
+        return chunk, views
+
+    def _finish(self, job: _Job) -> None:
+        """Run the continuation of ``job`` (all its files are written) after those of the jobs
+        submitted before it."""
+        with self._cond:
+            while self._next_then != job.ticket:
+                self._cond.wait()
         try:
-            save_npy_batch(files)  # atomic per file: a failed write leaves no partial file
-        except OSError as exc:  # disk full, file too large, directory gone: nothing more is written
-            self._fail(exc)
-            return
-        if then is None:
-            return
-        try:
-            then()
-        except OSError as exc:
-            self._fail(exc)
-        except Exception as exc:  # the tool's own failure in the continuation: reported, queue goes on
-            _call(self._on_error, exc)
+            if job.then is not None and not self.failed:
+                try:
+                    job.then()
+                except OSError as exc:
+                    self._fail(exc)
+                except Exception as exc:  # the tool's own failure in the continuation: reported, queue goes on
+                    _call(self._on_error, exc)
+        finally:
+            with self._cond:
+                self._next_then += 1
+                self._unfinished -= 1
+                self._cond.notify_all()
 
     def _fail(self, exc: OSError) -> None:
         with self._cond:
+            first = not self.failed
             self.failed = True
             self._drop()
-        _call(self._on_failure, exc)
+        if first:
+            _call(self._on_failure, exc)
 
     def _drop(self) -> None:
         """Call with the condition held."""
+        for job in self._jobs:
+            job.dropped = True
         self._unfinished -= len(self._jobs)
         self._jobs.clear()
         self._queued = 0
+        self._views = 0
         self._cond.notify_all()
 
 

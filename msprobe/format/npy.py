@@ -34,6 +34,8 @@ try:  # compiled helper (optional, built by pip install): batch writes with the 
     from msprobe.format import _npy_files
 except ImportError:  # pragma: no cover - the Python path writes the same bytes
     _npy_files = None
+if _npy_files is not None and not hasattr(_npy_files, "write_batch"):  # pragma: no cover
+    _npy_files = None  # a helper built from an older source: the Python path
 
 
 def save_npy(path: str, arr: np.ndarray) -> None:
@@ -121,8 +123,8 @@ def save_npy_batch(items) -> None:
     """:func:`save_npy` for each ``(path, arr)`` of ``items``, in order, with the GIL released once
     for the whole batch when the compiled helper ``msprobe.format._npy_files`` is built (a thread
     writing files then does not compete with the training thread for the interpreter per file): the
-    bytes ``numpy.save`` writes, a C-contiguous array straight from its memory, the format 1.0 header
-    built once per dtype and shape.
+    bytes ``numpy.save`` writes, a C-contiguous array straight from its memory (header and data in
+    one ``writev``), the format 1.0 header built once per dtype and shape.
 
     Raises:
         TypeError: as :func:`save_npy` (checked for every item before any file is written).
@@ -136,31 +138,24 @@ def save_npy_batch(items) -> None:
         for path, arr in items:
             save_npy(path, arr)
         return
-    plan, slow = [], []
-    for path, arr in items:
-        header = _header(arr) if arr.flags.c_contiguous and type(arr) is np.ndarray else None
-        if header is None:  # written by numpy.save, in order with the rest
-            plan.append(None)
-            slow.append((path, arr))
-            continue
-        path = os.path.abspath(path)
-        tmp = os.path.join(os.path.dirname(path),
-                           f".npy-{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}.tmp")
-        plan.append((os.fsencode(tmp), os.fsencode(path), header, arr.reshape(-1).view(np.uint8)))
+    tag = f"{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}".encode()
     start = 0
-    while start < len(plan):
-        end = start
-        while end < len(plan) and plan[end] is not None:
-            end += 1
-        if end > start:
-            failed = _npy_files.write_files(plan[start:end])
+    while start < len(items):
+        plan = []
+        for path, arr in itertools.islice(items, start, None):
+            header = _header(arr) if arr.flags.c_contiguous and type(arr) is np.ndarray else None
+            if header is None:  # written by numpy.save, in order with the rest
+                break
+            plan.append((os.fsencode(path), header, arr.reshape(-1).view(np.uint8)))
+        if plan:
+            failed = _npy_files.write_batch(plan, tag + b"-%d" % start)
             if failed is not None:
                 index, errno = failed
-                raise OSError(errno, os.strerror(errno), os.fsdecode(plan[start + index][1]))
-        if end < len(plan):  # the next item numpy.save writes
-            save_npy(*slow.pop(0))
-            end += 1
-        start = end
+                raise OSError(errno, os.strerror(errno), items[start + index][0])
+            start += len(plan)
+        if start < len(items) and not plan:  # the next item numpy.save writes
+            save_npy(*items[start])
+            start += 1
 
 
 def check_saveable(arr: np.ndarray) -> None:

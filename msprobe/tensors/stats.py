@@ -221,6 +221,15 @@ def _zero_copy_view(tensor: Any) -> Optional[np.ndarray]:
     return view if strides is None else np.ascontiguousarray(view)
 
 
+def views_live_tensor(arr: np.ndarray) -> bool:
+    """True when ``arr`` reads a tensor's memory in place (a zero-copy view made by :func:`to_host`)
+    and keeps that tensor alive: its memory is not freed or reused while ``arr`` exists, but an
+    in-place operation on the tensor changes what ``arr`` holds."""
+    while isinstance(arr, np.ndarray):
+        arr = arr.base
+    return isinstance(arr, _HostMemory)
+
+
 def synchronous_cpu() -> bool:
     """True when operations finish before they return (``mindspore.runtime.launch_blocking()``) on
     the CPU device target: a tensor's memory then holds its final value, readable at once."""
