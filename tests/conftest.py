@@ -170,8 +170,10 @@ def make_debugger(tmp_path, dump_dir):
         return debugger
 
     yield make
-    for debugger in created:  # a failing test must not leave wrappers installed for the next one
-        debugger.stop()
+    # a failing test must not leave wrappers installed for the next one; close(), not stop(): a
+    # stop() before another dumped step keeps the capture installed (parked) for that step
+    for debugger in created:
+        debugger.service.close()
 
 
 #: directories under pytest's base temporary directory already checked (or opted out) per test

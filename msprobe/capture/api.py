@@ -98,7 +98,15 @@ def _has_path(owner, dotted: str) -> bool:
 
 
 def alias_modules() -> list:
-    """``[(module, entry prefix)]`` of :data:`ALIAS_MODULES` that import in this MindSpore build."""
+    """``[(module, entry prefix)]`` of :data:`ALIAS_MODULES` that import in this MindSpore build.
+
+    Found once per process (the package layout on disk does not change while it runs); each call
+    returns a new list."""
+    return list(_alias_modules())
+
+
+@functools.lru_cache(maxsize=1)
+def _alias_modules() -> tuple:
     out = []
     for spec, prefix in ALIAS_MODULES:
         names = [spec]
@@ -114,7 +122,7 @@ def alias_modules() -> list:
                 out.append((importlib.import_module(name), prefix))
             except Exception:  # a sub-module this build cannot import (e.g. no communication)
                 continue
-    return out
+    return tuple(out)
 
 
 def alias_targets(targets: list) -> list:

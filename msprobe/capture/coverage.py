@@ -43,6 +43,7 @@ _SKIP_PREFIXES = ("mindspore", "msprobe", "numpy", "builtins")
 _originals_cache: dict = {}
 _chains_cache: dict = {}  # module name -> (module, its "G.attr" chains)
 _inline_cache = weakref.WeakKeyDictionary()  # Cell class -> its "Primitive created per call" items
+_wrapped_cache: dict = {}  # "keys" -> (targets, aliases, their wrapped keys and alias module names)
 
 
 def _originals(targets: list) -> dict:
@@ -143,13 +144,25 @@ def _module_attribute_chains(module) -> list:
     return found
 
 
-def _unwrapped_attributes(module, originals: dict, wrapped: set) -> list:
-    """Items for ``G.attr`` uses in ``module`` that reach a listed function through an attribute
-    that is not wrapped (a module whose attributes are not wrapped, or a re-export of a function
-    listed for another namespace only, such as ``mint.cumprod``)."""
+def _wrapped_keys(targets: list, aliases) -> tuple:
+    """``({(id(owner), attribute)} of every wrapped binding, {names of the alias modules}})``, kept
+    for the last ``(targets, aliases)`` pair (both are built once per debugger)."""
+    cached = _wrapped_cache.get("keys")
+    if cached is not None and cached[0] is targets and cached[1] is aliases:
+        return cached[2]
     from msprobe.capture.api import alias_modules
 
-    wrapped_modules = {m.__name__ for m, _ in alias_modules()}
+    keys = {(id(owner), attr) for owner, attr, _ in list(targets) + list(aliases)}
+    found = (keys, frozenset(m.__name__ for m, _ in alias_modules()))
+    _wrapped_cache["keys"] = (targets, aliases, found)
+    return found
+
+
+def _unwrapped_attributes(module, originals: dict, wrapped: set, wrapped_modules) -> list:
+    """Items for ``G.attr`` uses in ``module`` that reach a listed function through an attribute
+    that is not wrapped (a module whose attributes are not wrapped, or a re-export of a function
+    listed for another namespace only, such as ``mint.cumprod``); ``wrapped_modules``: names of
+    the modules whose attributes are wrapped."""
     out, seen = [], set()
     for names, file, line in _module_attribute_chains(module):
         owner = vars(module).get(names[0])
@@ -185,10 +198,10 @@ def stale_bindings(targets: list, models, aliases=()) -> list:
     Returns a list of ``{"name", "module", "api", "call_as", "reason"}`` dicts (nothing is logged).
     """
     originals = _originals(targets)
-    wrapped = {(id(owner), attr) for owner, attr, _ in list(targets) + list(aliases)}
+    wrapped, wrapped_modules = _wrapped_keys(targets, aliases)
     found = []
     for module in _user_modules(models):
-        found.extend(_unwrapped_attributes(module, originals, wrapped))
+        found.extend(_unwrapped_attributes(module, originals, wrapped, wrapped_modules))
         for name, value in list(vars(module).items()):
             hit = originals.get(id(value))
             if hit is None or hit[0] is not value:
