@@ -201,15 +201,14 @@ class DumpService:
         return True
 
     def _install(self) -> None:
-        """Install the capture for the open step: what a parked capture (same models) already has
-        is kept; the instance-level Cell patches, the token counter and the GC window are per
-        recording window (:attr:`_installed`)."""
+        """Install the capture for the open step: a parked capture (same models) is kept as it is;
+        the Cell hooks and patches, the token counter and the GC window are per recording window
+        (:attr:`_installed`)."""
         level = self.config.level
         key = self._models_key()
         if self._capture and self._capture_models != key:
             self._capture.remove()
-        parked = bool(self._capture)
-        if not parked:
+        if not self._capture:
             self._install_capture()
             self._capture_models = key
         if level in _API_LEVELS and self.models is not None and level not in _CELL_LEVELS:
@@ -218,8 +217,10 @@ class DumpService:
                 self._recompute = recompute_cells(self.models, self.runtime)
             self._installed.add(install_recompute_replays(self.runtime, self._recompute))
         if level in _CELL_LEVELS:
-            if parked and not (self._graph and self._graph.graph_mode):  # the hooks are in place
-                self._installed.add(self._cells.install_instance_patches(self.models))
+            # Python hooks do not run in a graph. Not parked between steps: a graph compiled from
+            # the Cell (a jit function calling it) would compile the hooks too, and fail
+            if not (self._graph and self._graph.graph_mode):
+                self._installed.add(self._cells.install(self.models))
             if self._graph:
                 self._graph.begin_step(self.models)
         if self.token_range is not None:
@@ -228,8 +229,8 @@ class DumpService:
 
     def _install_capture(self) -> None:
         """Install what may stay from one dumped step to the next into :attr:`_capture`: API
-        wrappers, jit capture, Primitive hooks (L1/mix), forward hooks of the Cells (L0/mix), the
-        in-place guard. Every piece passes calls straight through while not recording."""
+        wrappers, jit capture, Primitive hooks (L1/mix), the in-place guard. Every piece passes
+        calls straight through while not recording."""
         level, capture = self.config.level, self._capture
         wrapped = set()
         if level in _API_LEVELS:
@@ -244,9 +245,6 @@ class DumpService:
             capture.add(install_jit_capture(self.recorder))
             if self.models is not None:
                 capture.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
-        if level in _CELL_LEVELS and not (self._graph and self._graph.graph_mode):
-            # Python hooks do not run in a graph
-            capture.add(self._cells.install(self.models, self._installed))
         if self._guard is None:  # the wrapped set is the same at every start (one level per service)
             self._guard = guard_patches(self.runtime, inplace_targets(wrapped))
         self._guard.apply()

@@ -88,51 +88,32 @@ class CellCapture:
         self._plan = None
         self._param_token = None  # step token of the step whose parameter hooks are registered
 
-    def install(self, models, instance_patches: HandleSet | None = None) -> HandleSet:
+    def install(self, models) -> HandleSet:
         """Register the hooks on every descendant Cell of ``models`` (``list[(index or None, Cell)]``).
 
         The Cell tree and the hook functions are read and built at the first install for a given
         ``models`` list; later installs (one per dumped step) only register them.
-
-        Args:
-            instance_patches: where the handles of the instance-level ``construct``/``bprop``
-                replacements (Cells with a custom ``bprop``, ``Cell.recompute()``) go; by default
-                into the returned set with the hooks. Those replacements hold their Cell strongly
-                and are what a graph compiled from the Cell would see, so the service removes them
-                at every ``stop()``; the forward hooks (held by MindSpore's weak ``HookHandle``)
-                may stay installed between dumped steps (they pass through while not recording).
         """
-        handles = HandleSet()
-        self._register(models, handles, handles if instance_patches is None else instance_patches)
-        return handles
-
-    def install_instance_patches(self, models) -> HandleSet:
-        """Only the instance-level replacements of :meth:`install` (its forward hooks are kept
-        installed from an earlier call)."""
-        patches = HandleSet()
-        self._register(models, None, patches)
-        return patches
-
-    def _register(self, models, hooks: HandleSet | None, patches: HandleSet) -> None:
         key = [(index, id(root)) for index, root in models]
         if self._plan is None or self._plan[0] != key:
             self._plan = (key, self._build_plan(models))
+        handles = HandleSet()
         for prefix, cell_ref, pre, post, param_hooks in self._plan[1]:
             cell = cell_ref()
             if cell is None:
                 continue
             if pre == "recompute":
-                patches.add(self._install_recompute_cell(prefix, cell))
+                handles.add(self._install_recompute_cell(prefix, cell))
                 continue
             if pre is None:
                 # MindSpore ignores register_forward_hook on a Cell with a custom bprop (it returns a
                 # dummy handle), so the forward hook would never pop the pre-hook's frame: wrap the
                 # instance's construct (forward output) and bprop (backward entry) instead.
-                patches.add(self._install_bprop_cell(prefix, cell))
+                handles.add(self._install_bprop_cell(prefix, cell))
                 continue
-            if hooks is not None:
-                hooks.add(_hook_handle(cell.register_forward_pre_hook(pre, with_kwargs=True)))
-                hooks.add(_hook_handle(cell.register_forward_hook(post, with_kwargs=True, always_call=True)))
+            handles.add(_hook_handle(cell.register_forward_pre_hook(pre, with_kwargs=True)))
+            handles.add(_hook_handle(cell.register_forward_hook(post, with_kwargs=True, always_call=True)))
+        return handles
 
     def _hook_parameters(self) -> None:
         """Register every planned parameter-gradient hook, at the first Cell call under a gradient in
