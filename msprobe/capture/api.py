@@ -1,9 +1,11 @@
 """API-level (L1) capture: wrappers around the functions and Tensor methods listed in
 ``support_wrap_ops.yaml`` (seed: "修改API支持列表").
 
-Wrappers are installed at ``start()`` and removed at ``stop()``, so identity checks written outside a
-start/stop window see MindSpore's own objects, and a debugger that is constructed but not started
-costs nothing. A wrapper keeps ``__name__``, ``__qualname__``, ``__doc__`` and ``__wrapped__`` of the
+Wrappers are installed at ``start()`` of a dumped step and stay installed until the ``stop()`` of a
+step whose next step is not dumped (or ``close()``, exit, collection of the debugger; see
+:mod:`msprobe.mindspore.service`), so identity checks written outside the dumped steps see
+MindSpore's own objects, and a debugger that is constructed but not started costs nothing. A
+wrapper keeps ``__name__``, ``__qualname__``, ``__doc__`` and ``__wrapped__`` of the
 original, and when the dump is not running or the call is nested inside another recorded call it
 forwards directly to the original.
 

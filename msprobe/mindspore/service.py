@@ -3,8 +3,15 @@
 * ``start()`` on a dumped step and rank installs the capture for the level and switches recording on:
   L1 -> API wrappers (+ Primitive hooks when a model was given); L0 -> Cell hooks; mix -> both. A
   mutation guard is installed at every level. Everything installed goes into one ``HandleSet``.
-* ``stop()`` switches recording off, removes every installed hook and patch, and writes the seed's
-  files for what was recorded so far. Gradient probes already attached to tensors still report, so
+* ``stop()`` switches recording off, removes the per-window pieces (Cell hooks and instance patches,
+  token counter, GC window) and writes the seed's files for what was recorded so far. The rest of
+  the capture (API wrappers, jit capture, Primitive hooks, in-place guard: :attr:`_capture`) is
+  *parked* when the next step is dumped too: it stays installed, passing every call straight
+  through while not recording, and the next ``start()`` only switches recording on. It is removed
+  at the ``stop()`` before a step that is not dumped, by ``start()`` on a step or rank that is not
+  dumped or with another model, when another debugger starts, by ``restore_custom_api`` between
+  steps, at ``close()``/exit and when the service is collected. The Cell hooks are not parked: a
+  jit function calling the Cell between steps would compile them into its graph (and fail). Gradient probes already attached to tensors still report, so
   ``start - forward - stop - backward - step`` captures the backward too (seed: 采集指定代码块的前反向数据).
 * ``step()`` closes the step directory and resets per-step state.
 Calling ``start`` twice, or ``stop`` without ``start``, does nothing.
