@@ -228,3 +228,20 @@ def test_renumbering_to_a_step_not_dumped_removes_the_parked_capture(make_debugg
     assert ops.relu is not ORIGINAL_RELU
     debugger.set_init_step(7)
     assert ops.relu is ORIGINAL_RELU
+
+
+def test_a_dropped_model_takes_its_parked_primitive_hooks_with_it(make_debugger):
+    """The model is dropped between two dumped steps: the parked Primitive hooks (which hold its
+    Primitives) are removed, and its Primitives are collected."""
+    net = build_mlp()
+    x, _ = mlp_batch()
+    debugger = make_debugger(task="statistics", level="L1", step=[0, 1])
+    debugger.start(net)
+    net(x)
+    debugger.stop()
+    debugger.step()
+    prim = weakref.ref(net.fc1.matmul)
+    assert type(prim()).__call__ is not type(prim()).__mro__[1].__call__  # hooked (parked)
+    del net
+    gc.collect()
+    assert prim() is None and ops.relu is ORIGINAL_RELU

@@ -10,8 +10,9 @@
   through while not recording, and the next ``start()`` only switches recording on. It is removed
   at the ``stop()`` before a step that is not dumped, by ``start()`` on a step or rank that is not
   dumped or with another model, when another debugger starts, by ``restore_custom_api`` between
-  steps, at ``close()``/exit and when the service is collected. The Cell hooks are not parked: a
-  jit function calling the Cell between steps would compile them into its graph (and fail). Gradient probes already attached to tensors still report, so
+  steps, when the model is collected, at ``close()``/exit and when the service is collected. The
+  Cell hooks are not parked: a jit function calling the Cell between steps would compile them into
+  its graph (and fail). Gradient probes already attached to tensors still report, so
   ``start - forward - stop - backward - step`` captures the backward too (seed: 采集指定代码块的前反向数据).
 * ``step()`` closes the step directory and resets per-step state.
 Calling ``start`` twice, or ``stop`` without ``start``, does nothing.
@@ -64,7 +65,7 @@ class DumpService:
         self._model_refs: list | None = None
         #: what is installed for the open recording window only, removed at every stop()
         self._installed = HandleSet()
-        #: the capture proper (API wrappers, jit capture, Primitive and Cell hooks, in-place guard):
+        #: the capture proper (API wrappers, jit capture, Primitive hooks, in-place guard):
         #: kept installed ("parked") from one dumped step to the next, see _stop(); one object for
         #: the service's life, so the finalizer below can remove it without holding the service
         self._capture = HandleSet()
@@ -499,6 +500,8 @@ def _model_gone(service_ref, refs) -> None:
     service = service_ref()
     if service is not None and service._model_refs is refs:
         service._drop_plans()
+        if not service.active:  # the parked Primitive hooks hold the model's Primitives
+            service._release_capture()
 
 
 _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
