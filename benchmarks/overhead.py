@@ -29,8 +29,10 @@ Method
   (``msprobe-flush``, the ``.npy`` writer ``msprobe-files``) and MindSpore's own threads.
 * Isolation (default ``--isolation config``): one fresh subprocess per configuration, alternating
   internally; the ``PrecisionDebugger`` is constructed only at the first 'on' phase and the 'off'
-  phases never call it.  This is valid because the tool installs its patches/hooks at ``start()``
-  and removes exactly them at ``stop()``, so an 'off' phase runs MindSpore's own objects.  It avoids
+  phases never call it.  This is valid because an 'off' run starts by removing the capture the
+  previous 'on' run left installed for its next dumped step (``DumpService._release_capture``; a
+  dump range's last ``stop()`` does the same), so an 'off' phase runs MindSpore's own objects; each
+  'on' run thus pays one full install and then runs ``--steps - 1`` steps on the parked capture.  It avoids
   the ~4 s import/setup and ~2 s kernel compile per run that a subprocess per run costs, and — more
   important for stability — compares on/off within the same process (same allocator state, thread
   pool, kernel caches).  ``--isolation process`` runs every off/on run in its own fresh subprocess
@@ -230,14 +232,26 @@ def worker(args) -> dict:
 
             state["dbg"] = PrecisionDebugger(config_path=config_path)
 
+    def unpark():
+        # the capture stays installed between consecutive dumped steps: an off run must run
+        # MindSpore's own objects (the next on run installs it again, in its timing)
+        dbg = state["dbg"]
+        release = getattr(dbg.service, "_release_capture", None) if dbg is not None else None
+        if release is not None:
+            release()
+
     kinds = sorted(set(phases))
     for kind in kinds:  # warm-up of every phase that will be measured
         if kind == "on":
             ensure_debugger()
+        else:
+            unpark()
         for _ in range(warmup):
             one_step(kind == "on")
     runs = []
     for kind in phases:
+        if kind == "off":
+            unpark()
         gc.collect()
         w0, c0, t0 = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(steps):

@@ -96,7 +96,9 @@ def test_backward_after_stop_is_recorded(make_debugger, dump_dir):
 
 def test_stop_without_start_and_double_start(make_debugger, dump_dir):
     relu = ops.relu
-    debugger = make_debugger(task="statistics")
+    # step 0 is the last dumped step: its stop() removes the wrappers (before another dumped step
+    # they stay installed, passing calls through: test_parked_install.py)
+    debugger = make_debugger(task="statistics", step=[0])
     debugger.stop()                   # no-op
     assert not os.path.exists(os.path.join(dump_dir, "step0"))
     debugger.start()
@@ -112,18 +114,20 @@ def test_stop_without_start_and_double_start(make_debugger, dump_dir):
 
 def test_exception_between_start_and_stop(make_debugger, dump_dir):
     relu = ops.relu
-    debugger = make_debugger(task="statistics")
+    debugger = make_debugger(task="statistics", step=[0, 1])
     x = _x()
     with pytest.raises(ZeroDivisionError):
         debugger.start()
         ops.relu(x)
         1 / 0                          # the user's step fails; stop() is skipped
-    debugger.step()                   # closes step 0, removes the wrappers
-    assert ops.relu is relu
+    debugger.step()                   # closes step 0; step 1 is dumped too: the wrappers stay
+    assert ops.relu.__wrapped__ is relu and not debugger.service.runtime.capturing()
+    ops.relu(x)                        # between the steps: passed through, recorded nowhere
     x2 = x * 2
     debugger.start()
     ops.relu(x2)
-    debugger.stop()
+    debugger.stop()                   # the last dumped step: the wrappers are removed
+    assert ops.relu is relu
     debugger.step()
     assert _steps_present(dump_dir) == ["step0", "step1"]
     d0 = msprobe.dump.load(only_step_dir(dump_dir, 0))

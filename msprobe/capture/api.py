@@ -1,9 +1,11 @@
 """API-level (L1) capture: wrappers around the functions and Tensor methods listed in
 ``support_wrap_ops.yaml`` (seed: "修改API支持列表").
 
-Wrappers are installed at ``start()`` and removed at ``stop()``, so identity checks written outside a
-start/stop window see MindSpore's own objects, and a debugger that is constructed but not started
-costs nothing. A wrapper keeps ``__name__``, ``__qualname__``, ``__doc__`` and ``__wrapped__`` of the
+Wrappers are installed at ``start()`` of a dumped step and stay installed until the ``stop()`` of a
+step whose next step is not dumped (or ``close()``, exit, collection of the debugger; see
+:mod:`msprobe.mindspore.service`), so identity checks written outside the dumped steps see
+MindSpore's own objects, and a debugger that is constructed but not started costs nothing. A
+wrapper keeps ``__name__``, ``__qualname__``, ``__doc__`` and ``__wrapped__`` of the
 original, and when the dump is not running or the call is nested inside another recorded call it
 forwards directly to the original.
 
@@ -98,7 +100,15 @@ def _has_path(owner, dotted: str) -> bool:
 
 
 def alias_modules() -> list:
-    """``[(module, entry prefix)]`` of :data:`ALIAS_MODULES` that import in this MindSpore build."""
+    """``[(module, entry prefix)]`` of :data:`ALIAS_MODULES` that import in this MindSpore build.
+
+    Found once per process (the package layout on disk does not change while it runs); each call
+    returns a new list."""
+    return list(_alias_modules())
+
+
+@functools.lru_cache(maxsize=1)
+def _alias_modules() -> tuple:
     out = []
     for spec, prefix in ALIAS_MODULES:
         names = [spec]
@@ -114,7 +124,7 @@ def alias_modules() -> list:
                 out.append((importlib.import_module(name), prefix))
             except Exception:  # a sub-module this build cannot import (e.g. no communication)
                 continue
-    return out
+    return tuple(out)
 
 
 def alias_targets(targets: list) -> list:

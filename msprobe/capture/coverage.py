@@ -23,9 +23,17 @@ Each one found is logged once per run as a WARNING and listed in the step's ``co
 The module-level caches below hold no state of a run: each is a function of code only — the listed
 APIs' original functions (``_originals_cache``, keyed by the target list), the bytecode of a user
 module (``_chains_cache``, kept with the module object so a reloaded module is read again) and of a
-Cell class (``_inline_cache``, weak keys: a dropped class takes its entry with it). Scanning the
-same code again would give the same answer; which warnings were already given belongs to the run
-(:meth:`msprobe.engine.runtime.Runtime.first_time`).
+Cell class (``_inline_cache``, weak keys: a dropped class takes its entry with it), the wrapped
+``(owner, attribute)`` keys of the target and alias lists (``_wrapped_cache``, kept with the lists)
+and, in :mod:`msprobe.capture.api`, the alias modules (once per process). Scanning the same code
+again would give the same answer; which warnings were already given belongs to the run
+(:meth:`msprobe.engine.runtime.Runtime.first_time`). What depends on the namespaces (which names of
+a user module hold an original, what a ``G.attr`` chain reaches, which Cells the model has) is
+read again at every ``start()``: a name can be rebound at any time, and re-reading is one dict
+look-up per name, about as cheap as any fingerprint that would tell a change (≈0.1 ms per start on
+the benchmark LM). The scan gives the same answer while the capture is parked (wrapped attributes
+hold wrappers then): wrapped attributes are never reported, and the originals are read once, before
+the first install.
 """
 from __future__ import annotations
 
@@ -43,6 +51,7 @@ _SKIP_PREFIXES = ("mindspore", "msprobe", "numpy", "builtins")
 _originals_cache: dict = {}
 _chains_cache: dict = {}  # module name -> (module, its "G.attr" chains)
 _inline_cache = weakref.WeakKeyDictionary()  # Cell class -> its "Primitive created per call" items
+_wrapped_cache: dict = {}  # "keys" -> (targets, aliases, their wrapped keys and alias module names)
 
 
 def _originals(targets: list) -> dict:
@@ -63,11 +72,17 @@ def _originals(targets: list) -> dict:
     return found
 
 
-def _user_modules(models) -> list:
-    names = {"__main__"}
+def _cell_classes(models) -> list:
+    """The distinct classes of every Cell in ``models`` (one walk of the Cell trees)."""
+    classes = {}
     for _, root in models or ():
         for _, cell in root.cells_and_names():
-            names.add(type(cell).__module__)
+            classes.setdefault(id(type(cell)), type(cell))
+    return list(classes.values())
+
+
+def _user_modules(cell_classes) -> list:
+    names = {"__main__"} | {cls.__module__ for cls in cell_classes}
     modules = []
     for name in sorted(names):
         if name is None or name.split(".", 1)[0] in _SKIP_PREFIXES:
@@ -143,13 +158,25 @@ def _module_attribute_chains(module) -> list:
     return found
 
 
-def _unwrapped_attributes(module, originals: dict, wrapped: set) -> list:
-    """Items for ``G.attr`` uses in ``module`` that reach a listed function through an attribute
-    that is not wrapped (a module whose attributes are not wrapped, or a re-export of a function
-    listed for another namespace only, such as ``mint.cumprod``)."""
+def _wrapped_keys(targets: list, aliases) -> tuple:
+    """``({(id(owner), attribute)} of every wrapped binding, {names of the alias modules}})``, kept
+    for the last ``(targets, aliases)`` pair (both are built once per debugger)."""
+    cached = _wrapped_cache.get("keys")
+    if cached is not None and cached[0] is targets and cached[1] is aliases:
+        return cached[2]
     from msprobe.capture.api import alias_modules
 
-    wrapped_modules = {m.__name__ for m, _ in alias_modules()}
+    keys = {(id(owner), attr) for owner, attr, _ in list(targets) + list(aliases)}
+    found = (keys, frozenset(m.__name__ for m, _ in alias_modules()))
+    _wrapped_cache["keys"] = (targets, aliases, found)
+    return found
+
+
+def _unwrapped_attributes(module, originals: dict, wrapped: set, wrapped_modules) -> list:
+    """Items for ``G.attr`` uses in ``module`` that reach a listed function through an attribute
+    that is not wrapped (a module whose attributes are not wrapped, or a re-export of a function
+    listed for another namespace only, such as ``mint.cumprod``); ``wrapped_modules``: names of
+    the modules whose attributes are wrapped."""
     out, seen = [], set()
     for names, file, line in _module_attribute_chains(module):
         owner = vars(module).get(names[0])
@@ -185,10 +212,11 @@ def stale_bindings(targets: list, models, aliases=()) -> list:
     Returns a list of ``{"name", "module", "api", "call_as", "reason"}`` dicts (nothing is logged).
     """
     originals = _originals(targets)
-    wrapped = {(id(owner), attr) for owner, attr, _ in list(targets) + list(aliases)}
+    wrapped, wrapped_modules = _wrapped_keys(targets, aliases)
     found = []
-    for module in _user_modules(models):
-        found.extend(_unwrapped_attributes(module, originals, wrapped))
+    cell_classes = _cell_classes(models)
+    for module in _user_modules(cell_classes):
+        found.extend(_unwrapped_attributes(module, originals, wrapped, wrapped_modules))
         for name, value in list(vars(module).items()):
             hit = originals.get(id(value))
             if hit is None or hit[0] is not value:
@@ -198,7 +226,7 @@ def stale_bindings(targets: list, models, aliases=()) -> list:
                           "reason": f"'{name}' in module {module.__name__} was bound to {qualified} "
                                     f"before start(): its calls are not recorded as {api}; call it "
                                     f"as {qualified} (module attribute) to have it captured"})
-    found.extend(inline_primitives(models))
+    found.extend(inline_primitives(models, cell_classes))
     return found
 
 
@@ -224,16 +252,16 @@ def _primitive_creations(code, namespace: dict):
 _MISSING = object()
 
 
-def inline_primitives(models) -> list:
+def inline_primitives(models, cell_classes=None) -> list:
     """Primitives the ``construct``/``bprop`` of the model's (user-defined) Cell classes create at
-    each call (``P.Cast()(x, t)``): no Cell holds them, so L1 does not hook them. Cached per class."""
+    each call (``P.Cast()(x, t)``): no Cell holds them, so L1 does not hook them. Cached per class.
+    ``cell_classes``: the classes of the models' Cells when the caller has them (else read)."""
     found = []
     classes = {}
-    for _, root in models or ():
-        for _, cell in root.cells_and_names():
-            for cls in type(cell).__mro__:
-                if cls.__module__.split(".", 1)[0] not in _SKIP_PREFIXES:
-                    classes[id(cls)] = cls
+    for cell_cls in _cell_classes(models) if cell_classes is None else cell_classes:
+        for cls in cell_cls.__mro__:
+            if cls.__module__.split(".", 1)[0] not in _SKIP_PREFIXES:
+                classes[id(cls)] = cls
     for cls in classes.values():
         items = _inline_cache.get(cls)
         if items is None:

@@ -48,6 +48,14 @@ class HandleSet:
     def __len__(self) -> int:
         return sum(1 for h in self._handles if h.active)
 
+    @property
+    def active(self) -> bool:
+        """Some member is still installed (a set can be a member of another set)."""
+        return any(h.active for h in self._handles)
+
+    def __bool__(self) -> bool:
+        return self.active
+
     def remove(self) -> None:
         while self._handles:
             self._handles.pop().remove()

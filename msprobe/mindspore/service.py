@@ -3,8 +3,16 @@
 * ``start()`` on a dumped step and rank installs the capture for the level and switches recording on:
   L1 -> API wrappers (+ Primitive hooks when a model was given); L0 -> Cell hooks; mix -> both. A
   mutation guard is installed at every level. Everything installed goes into one ``HandleSet``.
-* ``stop()`` switches recording off, removes every installed hook and patch, and writes the seed's
-  files for what was recorded so far. Gradient probes already attached to tensors still report, so
+* ``stop()`` switches recording off, removes the per-window pieces (Cell hooks and instance patches,
+  token counter, GC window) and writes the seed's files for what was recorded so far. The rest of
+  the capture (API wrappers, jit capture, Primitive hooks, in-place guard: :attr:`_capture`) is
+  *parked* when the next step is dumped too: it stays installed, passing every call straight
+  through while not recording, and the next ``start()`` only switches recording on. It is removed
+  at the ``stop()`` before a step that is not dumped, by ``start()`` on a step or rank that is not
+  dumped or with another model, when another debugger starts, by ``restore_custom_api`` between
+  steps, when the model is collected, at ``close()``/exit and when the service is collected. The
+  Cell hooks are not parked: a jit function calling the Cell between steps would compile them into
+  its graph (and fail). Gradient probes already attached to tensors still report, so
   ``start - forward - stop - backward - step`` captures the backward too (seed: 采集指定代码块的前反向数据).
 * ``step()`` closes the step directory and resets per-step state.
 Calling ``start`` twice, or ``stop`` without ``start``, does nothing.
@@ -55,7 +63,13 @@ class DumpService:
         self.recorder = CallRecorder(self.runtime)
         #: the model(s) of ``start(model)``, held weakly: ``[(index or None, weakref to Cell)]``
         self._model_refs: list | None = None
+        #: what is installed for the open recording window only, removed at every stop()
         self._installed = HandleSet()
+        #: the capture proper (API wrappers, jit capture, Primitive hooks, in-place guard):
+        #: kept installed ("parked") from one dumped step to the next, see _stop(); one object for
+        #: the service's life, so the finalizer below can remove it without holding the service
+        self._capture = HandleSet()
+        self._capture_models = None  # models key (weak) the capture's hooks were installed for
         self._api_targets = None
         self._api_aliases = None  # other public names of the listed functions (F.cast, ...)
         self._custom: dict = {}
@@ -74,6 +88,7 @@ class DumpService:
             self._process_state.keep_signal(signal.SIGTERM, _sigterm_handler(weakref.ref(self)))
         # collected without close() (the debugger was dropped): give back what was changed
         weakref.finalize(self, self._process_state.restore)
+        weakref.finalize(self, self._capture.remove)
         # dropped with a step open (a debugger made inside a function): the step is written then
         weakref.finalize(self, _finish_runtime, self.runtime)
 
@@ -111,6 +126,8 @@ class DumpService:
             return
         self._model_refs = [(i, weakref.ref(m)) for i, m in models]
         self._drop_plans()
+        if not self.active:  # parked hooks are on the previous model(s)
+            self._release_capture()
         me = weakref.ref(self)
         for _, m in models:
             weakref.finalize(m, _model_gone, me, self._model_refs)
@@ -125,6 +142,11 @@ class DumpService:
         models = [(i, ref()) for i, ref in refs]
         return None if any(m is None for _, m in models) else models
 
+    def _models_key(self):
+        """The models of ``start(model)`` as weak references (equal while the same Cells live)."""
+        models = self.models
+        return None if models is None else [(index, weakref.ref(root)) for index, root in models]
+
     def _drop_plans(self) -> None:
         """Forget everything read from a model (Cell hook plan, Primitive targets)."""
         self._cells = CellCapture(self.runtime)
@@ -133,7 +155,18 @@ class DumpService:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> bool:
-        """Switch recording on for the current step if it is dumped. Returns whether it is on."""
+        """Switch recording on for the current step if it is dumped. Returns whether it is on.
+
+        A capture parked by the previous dumped step's ``stop()`` is reused as it is when this step
+        is dumped for the same models; otherwise (not dumped, another rank, the dump is off,
+        another model, an error) it is removed here."""
+        try:
+            return self._start()
+        finally:
+            if not self.active:
+                self._release_capture()
+
+    def _start(self) -> bool:
         rt, cfg = self.runtime, self.config
         if cfg.level == "L2":
             return self._start_kernel_dump()
@@ -166,6 +199,8 @@ class DumpService:
             return False
         if rt.open_step() is None:
             return False
+        if not self._capture:
+            _release_other_captures(self)  # before the originals are read (targets, coverage scan)
         if cfg.level in _API_LEVELS:  # names bound to an API before start() are not captured: list them
             note_stale_bindings(rt, self._listed_targets(), self.models, self._aliases())
         self._install()
@@ -174,7 +209,37 @@ class DumpService:
         return True
 
     def _install(self) -> None:
+        """Install the capture for the open step: a parked capture (same models) is kept as it is;
+        the Cell hooks and patches, the token counter and the GC window are per recording window
+        (:attr:`_installed`)."""
         level = self.config.level
+        key = self._models_key()
+        if self._capture and self._capture_models != key:
+            self._capture.remove()
+        if not self._capture:
+            self._install_capture()
+            self._capture_models = key
+        if level in _API_LEVELS and self.models is not None and level not in _CELL_LEVELS:
+            # at mix the Cell hooks replay recomputed forwards
+            if self._recompute is None:
+                self._recompute = recompute_cells(self.models, self.runtime)
+            self._installed.add(install_recompute_replays(self.runtime, self._recompute))
+        if level in _CELL_LEVELS:
+            # Python hooks do not run in a graph. Not parked between steps: a graph compiled from
+            # the Cell (a jit function calling it) would compile the hooks too, and fail
+            if not (self._graph and self._graph.graph_mode):
+                self._installed.add(self._cells.install(self.models))
+            if self._graph:
+                self._graph.begin_step(self.models)
+        if self.token_range is not None:
+            self._installed.add(self._install_token_counter(self.models[0][1]))
+        self._installed.add(widen_gen0())
+
+    def _install_capture(self) -> None:
+        """Install what may stay from one dumped step to the next into :attr:`_capture`: API
+        wrappers, jit capture, Primitive hooks (L1/mix), the in-place guard. Every piece passes
+        calls straight through while not recording."""
+        level, capture = self.config.level, self._capture
         wrapped = set()
         if level in _API_LEVELS:
             targets = self._listed_targets()
@@ -183,27 +248,21 @@ class DumpService:
                                                                     self._aliases()))
             # a custom registration of the same attribute takes precedence over the yaml list
             self._api_patches.apply(skip=self._custom)
-            self._installed.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
+            capture.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
             wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
-            self._installed.add(install_jit_capture(self.recorder))
+            capture.add(install_jit_capture(self.recorder))
             if self.models is not None:
-                self._installed.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
-                if level not in _CELL_LEVELS:  # at mix the Cell hooks replay recomputed forwards
-                    if self._recompute is None:
-                        self._recompute = recompute_cells(self.models, self.runtime)
-                    self._installed.add(install_recompute_replays(self.runtime, self._recompute))
-        if level in _CELL_LEVELS:
-            if not (self._graph and self._graph.graph_mode):  # Python hooks do not run in a graph
-                self._installed.add(self._cells.install(self.models))
-            if self._graph:
-                self._graph.begin_step(self.models)
-        if self.token_range is not None:
-            self._installed.add(self._install_token_counter(self.models[0][1]))
+                capture.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
         if self._guard is None:  # the wrapped set is the same at every start (one level per service)
             self._guard = guard_patches(self.runtime, inplace_targets(wrapped))
         self._guard.apply()
-        self._installed.add(Handle(self._guard.undo, "in-place guard"))
-        self._installed.add(widen_gen0())
+        capture.add(Handle(self._guard.undo, "in-place guard"))
+
+    def _release_capture(self) -> None:
+        """Remove the parked capture (nothing when none is installed)."""
+        if self._capture:
+            self._capture.remove()
+        self._capture_models = None
 
     def _primitive_targets(self) -> list:
         """Primitives held by the model's Cells, read at the first ``start(model)`` of a model."""
@@ -293,6 +352,8 @@ class DumpService:
             handle.remove()
             if self.active and self._api_patches is not None:  # the yaml list applies again
                 self._api_patches.apply_one(module, api)
+            elif self._capture:  # parked between steps: MindSpore's own function is back, as
+                self._release_capture()  # restore says (the next start() installs again)
 
     def save(self, variable, name, save_backward=True) -> None:
         """Debug level ``save``; ignored at other levels (a warning once)."""
@@ -332,9 +393,17 @@ class DumpService:
         finally:
             rt.end_capture()
             self._installed.remove()
+            if not self._next_step_dumped() or self._capture_models != self._models_key():
+                self._release_capture()
             if self._graph:
                 self._graph.note_unrecorded()
             rt.write_files()
+
+    def _next_step_dumped(self) -> bool:
+        """The step after the current one is in the config's ``step`` list (the capture is then
+        parked at ``stop()`` rather than removed)."""
+        cfg, nxt = self.config, self.runtime.step + 1
+        return (cfg.last_step is None or nxt <= cfg.last_step) and cfg.dumps_step(nxt)
 
     def set_init_step(self, step: int) -> None:
         """Number the current step ``step`` (``set_init_step``/``MsprobeInitStep``).
@@ -354,6 +423,8 @@ class DumpService:
         rt.renumber(step)
         if was_running:
             self.start()
+        elif not self.config.dumps_step(rt.step):
+            self._release_capture()
 
     def note_abnormal(self, reason: str) -> None:
         """Mark the open step abnormal (its records so far are flushed when it is closed)."""
@@ -373,6 +444,8 @@ class DumpService:
         if self._graph:  # gradients the graph probes reported since stop()
             self._graph.end_step()
         rt.end_step()
+        if not self.config.dumps_step(rt.step):  # parked by a stop() before a renumbering
+            self._release_capture()
         if directory is not None:  # size estimate after the first dumped step
             rt.budget.estimate_after_step(directory, step, len(self.config.step))
         if self.config.last_step is not None and rt.step > self.config.last_step:
@@ -383,6 +456,7 @@ class DumpService:
         if self.finished:
             return
         self.runtime.finish()
+        self._release_capture()
         # graph probes stay compiled in (and need MS_JIT_MODULES) until close()
         self._process_state.restore(env=not self._graph)
         logger.info("msprobe: the last configured step (%s) is over; the dump is switched off",
@@ -391,6 +465,7 @@ class DumpService:
     def close(self) -> None:
         """Flush and close everything (process exit)."""
         self._stop()
+        self._release_capture()
         if self._kernel_dump is not None:
             self._installed_kernel.remove()
         if self._graph:
@@ -425,9 +500,19 @@ def _model_gone(service_ref, refs) -> None:
     service = service_ref()
     if service is not None and service._model_refs is refs:
         service._drop_plans()
+        if not service.active:  # the parked Primitive hooks hold the model's Primitives
+            service._release_capture()
 
 
 _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _release_other_captures(service) -> None:
+    """Before ``service`` installs its capture: remove the capture other debuggers parked, so
+    the originals it reads and wraps are MindSpore's own (one parked capture per process)."""
+    for other in list(_LIVE_SERVICES):
+        if other is not service and not other.active:
+            other._release_capture()
 
 
 class _ProcessState:
