@@ -154,14 +154,19 @@ class BackwardProbe:
 
         Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
         tool failure."""
-        outs = [out] if isinstance(out, Tensor) else _flatten_tensors(out, [])
-        nodes = [_node_of(t) for t in outs]
-        n_grad = len(nodes) - nodes.count(None)
-        if not n_grad:  # nothing this call made takes a gradient: no backward entry exists
-            return
+        if isinstance(out, Tensor):
+            outs = [out]
+            nodes = [_node_of(out)]
+            if nodes[0] is None:  # nothing this call made takes a gradient: no backward entry exists
+                return
+        else:
+            outs = _flatten_tensors(out, [])
+            nodes = [_node_of(t) for t in outs]
+            if nodes.count(None) == len(nodes):
+                return
         targets = _targets(args)
         self.size = len(args)
-        if n_grad == len(outs):
+        if None not in nodes:
             mapping = _single_mapping(nodes, targets)
             if mapping is not None:
                 self._hook_single(nodes[0], mapping, targets if self.want_output else [], len(outs))
@@ -178,26 +183,44 @@ class BackwardProbe:
         """One node made every output: ``mapping`` ``[(edge index, (position, element))]`` from
         :func:`_single_mapping`; ``targets`` the arguments whose gradients are recorded."""
         if not targets:
-            mapping = []
+            mapping = ()
         else:
-            self._prepare_lists(targets)
-            mapped = {slot_key for _, slot_key in mapping}
-            for i, k, _, _, _ in targets:
-                if (i, k) not in mapped:  # no edge of the node leads to it: MindSpore sends it nothing
-                    self._slot_value(i, k, None)
+            for t in targets:
+                if t[1] is not None:  # a list argument: its item waits for every element
+                    self._prepare_lists(targets)
+                    mapped = {slot_key for _, slot_key in mapping}
+                    for i, k, _, _, _ in targets:
+                        if (i, k) not in mapped:  # no edge leads to it: MindSpore sends it nothing
+                            self._slot_value(i, k, None)
+                    break
         want_input = self.want_input
         if not want_input and not mapping:
             return  # the hook would record nothing
         record = self._record
-        slot = self._slot_value
 
-        def hook(grad_inputs, grad_outputs):
-            if want_input:
-                for i, grad in enumerate(grad_outputs):
+        if self.lists is None:  # every slot a positional tensor argument, one edge each
+            size = self.size
+            plain = [(j, i) for j, (i, _) in mapping]
+
+            def hook(grad_inputs, grad_outputs):
+                if want_input:
+                    for i, grad in enumerate(grad_outputs):
+                        if grad is not None:
+                            record("input", i, n_out, grad)
+                for j, i in plain:
+                    grad = grad_inputs[j]
                     if grad is not None:
-                        record("input", i, n_out, grad)
-            for j, (i, k) in mapping:
-                slot(i, k, grad_inputs[j])
+                        record("output", i, size, grad)
+        else:
+            slot = self._slot_value
+
+            def hook(grad_inputs, grad_outputs):
+                if want_input:
+                    for i, grad in enumerate(grad_outputs):
+                        if grad is not None:
+                            record("input", i, n_out, grad)
+                for j, (i, k) in mapping:
+                    slot(i, k, grad_inputs[j])
 
         node.register_hook(hook)
 
