@@ -114,6 +114,14 @@ def grad_inputs(args: tuple) -> list:
     return [(i, a) for i, a in enumerate(args) if _takes_gradient(a)]
 
 
+def first_grad_input(args: tuple):
+    """The first floating-point positional argument that takes a gradient, or ``None``."""
+    for a in args:
+        if _node_of(a) is not None:
+            return a
+    return None
+
+
 class _Part:
     """Backward ``output`` item of one argument slot (position, list element): the sum of ``expected``
     gradient parts, recorded once all arrived (or when the argument's producer runs)."""
@@ -455,23 +463,25 @@ def consumer_edges(nodes: list, targets: set, mark: int):
     id is in ``targets``: ``{(target id, producer output index): [(node, edge index)]}``; an edge
     through an automatic ``Contiguous`` made after ``mark`` counts as the ``Contiguous``'s own edge.
     ``None`` when the walk exceeds :data:`MAX_WALK` nodes."""
-    stack = list(nodes)
+    stack = []
     seen = set()
+    for node in nodes:
+        uid = node._unique_id()
+        if uid not in seen and uid not in targets:
+            seen.add(uid)
+            stack.append(node)
     found: dict = {}
     while stack:
         node = stack.pop()
-        uid = node._unique_id()
-        if uid in seen or uid in targets:
-            continue
-        seen.add(uid)
-        if len(seen) > MAX_WALK:
-            return None
         for j, (edge, out_index) in enumerate(node.next_functions):
             if edge is None:
                 continue
             e_uid = edge._unique_id()
             if e_uid in targets:
                 found.setdefault((e_uid, out_index), []).append((node, j))
-            elif not edge.is_leaf() and edge._sequence_nr() > mark:
+            elif e_uid not in seen and edge._sequence_nr() > mark and not edge.is_leaf():
+                seen.add(e_uid)
+                if len(seen) > MAX_WALK:
+                    return None
                 stack.append(edge)
     return found
