@@ -50,11 +50,13 @@ def _node_of(t):
     properties computed by MindSpore on every read."""
     if not isinstance(t, Tensor):
         return None
+    node = t._grad_node  # first: constants (data, masks) have none
+    if node is None:
+        return None
     dtype = t.dtype
     if dtype is not _F32 and dtype not in (_FLOAT_DTYPES or _float_dtypes()):
         return None
-    node = t._grad_node
-    if node is None or not t._requires_grad:
+    if not t._requires_grad:
         return None
     return node
 
