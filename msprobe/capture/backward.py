@@ -32,20 +32,38 @@ _pynative_executor = pynative_executor()
 _add = ops.add  # bound at import, before any wrapper exists: the tool's own sum of gradient parts
 
 _FLOAT_DTYPES = None
+_F32 = None  # mindspore.float32: MindSpore's dtype objects are singletons, so most checks are ``is``
 
 
-def _is_float(t) -> bool:
-    global _FLOAT_DTYPES
-    if _FLOAT_DTYPES is None:
-        import mindspore as ms
+def _float_dtypes() -> frozenset:
+    global _FLOAT_DTYPES, _F32
+    import mindspore as ms
 
-        _FLOAT_DTYPES = {ms.float16, ms.float32, ms.float64, ms.bfloat16}
-    return isinstance(t, Tensor) and t.dtype in _FLOAT_DTYPES
+    _FLOAT_DTYPES = frozenset((ms.float16, ms.float32, ms.float64, ms.bfloat16))
+    _F32 = ms.float32
+    return _FLOAT_DTYPES
+
+
+def _node_of(t):
+    """The autograd node of ``t`` when it is a floating-point tensor that is part of the graph being
+    differentiated (a hook may be put on it), else ``None``. Each attribute is read once: they are
+    properties computed by MindSpore on every read."""
+    if not isinstance(t, Tensor):
+        return None
+    node = t._grad_node  # first: constants (data, masks) have none
+    if node is None:
+        return None
+    dtype = t.dtype
+    if dtype is not _F32 and dtype not in (_FLOAT_DTYPES or _float_dtypes()):
+        return None
+    if not t._requires_grad:
+        return None
+    return node
 
 
 def _takes_gradient(t) -> bool:
     """A floating-point tensor that is part of the graph being differentiated (a hook may be put on it)."""
-    return _is_float(t) and t._grad_node is not None and t._requires_grad
+    return _node_of(t) is not None
 
 
 def grad_enabled() -> bool:
@@ -68,15 +86,23 @@ def _flatten_tensors(value, out: list) -> list:
 def grad_targets(args: tuple) -> list:
     """``[(position, element or None, tensor)]``: the positional arguments, and the tensors directly
     inside list/tuple arguments (``ops.concat([a, b])``), that take part in the gradient."""
+    return [(i, k, t) for i, k, t, _, _ in _targets(args)]
+
+
+def _targets(args: tuple) -> list:
+    """:func:`grad_targets` with each tensor's node and key ``(node id, output index)``:
+    ``[(position, element or None, tensor, node, key)]``."""
     found = []
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
-            if _takes_gradient(a):
-                found.append((i, None, a))
+            node = _node_of(a)
+            if node is not None:
+                found.append((i, None, a, node, (node._unique_id(), a._output_index)))
         elif isinstance(a, (list, tuple)):
             for k, t in enumerate(a):
-                if _takes_gradient(t):
-                    found.append((i, k, t))
+                node = _node_of(t)
+                if node is not None:
+                    found.append((i, k, t, node, (node._unique_id(), t._output_index)))
     return found
 
 
@@ -88,6 +114,14 @@ def takes_gradient(args: tuple) -> bool:
 def grad_inputs(args: tuple) -> list:
     """``[(index, tensor)]`` of the floating-point positional arguments that take a gradient."""
     return [(i, a) for i, a in enumerate(args) if _takes_gradient(a)]
+
+
+def first_grad_input(args: tuple):
+    """The first floating-point positional argument that takes a gradient, or ``None``."""
+    for a in args:
+        if _node_of(a) is not None:
+            return a
+    return None
 
 
 class _Part:
@@ -130,75 +164,91 @@ class BackwardProbe:
 
         Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
         tool failure."""
-        outs = _flatten_tensors(out, [])
-        grads_out = [t for t in outs if _takes_gradient(t)]
-        if not grads_out:  # nothing this call made takes a gradient: no backward entry exists
-            return
-        targets = grad_targets(args)
+        if isinstance(out, Tensor):
+            outs = [out]
+            nodes = [_node_of(out)]
+            if nodes[0] is None:  # nothing this call made takes a gradient: no backward entry exists
+                return
+        else:
+            outs = _flatten_tensors(out, [])
+            nodes = [_node_of(t) for t in outs]
+            if nodes.count(None) == len(nodes):
+                return
+        targets = _targets(args)
         self.size = len(args)
-        node = _single_node(outs, grads_out, targets)
-        if node is not None:
-            self._hook_single(node, targets if self.want_output else [], len(outs))
-            return
+        if None not in nodes:
+            mapping = _single_mapping(nodes, targets)
+            if mapping is not None:
+                self._hook_single(nodes[0], mapping, targets if self.want_output else [], len(outs))
+                return
         if self.want_input:
+            n_out = len(outs)
             for i, t in enumerate(outs):
-                if _takes_gradient(t):
-                    self._hook_tensor(t, self._output_grad_hook(i, len(outs)))
+                if nodes[i] is not None:
+                    self._hook_tensor(t, nodes[i], self._output_grad_hook(i, n_out))
         if targets and self.want_output:
-            self._hook_walk(targets, outs, grads_out, mark)
+            self._hook_walk(targets, outs, nodes, mark)
 
-    def _hook_single(self, node, targets: list, n_out: int) -> None:
-        by_uid: dict = {}
-        for i, k, t in targets:
-            by_uid.setdefault((t._grad_node._unique_id(), t._output_index), []).append((i, k))
-        mapping = []
-        used: dict = {}
-        for j, (edge_node, out_index) in enumerate(node.next_functions):
-            if edge_node is None:
-                continue
-            key = _edge_key(edge_node, out_index, by_uid)
-            candidates = by_uid.get(key)
-            if candidates is None:
-                continue
-            n = used.get(key, 0)
-            if n < len(candidates):  # ``x * x``: one edge per argument, in argument order
-                used[key] = n + 1
-                mapping.append((j, candidates[n]))
-        self._prepare_lists(targets)
-        mapped = {slot_key for _, slot_key in mapping}
-        for i, k, _ in targets:
-            if (i, k) not in mapped:  # no edge of the node leads to it: MindSpore sends it nothing
-                self._slot_value(i, k, None)
-        record = self._record
+    def _hook_single(self, node, mapping: list, targets: list, n_out: int) -> None:
+        """One node made every output: ``mapping`` ``[(edge index, (position, element))]`` from
+        :func:`_single_mapping`; ``targets`` the arguments whose gradients are recorded."""
+        if not targets:
+            mapping = ()
+        else:
+            for t in targets:
+                if t[1] is not None:  # a list argument: its item waits for every element
+                    self._prepare_lists(targets)
+                    mapped = {slot_key for _, slot_key in mapping}
+                    for i, k, _, _, _ in targets:
+                        if (i, k) not in mapped:  # no edge leads to it: MindSpore sends it nothing
+                            self._slot_value(i, k, None)
+                    break
         want_input = self.want_input
-        slot = self._slot_value
+        if not want_input and not mapping:
+            return  # the hook would record nothing
+        record = self._record
 
-        def hook(grad_inputs, grad_outputs):
-            if want_input:
-                for i, grad in enumerate(grad_outputs):
+        if self.lists is None:  # every slot a positional tensor argument, one edge each
+            size = self.size
+            plain = [(j, i) for j, (i, _) in mapping]
+
+            def hook(grad_inputs, grad_outputs):
+                if want_input:
+                    for i, grad in enumerate(grad_outputs):
+                        if grad is not None:
+                            record("input", i, n_out, grad)
+                for j, i in plain:
+                    grad = grad_inputs[j]
                     if grad is not None:
-                        record("input", i, n_out, grad)
-            for j, (i, k) in mapping:
-                slot(i, k, grad_inputs[j])
+                        record("output", i, size, grad)
+        else:
+            slot = self._slot_value
+
+            def hook(grad_inputs, grad_outputs):
+                if want_input:
+                    for i, grad in enumerate(grad_outputs):
+                        if grad is not None:
+                            record("input", i, n_out, grad)
+                for j, (i, k) in mapping:
+                    slot(i, k, grad_inputs[j])
 
         node.register_hook(hook)
 
-    def _hook_walk(self, targets: list, outs: list, grads_out: list, mark) -> None:
+    def _hook_walk(self, targets: list, outs: list, nodes: list, mark) -> None:
         """Several nodes: hook each edge from the call's own nodes into an argument."""
         by_key: dict = {}
         aliased = {}
-        out_keys = {(t._grad_node._unique_id(), t._output_index): n for n, t in enumerate(outs)
-                    if _takes_gradient(t)}
-        for i, k, t in targets:
-            key = (t._grad_node._unique_id(), t._output_index)
+        out_keys = {(node._unique_id(), t._output_index): n
+                    for n, (t, node) in enumerate(zip(outs, nodes)) if node is not None}
+        for i, k, _, _, key in targets:
             by_key.setdefault(key, []).append((i, k))
             if key in out_keys:
                 aliased[(i, k)] = out_keys[key]
         if mark is None:
-            mark = max((t._grad_node._sequence_nr() for _, _, t in targets if not t._grad_node.is_leaf()),
+            mark = max((node._sequence_nr() for _, _, _, node, _ in targets if not node.is_leaf()),
                        default=-1)
         uids = {key[0] for key in by_key}
-        found = consumer_edges(grads_out, uids, mark)
+        found = consumer_edges([node for node in nodes if node is not None], uids, mark)
         if found is None:  # more nodes than MAX_WALK: say so rather than guess
             self.report_lost_inputs(f"the call made more than {MAX_WALK} autograd nodes")
             return
@@ -209,7 +259,8 @@ class BackwardProbe:
             for slot_key in slots:
                 if slot_key in aliased and not edges:
                     # the call returned this argument itself: one tensor, one gradient
-                    self._hook_tensor(outs[aliased[slot_key]], self._alias_hook(*slot_key))
+                    n = aliased[slot_key]
+                    self._hook_tensor(outs[n], nodes[n], self._alias_hook(*slot_key))
                     continue
                 if not edges:
                     self._slot_value(*slot_key, None)  # nothing inside the call uses it
@@ -235,23 +286,23 @@ class BackwardProbe:
 
     def _release_on_producer(self, targets: list, slot_key: tuple) -> None:
         """When the argument's producer runs, every part the call will send it has arrived."""
-        tensor = next(t for i, k, t in targets if (i, k) == slot_key)
-        node = tensor._grad_node
+        tensor, node = next((t, node) for i, k, t, node, _ in targets if (i, k) == slot_key)
         release = self._release_hook(slot_key)
         if node.is_leaf():
-            self._hook_tensor(tensor, release)
+            self._hook_tensor(tensor, node, release)
         else:
             node.register_hook(release)
 
-    def _hook_tensor(self, tensor, hook) -> None:
+    def _hook_tensor(self, tensor, node, hook) -> None:
+        """``Tensor.register_hook`` on ``tensor`` (whose autograd node is ``node``)."""
         handle = tensor.register_hook(hook)
-        if tensor._grad_node.is_leaf():  # leaf hooks live as long as the tensor: removed at step end
+        if node.is_leaf():  # leaf hooks live as long as the tensor: removed at step end
             self.runtime.leaf_hooks.append(handle)
 
     # ------------------------------------------------------------------ gradient arrival
     def _prepare_lists(self, targets: list) -> None:
         """List arguments: ``lists[position] = [expected elements, arrived, [gradient per element]]``."""
-        for i, k, _ in targets:
+        for i, k, *_ in targets:
             if k is not None:
                 if self.lists is None:
                     self.lists = {}
@@ -349,34 +400,44 @@ def _edge_key(edge_node, out_index: int, keys: dict):
     return key
 
 
-def _single_node(outs: list, grads_out: list, targets: list):
-    """The one autograd node that made every output of the call from its arguments, or ``None``.
+def _single_mapping(nodes: list, targets: list):
+    """When one autograd node made every output of the call from its arguments: which of its edges
+    leads to which argument, ``[(edge index, (position, element))]``; else ``None``.
 
-    Accepted: every output is a floating-point tensor of the same node, which has exactly as many
-    outputs and is not the node of any argument (an alias), and every edge of it that carries a
-    gradient leads to an argument (directly or through an automatic ``Contiguous``)."""
-    if len(grads_out) != len(outs):
-        return None
-    node = outs[0]._grad_node
+    ``nodes``: the node of each output (all not ``None``); ``targets``: from :func:`_targets`.
+    Accepted: every output is of the same node, which has exactly as many outputs and is not the node
+    of any argument (an alias), and every edge of it that carries a gradient leads to an argument
+    (directly or through an automatic ``Contiguous``) or to a leaf (a Parameter the call uses itself,
+    not an argument: not ours to report). An argument given several times (``x * x``) takes one edge
+    per occurrence, in argument order."""
+    node = nodes[0]
     uid = node._unique_id()
-    for t in outs[1:]:
-        if t._grad_node._unique_id() != uid:
+    for other in nodes[1:]:
+        if other._unique_id() != uid:
             return None
-    if len(node._input_metadata) != len(outs):
+    if len(node._input_metadata) != len(nodes):
         return None
-    keys = {}
-    for _, _, t in targets:
-        if t._grad_node._unique_id() == uid:
+    slots: dict = {}
+    for i, k, _, _, key in targets:
+        if key[0] == uid:
             return None
-        keys[(t._grad_node._unique_id(), t._output_index)] = True
-    for edge_node, out_index in node.next_functions:
+        slots.setdefault(key, []).append((i, k))
+    mapping = []
+    used: dict = {}
+    for j, (edge_node, out_index) in enumerate(node.next_functions):
         if edge_node is None:
             continue
-        if _edge_key(edge_node, out_index, keys) not in keys:
+        key = _edge_key(edge_node, out_index, slots)
+        candidates = slots.get(key)
+        if candidates is None:
             if edge_node.is_leaf():
-                continue  # a Parameter the call uses itself (not an argument): not ours to report
+                continue
             return None
-    return node
+        n = used.get(key, 0)
+        if n < len(candidates):
+            used[key] = n + 1
+            mapping.append((j, candidates[n]))
+    return mapping
 
 
 # ---------------------------------------------------------------------------------------------- walk
@@ -398,28 +459,31 @@ def watermark(tensor) -> int | None:
     return None if node is None else node._sequence_nr()
 
 
-def consumer_edges(outputs: list, targets: set, mark: int):
-    """Edges from the nodes made after ``mark`` (walked back from ``outputs``) into nodes whose unique
+def consumer_edges(nodes: list, targets: set, mark: int):
+    """Edges from the nodes made after ``mark`` (walked back from ``nodes``, those of the call's
+    outputs) into nodes whose unique
     id is in ``targets``: ``{(target id, producer output index): [(node, edge index)]}``; an edge
     through an automatic ``Contiguous`` made after ``mark`` counts as the ``Contiguous``'s own edge.
     ``None`` when the walk exceeds :data:`MAX_WALK` nodes."""
-    stack = [t._grad_node for t in outputs]
+    stack = []
     seen = set()
+    for node in nodes:
+        uid = node._unique_id()
+        if uid not in seen and uid not in targets:
+            seen.add(uid)
+            stack.append(node)
     found: dict = {}
     while stack:
         node = stack.pop()
-        uid = node._unique_id()
-        if uid in seen or uid in targets:
-            continue
-        seen.add(uid)
-        if len(seen) > MAX_WALK:
-            return None
         for j, (edge, out_index) in enumerate(node.next_functions):
             if edge is None:
                 continue
             e_uid = edge._unique_id()
             if e_uid in targets:
                 found.setdefault((e_uid, out_index), []).append((node, j))
-            elif not edge.is_leaf() and edge._sequence_nr() > mark:
+            elif e_uid not in seen and edge._sequence_nr() > mark and not edge.is_leaf():
+                seen.add(e_uid)
+                if len(seen) > MAX_WALK:
+                    return None
                 stack.append(edge)
     return found

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import weakref
 
-from msprobe.capture.backward import BackwardProbe, grad_enabled, grad_inputs, watermark
+from msprobe.capture.backward import BackwardProbe, first_grad_input, grad_enabled, watermark
 from msprobe.capture.semantics import as_output_list
 from msprobe.format import naming
 from msprobe.engine.handles import Handle, HandleSet
@@ -190,9 +190,9 @@ class CellCapture:
                             bprop_probes.append(probe)
                             probe = None
                         elif self.bwd_out:
-                            inputs = grad_inputs(args)
-                            if inputs:  # every node the Cell makes from here on is newer than this
-                                mark = watermark(inputs[0][1])
+                            first = first_grad_input(args)
+                            if first is not None:  # every node the Cell makes from now on is newer
+                                mark = watermark(first)
                 stack.append(fwd)
                 frames().append((fwd, probe, selected, mark))
                 entered = None

@@ -1,0 +1,103 @@
+"""The pieces backward capture reads the autograd graph with (msprobe.capture.backward), on real
+MindSpore graphs built under ``ms.grad``: which tensors take a gradient, which edge of a one-node call
+leads to which argument, which edges of a several-node call lead into its arguments."""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, ops
+
+from msprobe.capture import backward
+
+ms.set_device("CPU")
+
+FLOATS = {ms.float16, ms.float32, ms.float64, ms.bfloat16}
+
+
+def _definition(t) -> bool:
+    """A floating-point tensor that is part of the graph being differentiated."""
+    return isinstance(t, Tensor) and t.dtype in FLOATS and t._grad_node is not None and t._requires_grad
+
+
+def _under_grad(body):
+    """Run ``body(x, w)`` inside ``ms.grad`` (w.r.t. ``x`` and the Parameter ``w``); returns what
+    ``body`` put in its result dict."""
+    w = Parameter(Tensor(np.full((2, 3), 0.5, np.float32)), name="w")
+    found = {}
+
+    def f(x):
+        found.update(body(x, w))
+        return (x * w).sum()
+
+    ms.grad(f, grad_position=0, weights=[w])(Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)))
+    return found
+
+
+def test_node_of_is_the_node_of_exactly_the_tensors_that_take_a_gradient():
+    frozen = Parameter(Tensor(np.ones((2, 3), np.float32)), name="frozen", requires_grad=False)
+    constant = Tensor(np.ones((2, 3), np.float32))
+
+    def body(x, w):
+        values = {
+            "argument": x, "parameter": w, "frozen parameter": frozen, "constant": constant,
+            "output": ops.sin(x), "float16 output": ops.cast(x, ms.float16) * 2,
+            "float64 output": ops.cast(x, ms.float64) * 2, "bfloat16 output": ops.cast(x, ms.bfloat16) * 2,
+            "int64 argmax (has a node)": ops.argmax(x * w), "int32 cast (has a node)": (x * w).astype(ms.int32),
+            "constant times 2": constant * 2, "stop_gradient": ops.stop_gradient(x * w),
+            "not a tensor": 3.0, "none": None,
+        }
+        return {name: (backward._node_of(v), _definition(v)) for name, v in values.items()}
+
+    found = _under_grad(body)
+    for name, (node, expected) in found.items():
+        assert (node is not None) == expected, name
+    assert found["int64 argmax (has a node)"][0] is None  # a node, but not a float gradient
+    assert found["output"][0] is not None and found["parameter"][0].is_leaf()
+
+
+def test_one_node_call_maps_each_edge_to_its_argument():
+    def body(x, w):
+        square = x * x  # one node, two edges into the same tensor: one per position
+        product = ops.mul(x, w)
+        alias = ops.cast(x, ms.float32)  # same dtype: MindSpore returns the argument itself
+        result = {}
+        for name, args, out in (("square", (x, x), square), ("product", (x, w), product),
+                                ("alias", (x, ms.float32), alias)):
+            targets = backward._targets(args)
+            result[name] = backward._single_mapping([backward._node_of(out)], targets)
+            result[name + " targets"] = [(i, k) for i, k, *_ in targets]
+        return result
+
+    found = _under_grad(body)
+    assert found["square"] == [(0, (0, None)), (1, (1, None))]
+    assert found["square targets"] == [(0, None), (1, None)]
+    assert sorted(slot for _, slot in found["product"]) == [(0, None), (1, None)]
+    assert found["alias"] is None  # the output is the argument: not a node of the call
+
+
+def test_walk_finds_every_edge_of_the_call_into_its_argument():
+    def body(x, w):
+        before = x * 3  # made before the mark: not part of the call
+        mark = backward.watermark(x)
+        out = ops.sin(x) + ops.cos(x) * before  # the call: two of its nodes use x
+        node = backward._node_of(out)
+        x_key = backward._targets((x,))[0][4]
+        found = backward.consumer_edges([node], {x_key[0]}, mark)
+        return {"mark": mark, "edges": found, "x": x_key, "before": backward._node_of(before)._sequence_nr()}
+
+    found = _under_grad(body)
+    assert found["before"] < found["mark"]
+    assert list(found["edges"]) == [found["x"]]
+    edges = found["edges"][found["x"]]
+    assert sorted(node.name() for node, _ in edges) == sorted(["Sin", "Cos"])
+
+
+def test_first_grad_input_skips_arguments_without_a_gradient():
+    constant = Tensor(np.ones((2, 3), np.float32))
+
+    def body(x, w):
+        return {"first": backward.first_grad_input((constant, 2, x, w)) is x,
+                "none": backward.first_grad_input((constant, None))}
+
+    found = _under_grad(body)
+    assert found == {"first": True, "none": None}
