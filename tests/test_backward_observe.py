@@ -101,3 +101,31 @@ def test_first_grad_input_skips_arguments_without_a_gradient():
 
     found = _under_grad(body)
     assert found == {"first": True, "none": None}
+
+
+def test_every_tensor_hook_the_tool_registers_is_removed_by_step(make_debugger):
+    """MindSpore keeps an entry for each ``Tensor.register_hook`` until the handle is removed, even
+    once the tensor is gone: the hooks the tool puts on Parameters and on the outputs of recorded
+    calls are all removed when the step ends (at mix: Cells whose outputs come from several nodes)."""
+    import pytest
+
+    from conftest import build_mlp, run_steps
+    from mindspore.common.hook_handle import _TensorHookHandle
+
+    registered, removed = [], []
+    register, remove = Tensor.register_hook, _TensorHookHandle.remove
+
+    def spy_register(self, hook):
+        handle = register(self, hook)
+        registered.append(handle.id)
+        return handle
+
+    def spy_remove(self):
+        removed.append(self.id)
+        return remove(self)
+
+    with pytest.MonkeyPatch.context() as mp:  # counts calls; MindSpore's functions still do the work
+        mp.setattr(Tensor, "register_hook", spy_register)
+        mp.setattr(_TensorHookHandle, "remove", spy_remove)
+        run_steps(build_mlp(), make_debugger(task="statistics", level="mix"), steps=2)
+    assert registered and sorted(removed) == sorted(registered)

@@ -185,7 +185,7 @@ class BackwardProbe:
             n_out = len(outs)
             for i, t in enumerate(outs):
                 if nodes[i] is not None:
-                    self._hook_tensor(t, nodes[i], self._output_grad_hook(i, n_out))
+                    self._hook_tensor(t, self._output_grad_hook(i, n_out))
         if targets and self.want_output:
             self._hook_walk(targets, outs, nodes, mark)
 
@@ -260,7 +260,7 @@ class BackwardProbe:
                 if slot_key in aliased and not edges:
                     # the call returned this argument itself: one tensor, one gradient
                     n = aliased[slot_key]
-                    self._hook_tensor(outs[n], nodes[n], self._alias_hook(*slot_key))
+                    self._hook_tensor(outs[n], self._alias_hook(*slot_key))
                     continue
                 if not edges:
                     self._slot_value(*slot_key, None)  # nothing inside the call uses it
@@ -289,15 +289,16 @@ class BackwardProbe:
         tensor, node = next((t, node) for i, k, t, node, _ in targets if (i, k) == slot_key)
         release = self._release_hook(slot_key)
         if node.is_leaf():
-            self._hook_tensor(tensor, node, release)
+            self._hook_tensor(tensor, release)
         else:
             node.register_hook(release)
 
-    def _hook_tensor(self, tensor, node, hook) -> None:
-        """``Tensor.register_hook`` on ``tensor`` (whose autograd node is ``node``)."""
+    def _hook_tensor(self, tensor, hook) -> None:
+        """``Tensor.register_hook(hook)`` on ``tensor``, removed at step end."""
         handle = tensor.register_hook(hook)
-        if node.is_leaf():  # leaf hooks live as long as the tensor: removed at step end
-            self.runtime.leaf_hooks.append(handle)
+        # removed at step end: a leaf's hook lives as long as the tensor, and MindSpore keeps an
+        # entry for every tensor hook until it is removed, even after the tensor is gone
+        self.runtime.tensor_hooks.append(handle)
 
     # ------------------------------------------------------------------ gradient arrival
     def _prepare_lists(self, targets: list) -> None:

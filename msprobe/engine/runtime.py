@@ -191,8 +191,10 @@ class Runtime:
         self._asked = 0  # values handed to record*() in this step (for empty_reason)
         self._emitted_stacks: set = set()
         self._fork = _FORKS[0]  # another value in a forked child (forked())
-        #: hook handles on the user's leaf tensors (capture/backward.py), removed at the end of the step
-        self.leaf_hooks: list = []
+        #: handles of the tool's tensor hooks (Parameters, outputs of recorded calls: capture/backward.py,
+        #: capture/cells/cell.py), removed at the end of the step: MindSpore keeps an entry per hook
+        #: until it is removed
+        self.tensor_hooks: list = []
         #: > 0 while MindSpore re-runs a recomputed forward (:meth:`replaying`)
         self.recomputing = 0
         #: tool-failure key -> repeats not written again (tool_error)
@@ -1082,15 +1084,15 @@ class Runtime:
         self.loop = 0
 
     def _reset_step(self) -> None:
-        """The one reset of per-step state: the writer and its token, late-record count, hooks on
-        the user's leaf tensors, waiting asynchronous outputs, call counters, Cell selection, the
-        step's user failure, per-thread Cell stacks and tool depth. (The writer is closed or
-        discarded by the caller first.)"""
+        """The one reset of per-step state: the writer and its token, late-record count, the tool's
+        tensor hooks (on the user's Parameters and the outputs of recorded calls), waiting asynchronous
+        outputs, call counters, Cell selection, the step's user failure, per-thread Cell stacks and
+        tool depth. (The writer is closed or discarded by the caller first.)"""
         self._release_deferred()
         self.writer = None
         self.late_pieces = 0
-        while self.leaf_hooks:
-            self.leaf_hooks.pop().remove()
+        while self.tensor_hooks:
+            self.tensor_hooks.pop().remove()
         self.counters.clear()
         self.selector.reset()
         self._step_failure = None

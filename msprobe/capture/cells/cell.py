@@ -128,7 +128,7 @@ class CellCapture:
             for param_ref, hook in param_hooks:
                 param = param_ref()
                 if param is not None:
-                    rt.leaf_hooks.append(param.register_hook(hook))
+                    rt.tensor_hooks.append(param.register_hook(hook))
 
     def _build_plan(self, models) -> list:
         plan = []
