@@ -131,7 +131,10 @@ def _print_finding(f, label: str, exact: bool = False) -> None:
                    "and do not amplify their error: the runs differ in precision before this entry "
                    "and agree within the lower precision up to here")
     if f.kind == "unmatched":
-        click.echo("  present on one side only (the runs executed different calls)")
+        click.echo("  present on one side only " + (f"({f.note})" if f.note else
+                                                    "(the runs executed different calls)"))
+    elif f.note:
+        click.echo(f"  note: {f.note}")
     click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else '(none: top level, or an L1 dump)'}")
     for rec in f.records:
         t, g = rec.get("target"), rec.get("golden")

@@ -408,3 +408,16 @@ def test_report_of_a_dump_with_several_steps_names_the_step_it_shows(tmp_path):
     assert re.search(r"step 0 \S+: the runs agree within tolerance", html)
     other = re.search(r'id="other-steps">(.*?)</div>', html, re.S).group(1)
     assert "step 0" in other and "step 1" in other and "--step N" in other
+
+
+def test_dumps_of_different_levels_say_so_instead_of_different_calls(dumps, tmp_path):
+    """An L1 dump against a mix dump: the Cell entries only mix records are unmatched because of the
+    level, and first-diff says that rather than "the runs executed different calls"."""
+    l1 = make_dump(tmp_path, "l1", level="L1")
+    (found,) = first_divergence(l1, dumps["base"])
+    assert found.kind == "unmatched" and found.note is not None
+    assert "different levels (L1 vs mix)" in found.note
+    out = cli("first-diff", l1, dumps["base"], check_code=1).stdout
+    assert "different levels (L1 vs mix)" in out and "executed different calls" not in out
+    (same,) = first_divergence(dumps["extra"], dumps["base"])
+    assert same.kind == "unmatched" and same.note is None

@@ -112,7 +112,7 @@ def test_stop_without_start_and_double_start(make_debugger, dump_dir):
     assert list(msprobe.dump.load(only_step_dir(dump_dir, 0)).data) == ["Functional.relu.0.forward"]
 
 
-def test_exception_between_start_and_stop(make_debugger, dump_dir):
+def test_exception_between_start_and_stop(make_debugger, dump_dir, caplog):
     relu = ops.relu
     debugger = make_debugger(task="statistics", step=[0, 1])
     x = _x()
@@ -120,7 +120,11 @@ def test_exception_between_start_and_stop(make_debugger, dump_dir):
         debugger.start()
         ops.relu(x)
         1 / 0                          # the user's step fails; stop() is skipped
-    debugger.step()                   # closes step 0; step 1 is dumped too: the wrappers stay
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        debugger.step()               # closes step 0; step 1 is dumped too: the wrappers stay
+    said = [r.getMessage() for r in caplog.records if "without stop" in r.getMessage()
+            or "no stop()" in r.getMessage()]
+    assert len(said) == 1 and "step 0" in said[0] and "abnormal" in said[0]
     assert ops.relu.__wrapped__ is relu and not debugger.service.runtime.capturing()
     ops.relu(x)                        # between the steps: passed through, recorded nowhere
     x2 = x * 2

@@ -33,6 +33,7 @@ class Finding:
             parameters, or code that is not dumped), ``unmatched`` (the first entry present on one
             side only), ``nan`` (inputs finite, an output NaN/Inf).
         cell_path: enclosing Cell entries, outermost first (from ``construct.json``).
+        note: set when the dumps differ in set-up (level, task), which explains unmatched entries.
         records: per record: name, result, both sides' statistics, message.
     """
 
@@ -47,6 +48,8 @@ class Finding:
     golden_stack: List[str] = field(default_factory=list)
     records: List[dict] = field(default_factory=list)
     gain: Optional[float] = None
+    #: what the two dumps differ in besides their values (e.g. their levels), or ``None``
+    note: Optional[str] = None
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -160,7 +163,19 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
     return Finding(kind, comparison.step, comparison.rank, name, entry.golden, naming.direction_of(name),
                    cell_path(name, construct), t_stacks.get(_forward_of(entry.target), []),
                    g_stacks.get(_forward_of(entry.golden), []),
-                   [_record_dict(r) for r in entry.records], entry.gain)
+                   [_record_dict(r) for r in entry.records], entry.gain, _setup_difference(comparison))
+
+
+def _setup_difference(comparison: StepComparison) -> Optional[str]:
+    """``"the dumps were taken at different levels (L1 vs mix)"`` (likewise for the task), or
+    ``None`` when the two dumps' headers agree on both: entries of one level only are unmatched
+    without the runs having executed different calls."""
+    t, g = comparison.target.header, comparison.golden.header
+    for key, what in (("level", "levels"), ("task", "tasks")):
+        if t.get(key) and g.get(key) and t[key] != g[key]:
+            return (f"the dumps were taken at different {what} ({t[key]} vs {g[key]}): entries that "
+                    f"one {key} records and the other does not are unmatched")
+    return None
 
 
 def _forward_of(entry: Optional[str]) -> Optional[str]:

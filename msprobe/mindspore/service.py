@@ -440,6 +440,10 @@ class DumpService:
         if self.active and (exc is not None or not (self._graph and self._graph.graph_mode)):
             self.note_abnormal(f"step() called without stop(){': ' + repr(exc) if exc else ''} "
                                "(an exception in the step?); records up to that point are kept")
+            if rt.first_time(("step without stop",)):
+                logger.warning("msprobe: step() was called while step %d was still recording (no stop() "
+                               "after start()); its records so far are kept and its dump.json is "
+                               "marked \"abnormal\" (said once)", step)
         self._stop()
         if self._graph:  # gradients the graph probes reported since stop()
             self._graph.end_step()
