@@ -89,6 +89,16 @@ def run_steps(net, debugger, steps: int = 1, *, batch=None, loss_fn=_mse, lr: fl
     return losses, grads
 
 
+def hook_count(net) -> int:
+    """Hooks registered on the Cells of ``net`` (every ``*hook*`` dict of every Cell)."""
+    n = 0
+    for _, cell in net.cells_and_names():
+        for key, value in vars(cell).items():
+            if "hook" in key and isinstance(value, dict):
+                n += len(value)
+    return n
+
+
 def leaves(body):
     """Yield every tensor leaf (dict with a tensor/ndarray ``type``) of an entry body, depth first."""
     if isinstance(body, dict):

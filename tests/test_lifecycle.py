@@ -14,7 +14,7 @@ import pytest
 from mindspore import Tensor, mint, nn, ops
 
 import msprobe.dump
-from conftest import build_mlp, mlp_batch, only_step_dir, run_steps, write_config, write_config_with_dump
+from conftest import build_mlp, hook_count, mlp_batch, only_step_dir, run_steps, write_config, write_config_with_dump
 from msprobe.read.report import EMPTY_REASON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -384,15 +384,6 @@ def test_the_debugger_does_not_keep_a_dropped_model_alive(make_debugger, level):
             debugger.start()
 
 
-def _hook_count(net) -> int:
-    n = 0
-    for _, cell in net.cells_and_names():
-        for key, value in vars(cell).items():
-            if "hook" in key and isinstance(value, dict):
-                n += len(value)
-    return n
-
-
 def _api_objects():
     return (ops.relu, mint.mul, Tensor.__add__, Tensor.__mul__, Tensor.add_, Tensor.copy_)
 
@@ -401,18 +392,18 @@ def test_idle_steps_install_nothing(make_debugger, dump_dir):
     net = build_mlp()
     x, y = mlp_batch()
     prim_type = type(net.fc1.matmul)
-    originals, hooks = _api_objects(), _hook_count(net)
+    originals, hooks = _api_objects(), hook_count(net)
     grad_fn = ms.value_and_grad(lambda a, b: ops.mse_loss(net(a), b), None, net.trainable_params())
     debugger = make_debugger(task="statistics", level="mix", step=[5])
     for step in range(7):
         debugger.start(net)
         idle = step != 5
         assert (_api_objects() == originals) is idle
-        assert (_hook_count(net) == hooks) is idle
+        assert (hook_count(net) == hooks) is idle
         assert (type(net.fc1.matmul) is prim_type) is idle
         grad_fn(x, y)
         debugger.stop()
-        assert _api_objects() == originals and _hook_count(net) == hooks
+        assert _api_objects() == originals and hook_count(net) == hooks
         debugger.step()
     assert sorted(os.listdir(dump_dir)) == ["step5"]
 

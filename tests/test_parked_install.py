@@ -13,24 +13,14 @@ import os
 import weakref
 
 import mindspore as ms
-import numpy as np
 import pytest
 from mindspore import mint, nn, ops
 
 import msprobe.dump
 from mindspore.ops import relu as early_relu  # bound before start(): listed in coverage.json
-from conftest import build_mlp, mlp_batch, only_step_dir
+from conftest import build_mlp, hook_count, mlp_batch, only_step_dir
 
 ORIGINAL_RELU = ops.relu
-
-
-def _hook_count(net) -> int:
-    n = 0
-    for _, cell in net.cells_and_names():
-        for key, value in vars(cell).items():
-            if "hook" in key and isinstance(value, dict):
-                n += len(value)
-    return n
 
 
 def _user_work(net, x, y):
@@ -77,7 +67,7 @@ def test_between_dumped_steps_results_and_errors_are_the_tool_off_ones(make_debu
     ref_errors = _user_errors(x)
     assert all(e is not None for e in ref_errors)
     net = build_mlp()
-    base_hooks, prim_type = _hook_count(net), type(net.fc1.matmul)
+    base_hooks, prim_type = hook_count(net), type(net.fc1.matmul)
     debugger = make_debugger(task="statistics", level=level, step=[0, 1])
     debugger.start(net)
     net(x)
@@ -86,7 +76,7 @@ def test_between_dumped_steps_results_and_errors_are_the_tool_off_ones(make_debu
     # parked: the capture is still installed (else this test could not fail), and passes through
     if level in ("L1", "mix"):
         assert ops.relu.__wrapped__ is ORIGINAL_RELU and type(net.fc1.matmul) is not prim_type
-    assert _hook_count(net) == base_hooks  # the Cell hooks are removed at every stop()
+    assert hook_count(net) == base_hooks  # the Cell hooks are removed at every stop()
     got = _user_work(net, x, y)
     assert len(got) == len(reference)
     for a, b in zip(got, reference):
@@ -95,7 +85,7 @@ def test_between_dumped_steps_results_and_errors_are_the_tool_off_ones(make_debu
     debugger.start(net)
     net(x)
     debugger.stop()                   # step 1 is the last dumped step: everything is removed
-    assert ops.relu is ORIGINAL_RELU and _hook_count(net) == base_hooks
+    assert ops.relu is ORIGINAL_RELU and hook_count(net) == base_hooks
     debugger.step()
     first = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
     second = msprobe.dump.load(only_step_dir(dump_dir, 1)).data
@@ -107,7 +97,7 @@ def test_parked_from_one_dumped_step_to_the_next_and_removed_after_the_last(make
     net = build_mlp()
     x, _ = mlp_batch()
     prim_type = type(net.fc1.matmul)
-    base_hooks = _hook_count(net)
+    base_hooks = hook_count(net)
     gen0 = gc.get_threshold()
     debugger = make_debugger(task="statistics", level="mix", step=[0, 1, 3])
     seen = []
@@ -117,7 +107,7 @@ def test_parked_from_one_dumped_step_to_the_next_and_removed_after_the_last(make
         debugger.stop()
         assert gc.get_threshold() == gen0  # the GC window is closed at every stop()
         seen.append((ops.relu is not ORIGINAL_RELU, type(net.fc1.matmul) is not prim_type))
-        assert _hook_count(net) == base_hooks  # Cell hooks: removed at every stop()
+        assert hook_count(net) == base_hooks  # Cell hooks: removed at every stop()
         debugger.step()
     # parked after steps 0 (1 is dumped); removed after 1 (2 is not), 3 (the last); 2 and 4 idle
     assert seen == [(True, True)] + [(False, False)] * 4
