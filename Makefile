@@ -37,4 +37,4 @@ bench-compare: install
 	$(PY) benchmarks/compare_scale.py
 
 clean:
-	rm -rf $(VENV) demo_dump demo_dump_fp16 demo_compare demo_watch build msprobe/tensors/_stats_kernel.*.so msprobe/format/_npy_files.*.so
+	rm -rf $(VENV) demo_dump demo_dump_fp16 demo_compare demo_watch build msprobe/tensors/_stats_kernel.*.so msprobe/tensors/_hotpath.*.so msprobe/format/_npy_files.*.so
