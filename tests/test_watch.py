@@ -313,3 +313,30 @@ def test_raise_comes_before_the_optimizer_writes_the_weights(tmp_path, level):
     assert all(np.array_equal(p.asnumpy(), before[p.name]) for p in net.trainable_params())
     debugger.stop()
     debugger.step()
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_whole_call_lines_give_the_general_paths_anomalies_and_history(tmp_path, monkeypatch, level):
+    """A recorded call's inputs and output in one journal line (the common case's path) are checked
+    piece by piece: the same producer, propagators, first non-finite entry and written history as
+    with one line per record (reading only a line's first piece would miss every output)."""
+    from msprobe.engine.runtime import Runtime
+
+    results = {}
+    for whole in (True, False):
+        with monkeypatch.context() as mp:
+            if not whole:
+                mp.setattr(Runtime, "takes_whole_calls", lambda self: False)
+            debugger, dump_path = _debugger(tmp_path, level, {"history": 200}, name=f"whole{whole}")
+            assert debugger.service.recorder.has_fast_path("Functional.relu", False) == whole
+            ms.set_seed(0)
+            _train(Net(), debugger, 5, at=3, poison=_forward_nan)
+            debugger.service.close()
+            d, found = _anomaly(dump_path, 3)
+            dump = msprobe.dump.load(d)
+            results[whole] = ({k: found[k] for k in ("first_producer", "producers", "first_non_finite",
+                                                     "producer", "kind", "cell", "step")},
+                              json.dumps(dump.data, sort_keys=True), dump.construct)
+    assert results[True][0]["first_producer"] == "Functional.log.0.forward"
+    assert len(results[True][0]["producers"]) >= 1
+    assert results[True] == results[False]

@@ -706,10 +706,10 @@ class Runtime:
     def takes_whole_calls(self) -> bool:
         """Whether this run's config lets a plain API call take the one-line path of
         :class:`msprobe.capture.calls.CallRecorder` (:meth:`begin_call`, :meth:`end_call`):
-        statistics (no ``.npy`` file, no watch mode), forward inputs and outputs recorded, and a
+        statistics (no ``.npy`` file, no watch mode saving tensors), forward inputs and outputs recorded, and a
         selector that selects every entry without keeping state (no ``scope``, no ``list``)."""
         cfg = self.config
-        return (self.records_data and not self.save_tensors and not cfg.tensor_list and self.watch is None
+        return (self.records_data and not self.save_tensors and not cfg.tensor_list and not self._watch_names
                 and not self.selector.scope and not self.selector.items
                 and cfg.allows("forward", "input") and cfg.allows("forward", "output"))
 

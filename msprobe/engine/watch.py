@@ -232,14 +232,13 @@ class WatchWriter:
         resolved = []
         found = None
         for r in records:
-            flags = [False]
-            rec = {k: resolve_slots(v, flags) for k, v in r.items()}
+            rec, checks = _resolved_pieces(r)
             resolved.append(rec)
-            piece = journal.piece_of(rec)
-            if piece is not None and piece.key is not None and (flags[0] or piece.key == "output"):
-                producer = self._check(piece, flags[0])
-                if found is None:
-                    found = producer
+            for piece, non_finite in checks:
+                if piece.key is not None and (non_finite or piece.key == "output"):
+                    producer = self._check(piece, non_finite)
+                    if found is None:
+                        found = producer
         if found is None and self._first_bad_input is not None and self.watch.triggered is None:
             # a non-finite value reached an input without any recorded call producing it: made by
             # code this level does not record (e.g. an API between Cells at L0)
@@ -417,3 +416,22 @@ class WatchWriter:
         if write_current:  # the trigger's data is recorded: the step is not empty
             write_step(self.real, self.extras)
         watch.ring.clear()
+
+
+def _resolved_pieces(line: dict) -> tuple:
+    """``(resolved line, [(piece, non-finite)])``: ``line`` with its tensor slots replaced by their
+    leaves, and the data it carries, each piece with whether it holds a non-finite value. A
+    stack-use line with a body (a whole recorded call: inputs and output) gives one piece per key,
+    each checked on its own (its output as well as its inputs)."""
+    body = line.get("v") if "stack" in line else None
+    if type(body) is dict:
+        values, checks = {}, []
+        for key, value in body.items():
+            flags = [False]
+            values[key] = resolve_slots(value, flags)
+            checks.append((journal.Piece(line["e"], key, values[key]), flags[0]))
+        return dict(line, v=values), checks
+    flags = [False]
+    rec = {k: resolve_slots(v, flags) for k, v in line.items()}
+    piece = journal.piece_of(rec)
+    return rec, ([] if piece is None else [(piece, flags[0])])
