@@ -61,11 +61,6 @@ def _node_of(t):
     return node
 
 
-def _takes_gradient(t) -> bool:
-    """A floating-point tensor that is part of the graph being differentiated (a hook may be put on it)."""
-    return _node_of(t) is not None
-
-
 def grad_enabled() -> bool:
     """True while MindSpore records operations for a gradient (inside ``ms.grad``/``value_and_grad``)."""
     return _pynative_executor.requires_grad()
@@ -83,15 +78,10 @@ def _flatten_tensors(value, out: list) -> list:
     return out
 
 
-def grad_targets(args: tuple) -> list:
-    """``[(position, element or None, tensor)]``: the positional arguments, and the tensors directly
-    inside list/tuple arguments (``ops.concat([a, b])``), that take part in the gradient."""
-    return [(i, k, t) for i, k, t, _, _ in _targets(args)]
-
-
 def _targets(args: tuple) -> list:
-    """:func:`grad_targets` with each tensor's node and key ``(node id, output index)``:
-    ``[(position, element or None, tensor, node, key)]``."""
+    """The positional arguments, and the tensors directly inside list/tuple arguments
+    (``ops.concat([a, b])``), that take part in the gradient, each with its node and key
+    ``(node id, output index)``: ``[(position, element or None, tensor, node, key)]``."""
     found = []
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
@@ -104,16 +94,6 @@ def _targets(args: tuple) -> list:
                 if node is not None:
                     found.append((i, k, t, node, (node._unique_id(), t._output_index)))
     return found
-
-
-def takes_gradient(args: tuple) -> bool:
-    """Whether a positional tensor argument (or a tensor in a list argument) takes part in a gradient."""
-    return bool(grad_targets(args))
-
-
-def grad_inputs(args: tuple) -> list:
-    """``[(index, tensor)]`` of the floating-point positional arguments that take a gradient."""
-    return [(i, a) for i, a in enumerate(args) if _takes_gradient(a)]
 
 
 def first_grad_input(args: tuple):
