@@ -58,7 +58,7 @@ class CallRecorder:
             edges = ()
             try:
                 n, body, slots = rt.begin_call(api, args, kwargs)
-                fwd = f"{api}.{n}.forward"  # naming.api_entry(api, n, naming.FORWARD)
+                fwd = naming.api_entry(api, n, naming.FORWARD)
                 if body is None:  # the general path records the inputs and decides about the failure
                     self._record_inputs(fwd, args, kwargs)
                 if (self.bwd_in or self.bwd_out) and grad_enabled():
