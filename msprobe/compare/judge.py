@@ -199,7 +199,10 @@ def _tensor_metrics(a: np.ndarray, b: np.ndarray, group: Group, out: Judged) -> 
     x, y = a[both], b[both]
     diff = np.abs(x - y)
     nx, ny, nd = (float(np.linalg.norm(v)) for v in (x, y, x - y))
-    cosine = float(np.dot(x, y) / (nx * ny)) if nx and ny else (1.0 if nx == ny else 0.0)
+    if nd == 0.0 or not (nx and ny):  # equal arrays (also all-zero ones) are exactly similar
+        cosine = 1.0 if nd == 0.0 else 0.0
+    else:  # rounding can put dot / (|x| |y|) a last bit outside [-1, 1]
+        cosine = min(1.0, max(-1.0, float(np.dot(x, y) / (nx * ny))))
     rel = diff / np.maximum(np.abs(y), np.finfo(np.float64).tiny)
     rel[diff == 0] = 0.0
     n = max(x.size, 1)
