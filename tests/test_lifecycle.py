@@ -37,6 +37,18 @@ def test_step_filter(make_debugger, dump_dir):
         assert "Functional.relu.0.forward" in data and "Functional.relu.0.backward" in data
 
 
+def test_configured_steps_the_run_never_reached_are_named_at_close(make_debugger, dump_dir, caplog):
+    debugger = make_debugger(task="statistics", step=[1, 3, 7, 9])
+    run_steps(build_mlp(), debugger, 4)
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        debugger.service.close()
+        debugger.service.close()  # at exit again: said once
+    said = [r.getMessage() for r in caplog.records if "nothing was dumped for configured step" in r.getMessage()]
+    assert said == ["msprobe: nothing was dumped for configured step(s) [7, 9]: no start() ran in them "
+                    "(the run ended at step 4; steps count from 0, one per step() call)"]
+    assert _steps_present(dump_dir) == ["step1", "step3"]
+
+
 def test_set_init_step(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics")
     debugger.set_init_step(5)

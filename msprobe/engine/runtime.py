@@ -144,6 +144,8 @@ class Runtime:
         self.active = False
         #: the last configured step is over: the dump is off for good
         self.finished = False
+        #: numbers of the steps a step directory was opened for in this run (unreached_steps)
+        self.opened_steps: set = set()
         #: ``(first, last)`` forward passes of the root model recorded per started section, or None
         self.token_range = None
         self.forward_passes = 0  # root-model forward passes since start() (token_range)
@@ -329,6 +331,10 @@ class Runtime:
         """The last configured step is over: nothing is recorded any more in this run."""
         self.finished = True
         self.close_timer()
+
+    def unreached_steps(self) -> list:
+        """The configured ``step`` values no step directory was opened for in this run (sorted)."""
+        return sorted(set(self.config.step) - self.opened_steps)
 
     def first_time(self, key) -> bool:
         """True the first time ``key`` (hashable) is asked in this run: messages given once per run."""
@@ -521,6 +527,7 @@ class Runtime:
                 self.disk_failure(exc, directory)
                 return None
             self._emitted_stacks = set()
+            self.opened_steps.add(self.step)
             self.snapshot = _host_snapshot if stats.synchronous_cpu() else _snapshot
         return self.step_token
 

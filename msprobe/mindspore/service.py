@@ -469,6 +469,7 @@ class DumpService:
     def close(self) -> None:
         """Flush and close everything (process exit)."""
         self._stop()
+        self._say_unreached_steps()
         self._release_capture()
         if self._kernel_dump is not None:
             self._installed_kernel.remove()
@@ -477,6 +478,20 @@ class DumpService:
         self.runtime.close_writer()
         self.runtime.close_timer()
         self._process_state.restore()
+
+
+    def _say_unreached_steps(self) -> None:
+        """WARNING (once) naming the configured steps nothing was dumped for: the run ended before
+        them, or no ``start()`` ran in them. (Not for L2, whose kernel dump numbers its own steps,
+        nor watch mode, which writes only the steps with an anomaly.)"""
+        rt = self.runtime
+        if self._kernel_dump is not None or self.config.watch is not None or rt.failed:
+            return
+        missing = rt.unreached_steps()
+        if missing and rt.first_time(("unreached steps",)):
+            logger.warning("msprobe: nothing was dumped for configured step(s) %s: no start() ran in "
+                           "them (the run ended at step %d; steps count from 0, one per step() call)",
+                           missing, rt.step)
 
 
 def _finish_runtime(runtime) -> None:
