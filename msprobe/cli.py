@@ -49,6 +49,9 @@ _mapping_opt = click.option("--mapping", "-dm", "mapping", type=click.Path(exist
                             help="YAML/JSON name map {target name or API: golden name or API}.")
 _thresholds_opt = click.option("--thresholds", type=click.Path(exists=True, dir_okay=False),
                                help="YAML overriding any part of msprobe/compare/thresholds.yaml.")
+_ignore_opt = click.option("--ignore", "ignore", multiple=True, metavar="PATTERN",
+                           help="Leave out records whose name {entry}.{key} matches this shell-style "
+                                "pattern (repeatable), e.g. 'Primitive.*.BatchNorm.*.output.[12]'.")
 _mode_opt = click.option("--mode", type=click.Choice(["statistics", "tensor", "md5"]), default=None,
                          help="Compare mode (default: tensor for two tensor dumps, md5 when both "
                               "carry CRC-32, else statistics).")
@@ -86,10 +89,11 @@ def summary(dump):
 @_rank_opt
 @_mapping_opt
 @_thresholds_opt
+@_ignore_opt
 @click.option("--xlsx", is_flag=True, help="Also write compare_result_*.xlsx.")
 @click.option("-s", "--stack", "stack", is_flag=True, help="Add the target's call stack (NPU_Stack_Info).")
 @_bad_input
-def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, xlsx, stack):
+def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, ignore, xlsx, stack):
     """Compare TARGET with GOLDEN record by record.
 
     Writes compare_result_{rank}_{timestamp}.csv per step/rank pair (with _step{N} when several
@@ -98,7 +102,7 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, xlsx
     from msprobe.compare import compare_to_files
 
     result = compare_to_files(target, golden, out_dir, xlsx=xlsx, stack=stack, mode=mode, step=step,
-                              rank=rank, mapping=mapping, thresholds=thresholds)
+                              rank=rank, mapping=mapping, thresholds=thresholds, ignore=ignore)
     for item in result["results"]:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(item["records"].items()))
         where = f"step {item['step']} {item['rank']}" if item["step"] is not None else item["rank"]
@@ -187,9 +191,10 @@ def _folded_stack(frames: list, limit: int) -> list:
 @_rank_opt
 @_mapping_opt
 @_thresholds_opt
+@_ignore_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @_bad_input
-def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, as_json):
+def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ignore, as_json):
     """Name the first entry where TARGET diverges from GOLDEN, per step and rank.
 
     In execution order, forward then backward: the first entry whose inputs agree (within the
@@ -205,7 +210,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, as_
     diverged = []
     if golden is not None:
         diverged = first_divergence(target, golden, exact, mode=mode, step=step, rank=rank,
-                                    mapping=mapping, thresholds=thresholds)
+                                    mapping=mapping, thresholds=thresholds, ignore=ignore)
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
         nans["golden"] = nan_producer(golden, step, rank)
@@ -285,8 +290,9 @@ def show(dump, entry, step, rank):
               help="The rank to show (default: the first rank present).")
 @_mapping_opt
 @_thresholds_opt
+@_ignore_opt
 @_bad_input
-def report(dump, golden, output, mode, step, rank, mapping, thresholds):
+def report(dump, golden, output, mode, step, rank, mapping, thresholds, ignore):
     """Write a one-file HTML report of DUMP (one step/rank; the first unless --step/--rank).
 
     The Cell tree from construct.json with each node's statistics (coloured by compare result
@@ -301,7 +307,7 @@ def report(dump, golden, output, mode, step, rank, mapping, thresholds):
                                      f"{', '.join(map(str, values))}: write one report per value",
                                      param_hint=name)
     path = write_report(dump, output, golden=golden, mode=mode, step=step, rank=rank,
-                        mapping=mapping, thresholds=thresholds)
+                        mapping=mapping, thresholds=thresholds, ignore=ignore)
     click.echo(f"report: {path}")
 
 

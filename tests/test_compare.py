@@ -235,6 +235,22 @@ def test_steps_are_paired_and_filtered(tmp_path):
                                                   (1, "Functional.gelu.0.forward")]
 
 
+def test_ignored_records_are_left_out_on_both_sides(dumps):
+    pattern = "Functional.gelu.*.forward.output.*"
+    rows = compare(dumps["tanh"], dumps["base"], ignore=[pattern])
+    names = {r["NPU Name"] for r in rows} | {r["Bench Name"] for r in rows}
+    assert "Functional.gelu.0.forward.output.0" not in names
+    assert "Functional.gelu.0.forward.input.0" in names                # the rest of the entry stays
+    assert len(rows) == len(compare(dumps["tanh"], dumps["base"])) - 1
+    (found,) = first_divergence(dumps["tanh"], dumps["base"], ignore=[pattern])
+    # its differing output is not seen: only its differing argument ('tanh' vs 'none') is left
+    assert (found.kind, found.entry) == ("input", "Functional.gelu.0.forward")
+    assert [r["record"] for r in found.records if r["result"] != "pass"] == ["kwargs.approximate"]
+    out = cli("first-diff", dumps["tanh"], dumps["base"], "--ignore", pattern, "--json", check_code=1).stdout
+    assert json.loads(out)["divergences"][0]["entry"] == found.entry
+    assert not compare(dumps["again"], dumps["base"], ignore=["*"])    # everything left out: no rows
+
+
 def test_tensor_mode(tmp_path):
     a = make_dump(tmp_path, "a", task="tensor")
     b = make_dump(tmp_path, "b", task="tensor", approximate="tanh")

@@ -31,14 +31,15 @@ __all__ = ["compare", "first_divergence", "nan_producer", "compare_to_files", "c
 def comparisons(target: str, golden: str, *, mode: Optional[str] = None,
                 step: Optional[Sequence[int]] = None, rank: Optional[Sequence[int]] = None,
                 mapping: Union[None, str, dict] = None,
-                thresholds: Union[None, str, dict, Thresholds] = None):
+                thresholds: Union[None, str, dict, Thresholds] = None, ignore: Sequence[str] = ()):
     """Yield one :class:`StepComparison` per paired step/rank (streamed: one pair in memory at a time).
 
     Args:
         mode: ``statistics``, ``tensor``, ``md5`` or None (chosen from the dumps).
         step, rank: only these step / rank numbers. mapping: a name-map file or dict
             (:func:`msprobe.compare.matching.load_mapping`). thresholds: file, dict or
-            :class:`Thresholds` overriding ``thresholds.yaml``.
+            :class:`Thresholds` overriding ``thresholds.yaml``. ignore: patterns of record names
+            left out of the comparison (:class:`StepComparison`).
 
     Raises:
         InputError: inputs that are not dumps or cannot be paired. ValueError: bad mode, mapping or
@@ -47,7 +48,7 @@ def comparisons(target: str, golden: str, *, mode: Optional[str] = None,
     names = mapping if isinstance(mapping, dict) else load_mapping(mapping)
     limits = thresholds if isinstance(thresholds, Thresholds) else Thresholds(thresholds)
     for p in pair(target, golden, step, rank):
-        yield StepComparison(p.target, p.golden, mode, names, limits, p.step, p.rank)
+        yield StepComparison(p.target, p.golden, mode, names, limits, p.step, p.rank, tuple(ignore))
 
 
 def compare(target: str, golden: str, **options) -> List[dict]:

@@ -9,9 +9,11 @@ tensor inputs agree and whose ``approximate="tanh"`` became ``"none"`` is the so
 """
 from __future__ import annotations
 
+import fnmatch
 import math
+import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from msprobe.compare import judge as J
 from msprobe.compare.batch import judge_many
@@ -85,6 +87,9 @@ class StepComparison:
         target_dir, golden_dir: step/rank directories. mode: ``statistics``, ``tensor``, ``md5`` or
             None (:func:`detect_mode`). mapping: target name -> golden name (see
             :func:`msprobe.compare.matching.load_mapping`). thresholds: :class:`Thresholds`.
+        ignore: shell-style patterns (``fnmatch``) of record names ``{entry}.{key}``, e.g.
+            ``"Primitive.*.BatchNorm.*.output.[12]"``: records they match are left out on both sides
+            (no row, no verdict).
 
     Raises:
         ValueError: unknown mode, or ``tensor``/``md5`` asked for dumps without tensors/CRCs.
@@ -93,8 +98,9 @@ class StepComparison:
 
     def __init__(self, target_dir: str, golden_dir: str, mode: Optional[str] = None,
                  mapping: Optional[Dict[str, str]] = None, thresholds: Optional[Thresholds] = None,
-                 step: Optional[int] = None, rank: str = ""):
+                 step: Optional[int] = None, rank: str = "", ignore: Sequence[str] = ()):
         self.step, self.rank = step, rank
+        self._ignored = re.compile("|".join(fnmatch.translate(p) for p in ignore)).match if ignore else None
         self.target, self.golden = load_sides(target_dir, golden_dir)
         self.thresholds = thresholds or Thresholds()
         self.mode = mode or detect_mode(self.target, self.golden)
@@ -134,9 +140,12 @@ class StepComparison:
             t0 = self.target.record_start(ti) if ti is not None else 0
             g0 = self.golden.record_start(gi) if gi is not None else 0
             g_pos = {r.key: k for k, r in enumerate(g_recs)}
+            skip = self._skipped(ti, t_recs, gi, g_recs) if self._ignored is not None else ()
             judged = []
             for k, rec in enumerate(t_recs):
                 gk = g_pos.pop(rec.key, None)
+                if rec.key in skip:
+                    continue
                 other = g_recs[gk] if gk is not None else None
                 if (self.mode == J.STATISTICS and other is not None and rec.is_tensor
                         and other.is_tensor and rec.shape == other.shape):
@@ -146,12 +155,23 @@ class StepComparison:
                     judged.append(J.judge(rec, other, self.mode, self.thresholds,
                                           self.target.directory, self.golden.directory))
             for gk in g_pos.values():
+                if g_recs[gk].key in skip:
+                    continue
                 judged.append(J.judge(None, g_recs[gk], self.mode, self.thresholds))
             lists.append(judged)
         done = judge_many([v[:4] for v in vector], self.target, self.golden, self.thresholds)
         for (_, _, _, _, judged, slot), result in zip(vector, done):
             judged[slot] = result
         return lists
+
+    def _skipped(self, ti, t_recs, gi, g_recs) -> set:
+        """Keys of the records of a pair the ``ignore`` patterns match (by either side's entry name)."""
+        skip = set()
+        for side, index, records in ((self.target, ti, t_recs), (self.golden, gi, g_recs)):
+            if index is not None:
+                name = side.names[index]
+                skip.update(r.key for r in records if self._ignored(f"{name}.{r.key}"))
+        return skip
 
     def entry(self, ti: Optional[int], gi: Optional[int], how: str) -> EntryResult:
         """One pair judged on its own (its backward/forward context is not taken into account)."""
