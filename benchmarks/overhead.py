@@ -47,7 +47,9 @@ Method
 * The physical floor: ``tensorMB`` = bytes of the tensors recorded per step (shape x dtype size of every
   tensor record in dump.json); ``floor`` = (off ms + tensorMB / read bandwidth) / off ms, the ratio if
   the tool cost nothing but one read of each tensor (bandwidth: ``numpy.add.reduce`` over 100 MB,
-  fastest of 7, measured at the start).
+  fastest of 7, measured at the start). Tensor-mode rows add the cost of writing their ``.npy`` files
+  once: files per step x the per-file cost (create, write, rename) + tensorMB / page-cache write
+  bandwidth, both measured by :func:`file_write_cost` at the first such row.
 """
 from __future__ import annotations
 
@@ -176,17 +178,43 @@ def memory_bandwidth(mb: int = 100, repeats: int = 7) -> float:
     return a.nbytes / best
 
 
+def file_write_cost(directory: str, repeats: int = 3) -> tuple:
+    """``(seconds per file, bytes/s)`` of writing ``.npy`` files into ``directory`` the way tensor mode
+    does (:func:`msprobe.format.npy.save_npy_batch`): the fastest of ``repeats`` batches of 400 files
+    of 1 KB (the per-file cost: create, write, rename) and of 16 files of 8 MB (page-cache write
+    bandwidth, after the per-file cost is taken out)."""
+    import numpy as np
+
+    from msprobe.format.npy import save_npy_batch
+
+    def best(n, nbytes):
+        arr = np.ones(nbytes // 4, np.float32)
+        fastest = float("inf")
+        for rep in range(repeats):
+            folder = tempfile.mkdtemp(prefix="write_cost_", dir=directory)
+            t = time.perf_counter()
+            save_npy_batch([(os.path.join(folder, f"{i}.npy"), arr) for i in range(n)])
+            fastest = min(fastest, time.perf_counter() - t)
+            shutil.rmtree(folder, ignore_errors=True)
+        return fastest
+
+    per_file = best(400, 1 << 10) / 400
+    big = best(16, 8 << 20)
+    return per_file, 16 * (8 << 20) / max(big - 16 * per_file, 1e-9)
+
+
 def _dump_stats(dump_path: str) -> dict:
     """Entries per dumped step (median), bytes written per dumped step, and bytes of the tensors
     recorded per step (median)."""
-    entries, sizes, tensor_bytes = [], [], []
+    entries, sizes, tensor_bytes, npy_files = [], [], [], []
     if os.path.isdir(dump_path):
         units = [os.path.join(dump_path, s, r) for s in sorted(os.listdir(dump_path)) if s.startswith("step")
                  for r in sorted(os.listdir(os.path.join(dump_path, s)))]  # step{N}/{rank or proc} dirs
         for full in units:
-            total = 0
+            total = npy = 0
             for root, _, files in os.walk(full):
                 for name in files:
+                    npy += name.endswith(".npy")
                     p = os.path.join(root, name)
                     total += os.path.getsize(p)
                     if name == "dump.json":
@@ -195,7 +223,9 @@ def _dump_stats(dump_path: str) -> dict:
                         entries.append(len(data))
                         tensor_bytes.append(_tensor_bytes(data))
             sizes.append(total)
-    return {"entries_per_step": statistics.median(entries) if entries else 0,
+            npy_files.append(npy)
+    return {"npy_files_per_step": statistics.median(npy_files) if npy_files else 0,
+            "entries_per_step": statistics.median(entries) if entries else 0,
             "mb_per_step": (statistics.median(sizes) / 1e6) if sizes else 0.0,
             "dumped_steps": len(sizes),
             "tensor_bytes_per_step": statistics.median(tensor_bytes) if tensor_bytes else 0}
@@ -319,7 +349,8 @@ def bench_config(name: str, pairs: int, steps: int, warmup: int, isolation: str)
                 "thread_off_ms": toff, "thread_on_ms": ton, "thread_ratio": tratio,
                 "entries_per_step": dump.get("entries_per_step", 0),
                 "mb_per_step": dump.get("mb_per_step", 0.0),
-                "tensor_bytes_per_step": dump.get("tensor_bytes_per_step", 0), "runs": runs}
+                "tensor_bytes_per_step": dump.get("tensor_bytes_per_step", 0),
+                "npy_files_per_step": dump.get("npy_files_per_step", 0), "runs": runs}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -376,12 +407,21 @@ def main(argv=None) -> int:
     fmt = "{:<12} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}  {}"
     print(fmt.format("config", "off ms", "on ms", "ratio", "cpu ratio", "thr ratio", "entries", "MB/step",
                      "tensorMB", "floor", "pair ratios"))
+    write_cost = None  # measured at the first tensor-mode row
     for name in names:
         if name == "rss":
             continue
         r = bench_config(name, pairs, steps, args.warmup, args.isolation)
         results.append(r)
         floor_ms = 1000 * r["tensor_bytes_per_step"] / bandwidth
+        if r["npy_files_per_step"]:  # tensor mode: the files cannot cost less than writing them once
+            if write_cost is None:
+                write_cost = file_write_cost(tempfile.gettempdir())
+                print(f"  (tensor files: {write_cost[0] * 1e6:.0f} us per file created, page-cache write "
+                      f"{write_cost[1] / 1e9:.1f} GB/s; their floor adds files x per-file cost + "
+                      f"tensorMB / write bandwidth)", flush=True)
+            floor_ms += 1000 * (r["npy_files_per_step"] * write_cost[0]
+                                + r["tensor_bytes_per_step"] / write_cost[1])
         r["floor_ratio"] = (r["off_ms"] + floor_ms) / r["off_ms"] if r["off_ms"] else None
         print(fmt.format(name, f"{r['off_ms']:.1f}", f"{r['on_ms']:.1f}", f"{r['ratio']:.2f}x",
                          f"{r['cpu_ratio']:.2f}x", f"{r['thread_ratio']:.2f}x", f"{r['entries_per_step']:.0f}", f"{r['mb_per_step']:.2f}",
