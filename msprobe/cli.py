@@ -57,6 +57,13 @@ _mode_opt = click.option("--mode", type=click.Choice(["statistics", "tensor", "m
                               "carry CRC-32, else statistics).")
 
 
+def _judging_opts(func):
+    """The options that choose what is compared and how: mode, mapping, thresholds, ignore."""
+    for option in (_ignore_opt, _thresholds_opt, _mapping_opt, _mode_opt):
+        func = option(func)
+    return func
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="msprobe-mindspore")
 def main():
@@ -84,12 +91,9 @@ def summary(dump):
               type=click.Path(exists=True), help="Golden (bench) dump, same forms as the target.")
 @click.option("-o", "--output_path", "--output-path", "out_dir", default="./output", show_default=True,
               type=click.Path(file_okay=False), help="Directory for the result files.")
-@_mode_opt
+@_judging_opts
 @_step_opt
 @_rank_opt
-@_mapping_opt
-@_thresholds_opt
-@_ignore_opt
 @click.option("--xlsx", is_flag=True, help="Also write compare_result_*.xlsx.")
 @click.option("-s", "--stack", "stack", is_flag=True, help="Add the target's call stack (NPU_Stack_Info).")
 @_bad_input
@@ -186,12 +190,9 @@ def _folded_stack(frames: list, limit: int) -> list:
 @click.argument("target", type=click.Path(exists=True))
 @click.argument("golden", type=click.Path(exists=True), required=False)
 @click.option("--exact", is_flag=True, help="Inputs/outputs agree only when bitwise equal.")
-@_mode_opt
+@_judging_opts
 @_step_opt
 @_rank_opt
-@_mapping_opt
-@_thresholds_opt
-@_ignore_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @_bad_input
 def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ignore, as_json):
@@ -283,14 +284,11 @@ def show(dump, entry, step, rank):
 @click.option("--golden", type=click.Path(exists=True), help="Golden dump: colour nodes by compare result.")
 @click.option("-o", "--output", "output", default="report.html", show_default=True,
               type=click.Path(dir_okay=False), help="HTML file to write.")
-@_mode_opt
+@_judging_opts
 @click.option("--step", callback=_int_list, metavar="N",
               help="The step to show (one report is one step; default: the first step present).")
 @click.option("--rank", callback=_int_list, metavar="R",
               help="The rank to show (default: the first rank present).")
-@_mapping_opt
-@_thresholds_opt
-@_ignore_opt
 @_bad_input
 def report(dump, golden, output, mode, step, rank, mapping, thresholds, ignore):
     """Write a one-file HTML report of DUMP (one step/rank; the first unless --step/--rank).
