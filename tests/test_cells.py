@@ -18,6 +18,7 @@ from mindspore import Tensor, nn, ops
 
 import msprobe.dump
 from msprobe.mindspore import PrecisionDebugger
+from tests.conftest import only_step_dir
 
 ms.set_device("CPU")
 ms.runtime.launch_blocking()
@@ -749,3 +750,36 @@ class _Outer2(nn.Cell):
 
     def construct(self, x):
         return ops.relu(self.fc(x))
+
+
+class _HalfHead(nn.Cell):
+    """Dense(4, 4) then a ``Cell.to_float(float16)`` Dense(4, 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Dense(4, 4)
+        self.b = nn.Dense(4, 2).to_float(ms.float16)
+
+    def construct(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_to_float_cells_record_inputs_as_passed_and_outputs_as_computed(make_debugger, dump_dir, level):
+    """README "Mixed precision": MindSpore casts inside each op's launch, after the hooks."""
+    debugger, net = make_debugger(task="statistics", level=level), _HalfHead()
+    debugger.start(net)
+    net(Tensor(np.ones((2, 4), np.float32)))
+    debugger.stop()
+    debugger.step()
+    data = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
+
+    def dtypes(entry):
+        body = data[entry]
+        return [a["dtype"] for a in body["input_args"]], [o["dtype"] for o in body["output"]]
+
+    assert dtypes("Cell.b.Dense.forward.0") == (["Float32"], ["Float16"])
+    assert dtypes("Cell.a.Dense.forward.0") == (["Float32"], ["Float32"])
+    if level == "mix":
+        assert dtypes("Primitive.matmul.MatMul.1.forward") == (["Float32", "Float32"], ["Float16"])
+        assert not [e for e in data if "cast" in e.lower()]
