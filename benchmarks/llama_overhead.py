@@ -4,9 +4,9 @@
     .venv-mindformers/bin/python benchmarks/llama_overhead.py [--levels L0,L1,mix] [--pairs 5] [--steps 3]
     .venv-mindformers/bin/python benchmarks/llama_overhead.py --launch default --levels L1
 
-The model, its configuration and the token batches are those of ``tests/scripts/llama_worker.py`` (the
-bit-identity test of the same model: 2 layers, hidden 64, 4 heads, seq 32, batch 2, Momentum), trained
-with ``mindspore.value_and_grad`` + the optimizer. One process per level; inside it, runs of ``--steps``
+The model, its configuration and the token batches are those of ``tests/scripts/thirdparty_worker.py``
+(``llama``; the bit-identity test of the same model: 2 layers, hidden 64, 4 heads, seq 32, batch 2,
+Momentum), trained with ``mindspore.value_and_grad`` + the optimizer. One process per level; inside it, runs of ``--steps``
 steps alternate tool-off and tool-on (``start(net)``/step/``stop()``/``step()``) after warm-up of both,
 and the ratio is the median of the per-pair ratios, as in ``overhead.py`` (wall, process CPU, and the
 training thread's CPU time). The tool-off runs call nothing of the tool.
@@ -35,11 +35,11 @@ def worker(level: str, pairs: int, steps: int, warmup: int, launch: str, out: st
     ms.set_device("CPU")
     if launch == "blocking":
         ms.runtime.launch_blocking()
-    import llama_worker  # noqa: E402  (puts its stand-in packages on sys.path)
+    import thirdparty_worker  # noqa: E402  (puts its stand-in packages on sys.path)
 
-    net, opt = llama_worker.build("momentum")
+    net, opt = thirdparty_worker.build("momentum", "llama")
     grad_fn = ms.value_and_grad(net, None, opt.parameters)
-    batches = [ms.Tensor(t) for t in llama_worker.token_batches(4)]
+    batches = [ms.Tensor(t) for t in thirdparty_worker.token_batches(4)]
     from msprobe.mindspore import PrecisionDebugger
 
     debugger = PrecisionDebugger(dump_path=os.path.join(out, "dump"), task="statistics", level=level)
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(worker(args.worker, args.pairs, args.steps, args.warmup, args.launch,
                                             out)), flush=True)
         return 0
-    print(f"mindformers LlamaForCausalLM (tests/scripts/llama_worker.py config), launch {args.launch}; "
+    print(f"mindformers LlamaForCausalLM (tests/scripts/thirdparty_worker.py llama), launch {args.launch}; "
           f"{args.pairs} alternating off/on pairs x {args.steps} steps, warm-up {args.warmup}; "
           f"loadavg {os.getloadavg()[0]:.2f}")
     print(f"{'level':<6} {'off ms':>8} {'on ms':>8} {'ratio':>7} {'cpu':>7} {'thread':>7}  pair ratios")

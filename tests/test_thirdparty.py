@@ -1,10 +1,14 @@
-"""The dump is invisible on real third-party model code: mindformers 2.0.0's ``LlamaForCausalLM``.
+"""The dump is invisible on real third-party model code: two architecturally different mindformers
+2.0.0 models, ``LlamaForCausalLM`` and ``ChatGLM2ForConditionalGeneration``.
 
-Tiny LLaMA (2 layers, hidden 64, 98,624 parameters) trained 3 steps with ``value_and_grad`` and two
-optimizers (Momentum, AdamWeightDecay), with the dump off and at L0, L1 and mix, in PyNative and
-GRAPH_MODE. mindformers runs in a virtualenv of its own (``tests/thirdparty_venv.py``: created once,
-~80-140 s, then reused); ``tests/scripts/llama_worker.py`` trains every configuration of one mode in
-one process (both modes run at the same time). What is checked, per configuration:
+Tiny LLaMA (2 layers, hidden 64, 98,624 parameters: RMSNorm, separate q/k/v projections, RoPE tables
+from a sub-Cell, SwiGLU) and tiny ChatGLM2 (2 layers, hidden 64, 91,008 parameters: grouped-query
+attention with one fused, biased qkv projection, GLM rotary embedding, a fused gate-and-up projection,
+LayerNorm) trained 3 steps with ``value_and_grad`` and two optimizers (Momentum, AdamWeightDecay), with
+the dump off and at L0, L1 and mix, in PyNative and GRAPH_MODE. mindformers runs in a virtualenv of its
+own (``tests/thirdparty_venv.py``: created once, ~80-140 s, then reused);
+``tests/scripts/thirdparty_worker.py`` trains every configuration of one model and mode in one process
+(all models and modes run at the same time). What is checked, per model and configuration:
 
 * no exception where the tool-off run had none;
 * losses and every parameter gradient of every step bit-identical to the tool-off run;
@@ -41,8 +45,10 @@ from tests.conftest import leaves  # noqa: E402  (every tensor leaf of an entry 
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "scripts", "llama_worker.py")
+WORKER = os.path.join(ROOT, "tests", "scripts", "thirdparty_worker.py")
 STEPS = 3
+#: model (the worker's ``MODELS``) -> its number of trainable parameters
+PARAMETERS = {"llama": 21, "glm2": 22}
 MODES = ("pynative", "graph")
 OFF = ("off:momentum", "off:adamw")
 ON = ("L0:momentum:tensor", "L1:momentum:tensor", "mix:momentum:tensor",
@@ -60,38 +66,42 @@ def off_spec(spec: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    """Create (or reuse) the venv, then run both workers; ``{mode: output dir}``.
+def runs(tmp_path_factory):
+    """Create (or reuse) the venv, then run one worker per model and mode, all at the same time;
+    ``{mode: output dir}`` (one subdirectory per model).
 
-    ``MSPROBE_LLAMA_RESULTS=DIR`` keeps the workers' output in DIR and, when DIR already holds it,
+    ``MSPROBE_THIRDPARTY_RESULTS=DIR`` keeps the workers' output in DIR and, when DIR already holds it,
     checks that output again without running anything (for working on the checks themselves)."""
-    kept = os.environ.get("MSPROBE_LLAMA_RESULTS")
+    kept = os.environ.get("MSPROBE_THIRDPARTY_RESULTS")
     if kept and all(os.path.exists(os.path.join(kept, m, "done")) for m in MODES):
         return {mode: pathlib.Path(kept) / mode for mode in MODES}
     began = time.perf_counter()
     python, created = thirdparty_venv.ensure_venv()
-    out = pathlib.Path(kept) if kept else tmp_path_factory.mktemp("llama")
+    out = pathlib.Path(kept) if kept else tmp_path_factory.mktemp("thirdparty")
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["PYTHONPATH"] = ROOT  # this checkout's msprobe (it is also installed editable there)
     procs = {}
-    for mode in MODES:
-        args = [python, WORKER, mode, str(out / mode), *OFF, *ON, "--steps", str(STEPS)]
-        if mode == "pynative":
-            args.append("--census")
-        log = open(out / f"{mode}.log", "w", encoding="utf-8")
-        procs[mode] = (subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env), log)
+    for model in PARAMETERS:
+        for mode in MODES:
+            args = [python, WORKER, mode, str(out / mode / model), *OFF, *ON, "--steps", str(STEPS),
+                    "--model", model]
+            if mode == "pynative":
+                args.append("--census")
+            log = open(out / f"{model}-{mode}.log", "w", encoding="utf-8")
+            procs[model, mode] = (subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env),
+                                  log)
     failed = []
-    for mode, (proc, log) in procs.items():
+    for (model, mode), (proc, log) in procs.items():
         try:
-            code = proc.wait(timeout=420)
+            code = proc.wait(timeout=620)
         except subprocess.TimeoutExpired:
             proc.kill()
             code = "timeout"
         log.close()
         if code != 0:
-            with open(out / f"{mode}.log", encoding="utf-8") as f:
-                failed.append(f"{mode} worker exited {code}:\n{f.read()[-4000:]}")
+            with open(out / f"{model}-{mode}.log", encoding="utf-8") as f:
+                failed.append(f"{model} {mode} worker exited {code}:\n{f.read()[-4000:]}")
     assert not failed, "\n".join(failed)
     for mode in MODES:
         (out / mode / "done").touch()
@@ -100,19 +110,23 @@ def llama(tmp_path_factory):
     return {mode: out / mode for mode in MODES}
 
 
-def result(llama, mode: str, spec: str) -> dict:
-    with open(llama[mode] / run_dir(spec) / "result.json", encoding="utf-8") as f:
+def run_path(runs, model: str, mode: str, spec: str) -> pathlib.Path:
+    return runs[mode] / model / run_dir(spec)
+
+
+def result(runs, model: str, mode: str, spec: str) -> dict:
+    with open(run_path(runs, model, mode, spec) / "result.json", encoding="utf-8") as f:
         return json.load(f)
 
 
-def census(llama) -> dict:
-    with open(llama["pynative"] / "census.json", encoding="utf-8") as f:
+def census(runs, model: str) -> dict:
+    with open(runs["pynative"] / model / "census.json", encoding="utf-8") as f:
         return json.load(f)
 
 
-def step_dumps(llama, mode: str, spec: str) -> list:
+def step_dumps(runs, model: str, mode: str, spec: str) -> list:
     """``load()`` of each step directory of a run's dump path (PyNative tree in GRAPH_MODE too)."""
-    dump_path = llama[mode] / run_dir(spec) / "dump"
+    dump_path = run_path(runs, model, mode, spec) / "dump"
     roots = [str(dump_path / sub) for sub in ("", "graph", "pynative") if (dump_path / sub).is_dir()]
     found = {}
     for root in roots:
@@ -124,35 +138,37 @@ def step_dumps(llama, mode: str, spec: str) -> list:
 
 
 def cases(levels=("L0", "L1", "mix"), modes=MODES, tensor_only=False):
-    return [pytest.param(mode, spec, id=f"{mode}-{run_dir(spec)}") for mode in modes for spec in ON
+    return [pytest.param(model, mode, spec, id=f"{model}-{mode}-{run_dir(spec)}")
+            for model in PARAMETERS for mode in modes for spec in ON
             if spec.split(":")[0] in levels and (not tensor_only or spec.endswith(":tensor"))]
 
 
 # ------------------------------------------------------------------------------------ invisibility
 @pytest.mark.parametrize("mode", MODES)
-def test_tool_off_trains(llama, mode):
+@pytest.mark.parametrize("model", PARAMETERS)
+def test_tool_off_trains(runs, model, mode):
     for spec in OFF:
-        r = result(llama, mode, spec)
+        r = result(runs, model, mode, spec)
         assert r["error"] is None, r.get("traceback")
         assert len(r["losses"]) == STEPS
-    assert census(llama)["parameters"] == 21
+    assert census(runs, model)["parameters"] == PARAMETERS[model]
 
 
-@pytest.mark.parametrize("mode,spec", cases())
-def test_no_exception_with_the_tool(llama, mode, spec):
-    r = result(llama, mode, spec)
+@pytest.mark.parametrize("model,mode,spec", cases())
+def test_no_exception_with_the_tool(runs, model, mode, spec):
+    r = result(runs, model, mode, spec)
     assert r["error"] is None, r.get("traceback")
 
 
-@pytest.mark.parametrize("mode,spec", cases())
-def test_losses_and_every_gradient_bit_identical(llama, mode, spec):
-    on, off = result(llama, mode, spec), result(llama, mode, off_spec(spec))
+@pytest.mark.parametrize("model,mode,spec", cases())
+def test_losses_and_every_gradient_bit_identical(runs, model, mode, spec):
+    on, off = result(runs, model, mode, spec), result(runs, model, mode, off_spec(spec))
     assert on["error"] is None, on["error"]
     assert on["losses"] == off["losses"]
     changed = collections.defaultdict(list)
     for step in range(STEPS):
-        a = np.load(llama[mode] / run_dir(off_spec(spec)) / f"grads_step{step}.npz")
-        b = np.load(llama[mode] / run_dir(spec) / f"grads_step{step}.npz")
+        a = np.load(run_path(runs, model, mode, off_spec(spec)) / f"grads_step{step}.npz")
+        b = np.load(run_path(runs, model, mode, spec) / f"grads_step{step}.npz")
         assert a.files == b.files
         for name in a.files:
             x, y = a[name], b[name]
@@ -161,21 +177,21 @@ def test_losses_and_every_gradient_bit_identical(llama, mode, spec):
     assert not changed, {s: f"{len(v)}/{len(a.files)} gradients differ: {v}" for s, v in changed.items()}
 
 
-@pytest.mark.parametrize("mode,spec", cases())
-def test_no_tool_error_and_nothing_left_patched(llama, mode, spec):
-    r = result(llama, mode, spec)
-    logs = sorted(glob.glob(str(llama[mode] / run_dir(spec) / "dump" / "**" / "dump_error_info.log"),
+@pytest.mark.parametrize("model,mode,spec", cases())
+def test_no_tool_error_and_nothing_left_patched(runs, model, mode, spec):
+    r = result(runs, model, mode, spec)
+    logs = sorted(glob.glob(str(run_path(runs, model, mode, spec) / "dump" / "**" / "dump_error_info.log"),
                             recursive=True))
     first = open(logs[0], encoding="utf-8").read()[:1500] if logs else ""
     assert not logs, f"{len(logs)} dump_error_info.log files, first {logs[0]}:\n{first}"
     assert r["left_patched"] == []
 
 
-@pytest.mark.parametrize("mode,spec", cases())
-def test_the_model_is_not_kept_alive(llama, mode, spec):
+@pytest.mark.parametrize("model,mode,spec", cases())
+def test_the_model_is_not_kept_alive(runs, model, mode, spec):
     """After the run the worker drops the model, optimizer and debugger: the model is freed unless
     MindSpore itself keeps it (GRAPH_MODE: its compiled graph, tool off too)."""
-    on, off = result(llama, mode, spec), result(llama, mode, off_spec(spec))
+    on, off = result(runs, model, mode, spec), result(runs, model, mode, off_spec(spec))
     assert on["model_released"] == off["model_released"]
 
 
@@ -193,10 +209,10 @@ def _cell_key(entry: str, direction: str) -> str:
     return entry.split(".", 1)[1].rsplit(f".{direction}.", 1)[0]
 
 
-@pytest.mark.parametrize("mode,spec", cases(levels=("L0", "mix")))
-def test_every_cell_call_has_an_entry(llama, mode, spec):
-    expected = census(llama)["cells"]
-    dumps = step_dumps(llama, mode, spec)
+@pytest.mark.parametrize("model,mode,spec", cases(levels=("L0", "mix")))
+def test_every_cell_call_has_an_entry(runs, model, mode, spec):
+    expected = census(runs, model)["cells"]
+    dumps = step_dumps(runs, model, mode, spec)
     assert len(dumps) == STEPS
     for step, parts in enumerate(dumps):
         seen = collections.Counter(_cell_key(e, "forward") for d in parts for e in d.data
@@ -225,35 +241,35 @@ def _api_key(entry: str) -> str | None:
     return ".".join(name)
 
 
-@pytest.mark.parametrize("mode,spec", cases(levels=("L1", "mix"), modes=("pynative",)))
-def test_every_api_call_from_model_code_has_an_entry(llama, mode, spec):
-    c = census(llama)
+@pytest.mark.parametrize("model,mode,spec", cases(levels=("L1", "mix"), modes=("pynative",)))
+def test_every_api_call_from_model_code_has_an_entry(runs, model, mode, spec):
+    c = census(runs, model)
     expected = collections.Counter({**c["listed"], **c["primitives"]})
-    for step, parts in enumerate(step_dumps(llama, mode, spec)):
+    for step, parts in enumerate(step_dumps(runs, model, mode, spec)):
         seen = collections.Counter(k for d in parts for k in map(_api_key, d.data) if k)
         missing = {k: v - seen.get(k, 0) for k, v in expected.items() if seen.get(k, 0) < v}
         assert not missing, (f"step {step}: calls from model code without an entry: {missing} "
                              f"({sum(missing.values())} of {sum(expected.values())})")
 
 
-@pytest.mark.parametrize("mode,spec", cases(levels=("L1", "mix"), modes=("pynative",)))
-def test_primitives_created_per_call_are_listed_in_coverage(llama, mode, spec):
+@pytest.mark.parametrize("model,mode,spec", cases(levels=("L1", "mix"), modes=("pynative",)))
+def test_primitives_created_per_call_are_listed_in_coverage(runs, model, mode, spec):
     """mindformers' loss creates ``P.Reshape()``, ``P.Cast()``, ... inside construct/bprop: no Cell
     holds them, so they are not recorded; each creation site must be in coverage.json."""
-    created = census(llama)["created_primitives"]
+    created = census(runs, model)["created_primitives"]
     assert created, "the census saw no Primitive created during the step"
-    for step, parts in enumerate(step_dumps(llama, mode, spec)):
+    for step, parts in enumerate(step_dumps(runs, model, mode, spec)):
         listed = [item["name"] for d in parts for item in _coverage(d).get("not_captured", [])]
         for key in created:  # "Reshape (loss.py:295)"
             cls, where = key.split(" ", 1)
             assert any(n.startswith(f"{cls}() in ") and n.endswith(where) for n in listed), (key, listed)
 
 
-@pytest.mark.parametrize("mode,spec", cases(levels=("L1", "mix"), modes=("graph",)))
-def test_graph_mode_api_level_lists_the_compiled_region(llama, mode, spec):
+@pytest.mark.parametrize("model,mode,spec", cases(levels=("L1", "mix"), modes=("graph",)))
+def test_graph_mode_api_level_lists_the_compiled_region(runs, model, mode, spec):
     """In GRAPH_MODE the APIs run compiled (Python wrappers are not called): the step's one compiled
     region is an entry and coverage.json says that calls inside it are not captured."""
-    for parts in step_dumps(llama, mode, spec):
+    for parts in step_dumps(runs, model, mode, spec):
         jit = [e for d in parts for e in d.data if e.startswith("Jit.")]
         assert jit, [list(d.data)[:5] for d in parts]
         regions = [r["entry"] for d in parts for r in _coverage(d).get("compiled_regions", [])]
@@ -268,10 +284,10 @@ def _exact(values: np.ndarray) -> dict:
             "Mean": math.fsum(listed) / len(listed), "Norm": math.sqrt(math.fsum(v * v for v in listed))}
 
 
-@pytest.mark.parametrize("mode,spec", cases(tensor_only=True))
-def test_statistics_equal_a_float64_recomputation(llama, mode, spec):
+@pytest.mark.parametrize("model,mode,spec", cases(tensor_only=True))
+def test_statistics_equal_a_float64_recomputation(runs, model, mode, spec):
     checked = 0
-    for parts in step_dumps(llama, mode, spec)[:1]:
+    for parts in step_dumps(runs, model, mode, spec)[:1]:
         for d in parts:
             items = [leaf for body in d.data.values() for leaf in leaves(body) if leaf.get("data_name")]
             assert items, d.directory

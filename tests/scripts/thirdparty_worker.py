@@ -1,24 +1,25 @@
-"""Worker for tests/test_thirdparty_llama.py: trains mindformers 2.0.0's ``LlamaForCausalLM`` (real
-third-party model code) a few steps with the dump off and on, in one MindSpore mode, and writes what
-the test compares bit for bit.
+"""Worker for tests/test_thirdparty.py: trains third-party model code (mindformers 2.0.0's
+``LlamaForCausalLM`` and ``ChatGLM2ForConditionalGeneration``) a few steps with the dump off and on, in
+one MindSpore mode, and writes what the test compares bit for bit.
 
-    python llama_worker.py MODE OUT RUN [RUN ...] [--steps 3] [--census]
+    python thirdparty_worker.py MODE OUT RUN [RUN ...] [--model llama|glm2] [--steps 3] [--census]
 
 MODE: ``pynative`` | ``graph`` (process-wide). RUN: ``LEVEL:OPTIMIZER[:TASK]`` with LEVEL ``off``, ``L0``,
 ``L1`` or ``mix``, OPTIMIZER ``momentum`` or ``adamw``, TASK ``statistics`` (default) or ``tensor``.
-Every run builds the model afresh from the same seed and trains it on the same token batches with
-``mindspore.value_and_grad`` and the optimizer. Per run ``OUT/<LEVEL>-<OPTIMIZER>-<TASK>/`` gets
-``result.json`` (float32 losses as hex bytes, the exception if one was raised, whether the model was
-released afterwards, attributes left patched), ``grads_step<k>.npz`` (every parameter gradient of step
-k, raw arrays) and, with the dump on, ``dump/`` (the dump path).
+MODEL: a key of ``MODELS`` (default ``llama``). Every run builds the model afresh from the same seed
+and trains it on the same token batches with ``mindspore.value_and_grad`` and the optimizer. Per run
+``OUT/<LEVEL>-<OPTIMIZER>-<TASK>/`` gets ``result.json`` (float32 losses as hex bytes, the
+exception if one was raised, whether the model was released afterwards, attributes left patched),
+``grads_step<k>.npz`` (every parameter gradient of step k, raw arrays) and, with the dump on, ``dump/``
+(the dump path).
 
 ``--census`` (PyNative only) first runs one training step without the dump and writes
-``OUT/census.json``: every sub-Cell call (forward pre-hooks) and every call that model code (mindformers
-functions and the ``construct`` of the model's Cells) makes into MindSpore (``sys.setprofile``),
-classified as a listed API (``support_wrap_ops.yaml``), a Primitive held by a Cell, or other, and
-every Primitive that model code creates during the step.
+``OUT/census.json``: every sub-Cell call (forward pre-hooks) and every call that model code
+(mindformers functions and the ``construct`` of the model's Cells) makes into MindSpore
+(``sys.setprofile``), classified as a listed API (``support_wrap_ops.yaml``), a Primitive held by a
+Cell, or other, and every Primitive that model code creates during the step.
 
-``LLAMA_WORKER_REFERRERS=1`` prints what still refers to a model that was not released.
+``THIRDPARTY_WORKER_REFERRERS=1`` prints what still refers to a model that was not released.
 
 The stand-in ``hyper_parallel`` package (``stand_ins/``) is put on ``sys.path``; mindformers is imported
 from ``OUT`` because importing it creates ``./output/log``.
@@ -41,6 +42,7 @@ sys.path.insert(0, os.path.join(HERE, "stand_ins"))
 
 SEED = 1234
 BATCH, SEQ, VOCAB = 2, 32, 128
+F32 = "float32"
 
 
 def parse_run(spec: str) -> tuple[str, str, str]:
@@ -56,20 +58,56 @@ def parse_run(spec: str) -> tuple[str, str, str]:
 def llama_config():
     from mindformers import LlamaConfig
 
-    f32 = "float32"
     return LlamaConfig(seq_length=SEQ, hidden_size=64, num_layers=2, num_heads=4, vocab_size=VOCAB,
-                       intermediate_size=128, compute_dtype=f32, param_init_type=f32,
-                       layernorm_compute_type=f32, softmax_compute_type=f32, rotary_dtype=f32,
+                       intermediate_size=128, compute_dtype=F32, param_init_type=F32,
+                       layernorm_compute_type=F32, softmax_compute_type=F32, rotary_dtype=F32,
                        use_past=False, use_rope_slice=True, use_flash_attention=False,
                        fused_rms_norm=False)
 
 
-def build(optimizer: str):
-    import mindspore as ms
+def llama():
+    """LLaMA: RMSNorm, RoPE tables from a sub-Cell, separate q/k/v, SwiGLU; shifts labels itself."""
     from mindformers import LlamaForCausalLM
 
+    return LlamaForCausalLM(llama_config())
+
+
+def glm2():
+    """ChatGLM2: grouped-query attention (2 key/value groups) with one fused, biased qkv projection,
+    GLM rotary embedding, one fused gate-and-up projection, and LayerNorm (``rmsnorm=False``: the
+    RMSNorm variant calls the fused ``RmsNorm`` kernel, which has no CPU implementation)."""
+    from mindformers import ChatGLM2Config, ChatGLM2ForConditionalGeneration
+
+    config = ChatGLM2Config(num_layers=2, padded_vocab_size=VOCAB, hidden_size=64, ffn_hidden_size=128,
+                            kv_channels=16, num_attention_heads=4, multi_query_group_num=2,
+                            seq_length=SEQ, rmsnorm=False, param_init_type=F32, compute_dtype=F32,
+                            layernorm_compute_type=F32, residual_dtype=F32, rotary_dtype=F32)
+    return ChatGLM2ForConditionalGeneration(config)
+
+
+def whole(tokens) -> tuple:
+    """The network's arguments: the whole batch (the model shifts it into inputs and labels)."""
+    import mindspore as ms
+
+    return (ms.Tensor(tokens),)
+
+
+def shifted(tokens) -> tuple:
+    """The network's arguments: ``input_ids`` and the labels shifted by one position."""
+    import mindspore as ms
+
+    return ms.Tensor(tokens[:, :-1]), ms.Tensor(tokens[:, 1:])
+
+
+#: model name -> (builder of the network, its arguments from a (BATCH, SEQ + 1) token batch)
+MODELS = {"llama": (llama, whole), "glm2": (glm2, shifted)}
+
+
+def build(optimizer: str, model: str):
+    import mindspore as ms
+
     ms.set_seed(SEED)
-    net = LlamaForCausalLM(llama_config())
+    net = MODELS[model][0]()
     net.set_train(True)
     params = net.trainable_params()
     if optimizer == "momentum":
@@ -83,7 +121,7 @@ def token_batches(steps: int):
     import numpy as np
 
     rng = np.random.RandomState(SEED)
-    # SEQ + 1 tokens: LlamaForCausalLM shifts them into inputs and labels; 0 is the pad token
+    # SEQ + 1 tokens per row: inputs and labels shifted by one; 0 is the pad token
     return [rng.randint(1, VOCAB, (BATCH, SEQ + 1)).astype(np.int32) for _ in range(steps)]
 
 
@@ -98,14 +136,15 @@ def _watched_attributes():
             "Tensor.reshape": (ms.Tensor, "reshape")}
 
 
-def train(level: str, optimizer: str, task: str, steps: int, run_dir: str) -> dict:
+def train(model: str, level: str, optimizer: str, task: str, steps: int, run_dir: str) -> dict:
     import mindspore as ms
     import numpy as np
 
     watched = _watched_attributes()
     before = {k: vars(o).get(a, getattr(o, a)) for k, (o, a) in watched.items()}
     result = {"run": os.path.basename(run_dir), "losses": [], "error": None, "seconds": []}
-    net, opt = build(optimizer)
+    net, opt = build(optimizer, model)
+    arguments = MODELS[model][1]
     debugger = None
     if level != "off":
         from msprobe.mindspore import PrecisionDebugger
@@ -118,7 +157,7 @@ def train(level: str, optimizer: str, task: str, steps: int, run_dir: str) -> di
             began = time.perf_counter()
             if debugger is not None:
                 debugger.start(net)
-            loss, grads = grad_fn(ms.Tensor(tokens))
+            loss, grads = grad_fn(*arguments(tokens))
             opt(grads)
             result["losses"].append(np.asarray(loss.asnumpy(), dtype=np.float32).tobytes().hex())
             np.savez(os.path.join(run_dir, f"grads_step{step}.npz"),
@@ -136,7 +175,7 @@ def train(level: str, optimizer: str, task: str, steps: int, run_dir: str) -> di
     del net, opt, grad_fn, debugger
     gc.collect()
     result["model_released"] = ref() is None
-    if os.environ.get("LLAMA_WORKER_REFERRERS") and ref() is not None:
+    if os.environ.get("THIRDPARTY_WORKER_REFERRERS") and ref() is not None:
         for holder in gc.get_referrers(ref()):
             print("held by", type(holder), str(holder)[:200] if not isinstance(holder, dict) else list(holder)[:12])
     result["left_patched"] = sorted(k for k, (o, a) in watched.items()
@@ -171,12 +210,12 @@ def _listed_apis():
     return codes, tensor_methods
 
 
-def census(out: str) -> None:
+def census(model: str, out: str) -> None:
     """One tool-off training step with every sub-Cell call and every call from model code counted."""
     import mindspore as ms
     from mindspore.ops import Primitive
 
-    net, opt = build("momentum")
+    net, opt = build("momentum", model)
     cells = {id(cell): (name, type(cell).__name__) for name, cell in net.cells_and_names() if name}
     model_cells = {id(cell) for _, cell in net.cells_and_names()}
     held = {}  # id(Primitive) -> (attribute, class name), as the Cells hold them
@@ -231,10 +270,10 @@ def census(out: str) -> None:
                 listed[f"Tensor.{name}"] += 1
 
     grad_fn = ms.value_and_grad(net, None, opt.parameters)
-    tokens = ms.Tensor(token_batches(1)[0])
+    arguments = MODELS[model][1](token_batches(1)[0])
     sys.setprofile(profile)
     try:
-        loss, grads = grad_fn(tokens)
+        loss, grads = grad_fn(*arguments)
     finally:
         sys.setprofile(None)
     opt(grads)
@@ -249,10 +288,11 @@ def main() -> None:
     ap.add_argument("mode", choices=["pynative", "graph"])
     ap.add_argument("out")
     ap.add_argument("runs", nargs="+")
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--census", action="store_true")
     args = ap.parse_args()
-    faulthandler.dump_traceback_later(400, exit=True)  # a hang shows where, then ends the run
+    faulthandler.dump_traceback_later(600, exit=True)  # a hang shows where, then ends the run
     runs = [parse_run(spec) for spec in args.runs]
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -266,15 +306,16 @@ def main() -> None:
     import mindformers  # noqa: F401  (logs its INFO lines once, here)
 
     if args.census:
-        census(out)
+        census(args.model, out)
     for level, optimizer, task in runs:
         run_dir = os.path.join(out, f"{level}-{optimizer}-{task}")
         os.makedirs(run_dir, exist_ok=True)
-        result = train(level, optimizer, task, args.steps, run_dir)
+        result = train(args.model, level, optimizer, task, args.steps, run_dir)
         with open(os.path.join(run_dir, "result.json"), "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
-        print(f"{args.mode} {result['run']}: {'ok' if result['error'] is None else result['error']} "
-              f"({sum(result['seconds']):.1f} s)", flush=True)
+        print(f"{args.mode} {args.model} {result['run']}: "
+              f"{'ok' if result['error'] is None else result['error']} ({sum(result['seconds']):.1f} s)",
+              flush=True)
 
 
 if __name__ == "__main__":
