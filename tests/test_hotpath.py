@@ -129,7 +129,8 @@ def test_fill_matches_python(monkeypatch):
     ext.fill(filled)
     done = [s.leaf is not None for s in filled]
     assert done[0] and done[1] and done[11]  # plain float32, float16, int64: read in C
-    assert not any(done[-5:])  # 0-d, empty, 2**21 elements, transposed, bfloat16: left to Python
+    assert done[-2]  # transposed: copied in C order and read in C
+    assert not any(done[-5:-2]) and not done[-1]  # 0-d, empty, 2**21 elements, bfloat16: left to Python
 
 
 @pytest.mark.parametrize("md5", [False, True], ids=["statistics", "md5"])
@@ -140,7 +141,8 @@ def test_fill_of_views_and_host_snapshots_matches_python(monkeypatch, md5):
     weight = Parameter(Tensor(np.linspace(-1, 2, 8, dtype=np.float32).reshape(2, 4)), name="w")
     snapshot = stats.host_copy(weight)
     values = [base, base.view(3, 4), base.reshape(4, 3), base[2:6], base.view(ms.int32), weight,
-              np.arange(5, dtype=np.int64)]
+              np.arange(5, dtype=np.int64), base.view(3, 4).transpose(), base.view(2, 2, 3).transpose(2, 0, 1),
+              base.view(3, 4)[:, 1:3]]
 
     def slots_of():
         slots: list = []
@@ -150,6 +152,7 @@ def test_fill_of_views_and_host_snapshots_matches_python(monkeypatch, md5):
     c_leaves = _leaves(slots_of, monkeypatch, True, md5)
     assert c_leaves == _leaves(slots_of, monkeypatch, False, md5)
     assert all(("md5" in json.loads(leaf)) == md5 for leaf in c_leaves)
+    assert not any(v.is_contiguous() for v in values[-3:])
 
 
 def test_fill_reads_each_memory_once(monkeypatch):

@@ -11,8 +11,8 @@
  *       fallback(value, depth, slots, snapshot). A Tensor becomes a TensorSlot appended to `slots`, its tensor
  *       snapshot(t) when it is a Parameter, no file name.
  *   fill(slots, md5=False) -> None
- *       leaves of CPU tensors read in place (contiguous, native dtype, 1 <= elements < SPLIT, no
- *       file name), and of C-contiguous host snapshots (numpy arrays) of such tensors, through the
+ *       leaves of CPU tensors read in place (native dtype, 1 <= elements < SPLIT, no file name;
+ *       a non-contiguous one is copied in C order first, as the Python flush does), and of C-contiguous host snapshots (numpy arrays) of such tensors, through the
  *       statistics kernel, with the "md5" field (CRC-32 of the same bytes) when md5 is true; other
  *       slots keep leaf None for the Python flush. Each distinct memory (address, elements, kind)
  *       is read once, however many tensor objects show it. Call only when every queued operation
@@ -46,6 +46,7 @@ static PyObject *CrcFunc;        /* crc32 of a buffer (zlib-ng, or zlib): what s
 static PyObject *ArrayType;      /* numpy.ndarray */
 static PyObject *ContigFunc;     /* TensorPy.is_contiguous (what Tensor.is_contiguous calls) */
 static PyObject *PtrFunc;        /* TensorPy._data_ptr (what Tensor.data_ptr calls) */
+static PyObject *StrideFunc;     /* TensorPy.stride (what Tensor.stride calls), in elements */
 static PyObject *EncodeFunc;     /* orjson.dumps */
 static PyObject *EncodeOption;   /* orjson.OPT_APPEND_NEWLINE */
 static PyObject *EncodeKwnames;  /* ("option",) */
@@ -322,11 +323,60 @@ static PyObject *stats_tuple(PyObject *kind_code, PyObject *scanned, Py_ssize_t 
     return out;
 }
 
+/* A non-contiguous tensor's elements (`count` of `itemsize` bytes from the address in *data, strides
+ * from TensorPy.stride) copied in C order into new memory (*owned, *data: what numpy's
+ * ascontiguousarray of the strided view gives, the Python flush's array, so the sums are the same
+ * bits). Returns 2, or 0 when the Python flush must read it (no memory, a negative stride, more
+ * than MAX_DEPTH dimensions), -1 on an error. */
+static int gather(PyObject *t, PyObject *shape, Py_ssize_t itemsize, Py_ssize_t count, void **data,
+                  void **owned) {
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape), dims[MAX_DEPTH], steps[MAX_DEPTH], index[MAX_DEPTH];
+    if (ndim > MAX_DEPTH) return 0;
+    PyObject *strides = PyObject_CallOneArg(StrideFunc, t), *seq;
+    if (strides == NULL) return -1;
+    seq = PySequence_Fast(strides, "stride() is no sequence");
+    Py_DECREF(strides);
+    if (seq == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != ndim) { Py_DECREF(seq); return 0; }
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        steps[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (steps[i] < 0) { Py_DECREF(seq); return PyErr_Occurred() ? -1 : 0; }
+        steps[i] *= itemsize;
+        index[i] = 0;
+    }
+    Py_DECREF(seq);
+    char *out = PyMem_RawMalloc((size_t)(count * itemsize)), *dst = out;
+    if (out == NULL) { PyErr_NoMemory(); return -1; }
+    const char *src = (const char *)*data;
+    Py_ssize_t inner = dims[ndim - 1], step = steps[ndim - 1];
+    for (Py_ssize_t k = 0; k < count; k += inner) {  /* rows of the last index, in C order */
+        const char *p = src;
+        switch (itemsize) {
+        case 1: for (Py_ssize_t j = 0; j < inner; j++, p += step) dst[j] = *p; break;
+        case 2: for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 2 * j, p, 2); break;
+        case 4: for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 4 * j, p, 4); break;
+        case 8: for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 8 * j, p, 8); break;
+        default: for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + itemsize * j, p, (size_t)itemsize);
+        }
+        dst += inner * itemsize;
+        for (Py_ssize_t i = ndim - 2; i >= 0; i--) {
+            if (++index[i] < dims[i]) { src += steps[i]; break; }
+            src -= steps[i] * (dims[i] - 1);
+            index[i] = 0;
+        }
+    }
+    *owned = *data = out;
+    return 2;
+}
+
 /* The memory fill() reads for one slot: the contiguous bytes of a plain CPU tensor (read in place
- * through TensorPy._data_ptr) or of a C-contiguous host array (a Parameter's host snapshot, made by
- * the runtime), `n` elements of kind `kind_code` (borrowed). Returns 1 when found, 0 when the slot
- * is the Python flush's, -1 on an error (the caller clears it and leaves the slot to Python). */
-static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code) {
+ * through TensorPy._data_ptr; a non-contiguous one copied by gather()) or of a C-contiguous host
+ * array (a Parameter's host snapshot, made by the runtime), `n` elements of kind `kind_code`
+ * (borrowed). Returns 1 when found in place, 2 when copied into *owned (the caller frees it with
+ * PyMem_RawFree), 0 when the slot is the Python flush's, -1 on an error (the caller clears it and
+ * leaves the slot to Python). */
+static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code, void **owned) {
     PyObject *t = s->tensor;
     if (t == NULL || s->data_name != Py_None || !PyUnicode_Check(s->dtype)) return 0;
     int tensor = (PyObject *)Py_TYPE(t) == TensorType;
@@ -367,20 +417,21 @@ static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code
         count *= d;
         if (count >= Split) break;
     }
-    Py_DECREF(shape);
-    if (count == 0 || count >= Split) return 0;
+    if (count == 0 || count >= Split) { Py_DECREF(shape); return 0; }
     PyObject *contig = PyObject_CallOneArg(ContigFunc, t);
-    if (contig == NULL) return -1;
+    if (contig == NULL) { Py_DECREF(shape); return -1; }
     int ok = PyObject_IsTrue(contig);
     Py_DECREF(contig);
-    if (ok <= 0) return ok;
+    if (ok < 0) { Py_DECREF(shape); return -1; }
     PyObject *ptr = PyObject_CallOneArg(PtrFunc, t);
-    if (ptr == NULL) return -1;
+    if (ptr == NULL) { Py_DECREF(shape); return -1; }
     *data = PyLong_AsVoidPtr(ptr);
     Py_DECREF(ptr);
-    if (*data == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (*data == NULL) { Py_DECREF(shape); return PyErr_Occurred() ? -1 : 0; }
     *n = count;
-    return 1;
+    int found = ok ? 1 : gather(t, shape, itemsize, count, data, owned);
+    Py_DECREF(shape);
+    return found;
 }
 
 /* Statistics of `n` elements of kind `kind_code` at `data`: (Max, Min, Mean, Norm[, md5]), or None
@@ -445,11 +496,15 @@ static PyObject *cached_stats(Slot *s, PyObject *by_object, PyObject *by_memory,
         Py_DECREF(key);
         return st;
     }
-    void *data = NULL;
+    void *data = NULL, *owned = NULL;
     Py_ssize_t n = 0;
     PyObject *kind_code = NULL, *where = NULL;
-    int found = slot_memory(s, &data, &n, &kind_code);
-    if (found > 0) {
+    int found = slot_memory(s, &data, &n, &kind_code, &owned);
+    if (found == 2) {  /* a copy: nothing else reads this memory */
+        st = memory_stats(data, n, kind_code, md5);
+        PyMem_RawFree(owned);
+        if (st == NULL) PyErr_Clear();
+    } else if (found > 0) {
         where = Py_BuildValue("(NnO)", PyLong_FromVoidPtr(data), n, kind_code);
         if (where == NULL) { Py_DECREF(key); return NULL; }
         st = PyDict_GetItemWithError(by_memory, where);
@@ -738,13 +793,13 @@ static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* ------------------------------------------------------------------ setup */
 static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"tensor", "parameter", "dtype_names", "kinds", "scan", "split", "is_contiguous",
-                               "data_ptr", "dumps", "line_option", "crc32", "ndarray", NULL};
-    PyObject *tensor, *parameter, *names, *kinds, *scan, *contig, *ptr, *dumps, *option, *crc, *ndarray;
+                               "data_ptr", "dumps", "line_option", "crc32", "ndarray", "stride", NULL};
+    PyObject *tensor, *parameter, *names, *kinds, *scan, *contig, *ptr, *dumps, *option, *crc, *ndarray, *stride;
     Py_ssize_t split;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOOOO:setup", keywords, &tensor, &parameter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOOOOO:setup", keywords, &tensor, &parameter,
                                      &PyDict_Type, &names, &PyDict_Type, &kinds, &scan, &split, &contig, &ptr,
-                                     &dumps, &option, &crc, &ndarray))
+                                     &dumps, &option, &crc, &ndarray, &stride))
         return NULL;
     /* interned: orjson recognises its keyword arguments by the identity of their names */
     PyObject *name = PyUnicode_InternFromString("option"), *kwnames = name ? PyTuple_Pack(1, name) : NULL;
@@ -762,6 +817,7 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_INCREF(scan); Py_XSETREF(ScanFunc, scan);
     Py_INCREF(crc); Py_XSETREF(CrcFunc, crc);
     Py_INCREF(ndarray); Py_XSETREF(ArrayType, ndarray);
+    Py_INCREF(stride); Py_XSETREF(StrideFunc, stride);
     Split = split;
     Py_RETURN_NONE;
 }
@@ -769,10 +825,10 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(tensor, parameter, dtype_names, kinds, scan, split, is_contiguous, data_ptr, dumps,\n"
-     "line_option, crc32, ndarray): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
+     "line_option, crc32, ndarray, stride): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
      "name -> (kind, itemsize)), the kernel's scan, the element count from which fill() leaves a\n"
      "tensor to Python (threads), TensorPy's is_contiguous and _data_ptr, orjson.dumps and its\n"
-     "newline option, the CRC-32 function of stats.crc32_hex and numpy.ndarray."},
+     "newline option, the CRC-32 function of stats.crc32_hex, numpy.ndarray and TensorPy.stride."},
     {"encode_lines", (PyCFunction)(void (*)(void))encode_lines, METH_FASTCALL,
      "encode_lines(records, encode) -> (bytes, resolved records, any non-finite): resolve() each\n"
      "record and encode it as one journal line with orjson; a record that holds a non-finite float or\n"

@@ -7,8 +7,8 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
   no ``.npy`` file: ``None``, exact ``bool``/``int``/``float``/``str``, Tensors, exact lists, tuples
   and dicts are walked in C; anything else (namedtuples, numpy values, slices, dtypes, subclasses)
   goes to the Python describer.
-* ``fill`` — the common case of :func:`msprobe.engine.flush.materialize`: a contiguous CPU
-  tensor of a dtype numpy holds (or the C-contiguous host snapshot of a Parameter), 1 to
+* ``fill`` — the common case of :func:`msprobe.engine.flush.materialize`: a CPU tensor of a
+  dtype numpy holds (a non-contiguous one copied in C order, as the Python flush does) (or the C-contiguous host snapshot of a Parameter), 1 to
   ``2**21 - 1`` elements, no file, no counts, read in place and reduced by the statistics kernel with
   the rules of :func:`msprobe.tensors.stats.compute_stats`, CRC-32 (``md5``) of the same bytes with
   :func:`msprobe.tensors.stats.crc32_hex`'s function (finite data whose float64 sums overflow or
@@ -63,7 +63,8 @@ def configure():
                    kinds=dict(_KINDS) if sys.byteorder == "little" else {},
                    scan=_scan._stats_kernel.scan, split=_scan._SPLIT,
                    is_contiguous=TensorPy.is_contiguous, data_ptr=TensorPy._data_ptr,
-                   dumps=orjson.dumps, line_option=orjson.OPT_APPEND_NEWLINE, crc32=_crc32, ndarray=np.ndarray)
+                   dumps=orjson.dumps, line_option=orjson.OPT_APPEND_NEWLINE, crc32=_crc32, ndarray=np.ndarray,
+                   stride=TensorPy.stride)
     return _hotpath
 
 
