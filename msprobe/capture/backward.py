@@ -191,16 +191,21 @@ class BackwardProbe:
         if self.lists is None:  # every slot a positional tensor argument, one edge each
             size = self.size
             plain = [(j, i) for j, (i, _) in mapping]
+            record_items, entry, token = self.runtime.record_items, self.entry, self.token
 
             def hook(grad_inputs, grad_outputs):
+                # the items _record would make one by one, in the same order, queued together
+                items = []
                 if want_input:
                     for i, grad in enumerate(grad_outputs):
                         if grad is not None:
-                            record("input", i, n_out, grad)
+                            items.append(("input", i, n_out, grad))
                 for j, i in plain:
                     grad = grad_inputs[j]
                     if grad is not None:
-                        record("output", i, size, grad)
+                        items.append(("output", i, size, grad))
+                if items:
+                    record_items(entry, items, token)
         else:
             slot = self._slot_value
 
