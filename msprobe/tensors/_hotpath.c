@@ -11,7 +11,7 @@
  *       fallback(value, depth, slots, snapshot). A Tensor becomes a TensorSlot appended to `slots`, its tensor
  *       snapshot(t) when it is a Parameter, no file name.
  *   fill(slots, md5=False) -> None
- *       leaves of CPU tensors read in place (native dtype, 1 <= elements < SPLIT, no file name;
+ *       leaves of CPU tensors read in place (native dtype, at least one element, no file name;
  *       a non-contiguous one is copied in C order first, as the Python flush does), and of C-contiguous host snapshots (numpy arrays) of such tensors, through the
  *       statistics kernel, with the "md5" field (CRC-32 of the same bytes) when md5 is true; other
  *       slots keep leaf None for the Python flush. Each distinct memory (address, elements, kind)
@@ -50,6 +50,7 @@ static PyObject *StrideFunc;     /* TensorPy.stride (what Tensor.stride calls), 
 static PyObject *EncodeFunc;     /* orjson.dumps */
 static PyObject *EncodeOption;   /* orjson.OPT_APPEND_NEWLINE */
 static PyObject *EncodeKwnames;  /* ("option",) */
+static PyObject *FreeCpusFunc;   /* msprobe.tensors.scan.free_cpus: threads for a large tensor */
 static Py_ssize_t Split = 1 << 21;
 static double Tiny;              /* smallest normal float64 */
 
@@ -396,7 +397,7 @@ static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code
         if (code == NULL) { PyBuffer_Release(&view); return -1; }
         const char *allowed = code[0] == 'f' ? "efd" : code[0] == 'i' ? "bhilq" : code[0] == 'u' ? "BHILQ" : "?";
         int ok = view.ndim >= 1 && view.itemsize == itemsize && fmt[0] != '\0' && fmt[1] == '\0' &&
-                 strchr(allowed, fmt[0]) != NULL && view.len > 0 && view.len / itemsize < Split;
+                 strchr(allowed, fmt[0]) != NULL && view.len > 0;
         *data = view.buf;  /* the array (held by the slot) keeps its memory */
         *n = view.len / itemsize;
         PyBuffer_Release(&view);
@@ -415,9 +416,8 @@ static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code
         Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
         if (d < 0) { Py_DECREF(shape); return PyErr_Occurred() ? -1 : 0; }
         count *= d;
-        if (count >= Split) break;
     }
-    if (count == 0 || count >= Split) { Py_DECREF(shape); return 0; }
+    if (count == 0) { Py_DECREF(shape); return 0; }
     PyObject *contig = PyObject_CallOneArg(ContigFunc, t);
     if (contig == NULL) { Py_DECREF(shape); return -1; }
     int ok = PyObject_IsTrue(contig);
@@ -442,7 +442,12 @@ static PyObject *memory_stats(void *data, Py_ssize_t n, PyObject *kind_code, int
     Py_ssize_t itemsize = code[1] - '0';
     PyObject *view = PyMemoryView_FromMemory((char *)data, n * itemsize, PyBUF_READ);
     if (view == NULL) return NULL;
-    PyObject *scanned = PyObject_CallFunctionObjArgs(ScanFunc, view, kind_code, NULL);
+    /* from SPLIT elements on, the kernel may split the work over the CPUs free now (the result does
+     * not depend on how many threads ran), as msprobe.tensors.scan.scan decides */
+    PyObject *threads = n >= Split ? PyObject_CallNoArgs(FreeCpusFunc) : PyLong_FromLong(1);
+    if (threads == NULL) { Py_DECREF(view); return NULL; }
+    PyObject *scanned = PyObject_CallFunctionObjArgs(ScanFunc, view, kind_code, threads, NULL);
+    Py_DECREF(threads);
     if (scanned == NULL) { Py_DECREF(view); return NULL; }
     PyObject *out = stats_tuple(kind_code, scanned, n);
     Py_DECREF(scanned);
@@ -793,13 +798,14 @@ static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* ------------------------------------------------------------------ setup */
 static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"tensor", "parameter", "dtype_names", "kinds", "scan", "split", "is_contiguous",
-                               "data_ptr", "dumps", "line_option", "crc32", "ndarray", "stride", NULL};
-    PyObject *tensor, *parameter, *names, *kinds, *scan, *contig, *ptr, *dumps, *option, *crc, *ndarray, *stride;
+                               "data_ptr", "dumps", "line_option", "crc32", "ndarray", "stride", "free_cpus", NULL};
+    PyObject *tensor, *parameter, *names, *kinds, *scan, *contig, *ptr, *dumps, *option, *crc, *ndarray, *stride,
+        *free_cpus;
     Py_ssize_t split;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOOOOO:setup", keywords, &tensor, &parameter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOOOOOO:setup", keywords, &tensor, &parameter,
                                      &PyDict_Type, &names, &PyDict_Type, &kinds, &scan, &split, &contig, &ptr,
-                                     &dumps, &option, &crc, &ndarray, &stride))
+                                     &dumps, &option, &crc, &ndarray, &stride, &free_cpus))
         return NULL;
     /* interned: orjson recognises its keyword arguments by the identity of their names */
     PyObject *name = PyUnicode_InternFromString("option"), *kwnames = name ? PyTuple_Pack(1, name) : NULL;
@@ -818,6 +824,7 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_INCREF(crc); Py_XSETREF(CrcFunc, crc);
     Py_INCREF(ndarray); Py_XSETREF(ArrayType, ndarray);
     Py_INCREF(stride); Py_XSETREF(StrideFunc, stride);
+    Py_INCREF(free_cpus); Py_XSETREF(FreeCpusFunc, free_cpus);
     Split = split;
     Py_RETURN_NONE;
 }
@@ -825,9 +832,9 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(tensor, parameter, dtype_names, kinds, scan, split, is_contiguous, data_ptr, dumps,\n"
-     "line_option, crc32, ndarray, stride): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
-     "name -> (kind, itemsize)), the kernel's scan, the element count from which fill() leaves a\n"
-     "tensor to Python (threads), TensorPy's is_contiguous and _data_ptr, orjson.dumps and its\n"
+     "line_option, crc32, ndarray, stride, free_cpus): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
+     "name -> (kind, itemsize)), the kernel's scan, the element count from which fill() lets the\n"
+     "kernel use free_cpus() threads, TensorPy's is_contiguous and _data_ptr, orjson.dumps and its\n"
      "newline option, the CRC-32 function of stats.crc32_hex, numpy.ndarray and TensorPy.stride."},
     {"encode_lines", (PyCFunction)(void (*)(void))encode_lines, METH_FASTCALL,
      "encode_lines(records, encode) -> (bytes, resolved records, any non-finite): resolve() each\n"

@@ -8,12 +8,14 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
   and dicts are walked in C; anything else (namedtuples, numpy values, slices, dtypes, subclasses)
   goes to the Python describer.
 * ``fill`` — the common case of :func:`msprobe.engine.flush.materialize`: a CPU tensor of a
-  dtype numpy holds (a non-contiguous one copied in C order, as the Python flush does) (or the C-contiguous host snapshot of a Parameter), 1 to
-  ``2**21 - 1`` elements, no file, no counts, read in place and reduced by the statistics kernel with
-  the rules of :func:`msprobe.tensors.stats.compute_stats`, CRC-32 (``md5``) of the same bytes with
-  :func:`msprobe.tensors.stats.crc32_hex`'s function (finite data whose float64 sums overflow or
-  underflow, 0-d and empty tensors, bfloat16 and larger tensors stay with Python). Memory shown by
-  several tensor objects (same address, element count and dtype) is read once per batch.
+  dtype numpy holds, or the C-contiguous host snapshot of a Parameter, at least one element, no file,
+  no counts, read in place (a non-contiguous tensor copied in C order, as the Python flush does) and
+  reduced by the statistics kernel with the rules of :func:`msprobe.tensors.stats.compute_stats`
+  (from ``2**21`` elements on over the CPUs free now, as :func:`msprobe.tensors.scan.scan` decides),
+  with CRC-32 (``md5``) of the same bytes by :func:`msprobe.tensors.stats.crc32_hex`'s function.
+  Finite data whose float64 sums overflow or underflow, 0-d and empty tensors, and bfloat16 stay
+  with Python. Memory shown by several tensor objects (same address, element count and dtype) is
+  read once per batch.
 * ``resolve``/``encode_lines`` — :func:`msprobe.engine.writer.resolve_slots` over journal records,
   then their lines encoded with orjson (a record holding a non-finite float, or one orjson refuses,
   by :func:`msprobe.format.journal.encode_json`).
@@ -64,7 +66,7 @@ def configure():
                    scan=_scan._stats_kernel.scan, split=_scan._SPLIT,
                    is_contiguous=TensorPy.is_contiguous, data_ptr=TensorPy._data_ptr,
                    dumps=orjson.dumps, line_option=orjson.OPT_APPEND_NEWLINE, crc32=_crc32, ndarray=np.ndarray,
-                   stride=TensorPy.stride)
+                   stride=TensorPy.stride, free_cpus=_scan.free_cpus)
     return _hotpath
 
 
