@@ -349,7 +349,7 @@ class BackwardProbe:
 
     def _record(self, side: str, index: int, size: int, grad) -> None:
         """Item ``index`` of backward ``side`` (``input``: w.r.t. outputs, ``output``: w.r.t. inputs)."""
-        self.runtime.record_item(self.entry, side, index, size, grad, side, self.token)
+        self.runtime.record_items(self.entry, [(side, index, size, grad)], self.token)
 
     def report_lost_inputs(self, why: str) -> None:
         """Say in ``dump_error_info.log`` that this call's input gradients could not be captured."""
