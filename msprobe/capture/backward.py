@@ -161,6 +161,9 @@ class BackwardProbe:
             if mapping is not None:
                 self._hook_single(nodes[0], mapping, targets if self.want_output else [], len(outs))
                 return
+        if len(targets) == 1 and len(outs) == 1 and self.want_input and self.want_output \
+                and self._hook_alias(outs[0], nodes[0], targets[0]):
+            return
         if self.want_input:
             n_out = len(outs)
             for i, t in enumerate(outs):
@@ -168,6 +171,24 @@ class BackwardProbe:
                     self._hook_tensor(t, self._output_grad_hook(i, n_out))
         if targets and self.want_output:
             self._hook_walk(targets, outs, nodes, mark)
+
+    def _hook_alias(self, out, node, target) -> bool:
+        """The call returned its one gradient-taking positional argument itself (a same-dtype
+        ``Cast``): one tensor hook records the one gradient as backward ``input`` 0 and ``output``
+        ``position``, the items the output-gradient hook and the alias hook of :meth:`_hook_walk`
+        record, in their order. False (nothing hooked) for any other call."""
+        position, element, _, _, key = target
+        if element is not None or node is None or (node._unique_id(), out._output_index) != key:
+            return False
+        record_items, entry, token, size = self.runtime.record_items, self.entry, self.token, self.size
+
+        def hook(grad):
+            items = [("input", 0, 1, grad)]
+            if grad is not None:
+                items.append(("output", position, size, grad))
+            record_items(entry, items, token)
+        self._hook_tensor(out, hook)
+        return True
 
     def _hook_single(self, node, mapping: list, targets: list, n_out: int) -> None:
         """One node made every output: ``mapping`` ``[(edge index, (position, element))]`` from
