@@ -180,13 +180,13 @@ class BackwardProbe:
         position, element, _, _, key = target
         if element is not None or node is None or (node._unique_id(), out._output_index) != key:
             return False
-        record_items, entry, token, size = self.runtime.record_items, self.entry, self.token, self.size
+        record_items, size = self._record_items, self.size
 
         def hook(grad):
             items = [("input", 0, 1, grad)]
             if grad is not None:
                 items.append(("output", position, size, grad))
-            record_items(entry, items, token)
+            record_items(items)
         self._hook_tensor(out, hook)
         return True
 
@@ -212,7 +212,7 @@ class BackwardProbe:
         if self.lists is None:  # every slot a positional tensor argument, one edge each
             size = self.size
             plain = [(j, i) for j, (i, _) in mapping]
-            record_items, entry, token = self.runtime.record_items, self.entry, self.token
+            record_items = self._record_items
 
             def hook(grad_inputs, grad_outputs):
                 # the items _record would make one by one, in the same order, queued together
@@ -226,7 +226,7 @@ class BackwardProbe:
                     if grad is not None:
                         items.append(("output", i, size, grad))
                 if items:
-                    record_items(entry, items, token)
+                    record_items(items)
         else:
             slot = self._slot_value
 
@@ -370,7 +370,11 @@ class BackwardProbe:
 
     def _record(self, side: str, index: int, size: int, grad) -> None:
         """Item ``index`` of backward ``side`` (``input``: w.r.t. outputs, ``output``: w.r.t. inputs)."""
-        self.runtime.record_items(self.entry, [(side, index, size, grad)], self.token)
+        self._record_items([(side, index, size, grad)])
+
+    def _record_items(self, items: list) -> None:
+        """Several items at once, ``[(side, index, size, gradient)]`` in recording order."""
+        self.runtime.record_items(self.entry, items, self.token)
 
     def report_lost_inputs(self, why: str) -> None:
         """Say in ``dump_error_info.log`` that this call's input gradients could not be captured."""
