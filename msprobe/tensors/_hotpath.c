@@ -353,13 +353,15 @@ static int gather(PyObject *t, PyObject *shape, Py_ssize_t itemsize, Py_ssize_t 
     Py_ssize_t inner = dims[ndim - 1], step = steps[ndim - 1];
     for (Py_ssize_t k = 0; k < count; k += inner) {  /* rows of the last index, in C order */
         const char *p = src;
-        switch (itemsize) {
-        case 1: for (Py_ssize_t j = 0; j < inner; j++, p += step) dst[j] = *p; break;
-        case 2: for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 2 * j, p, 2); break;
-        case 4: for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 4 * j, p, 4); break;
-        case 8: for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 8 * j, p, 8); break;
-        default: for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + itemsize * j, p, (size_t)itemsize);
-        }
+        /* a constant size per loop: each memcpy becomes one load and one store */
+        if (itemsize == 4)
+            for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 4 * j, p, 4);
+        else if (itemsize == 2)
+            for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 2 * j, p, 2);
+        else if (itemsize == 8)
+            for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 8 * j, p, 8);
+        else
+            for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + itemsize * j, p, (size_t)itemsize);
         dst += inner * itemsize;
         for (Py_ssize_t i = ndim - 2; i >= 0; i--) {
             if (++index[i] < dims[i]) { src += steps[i]; break; }
