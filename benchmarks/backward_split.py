@@ -9,8 +9,8 @@ One process, ``ms.set_device("CPU"); ms.runtime.launch_blocking()`` (as ``overhe
 run one step each in rotation for ``--rounds`` rounds. The train step is ``overhead.py``'s, split
 where ``value_and_grad`` finishes the forward (``fw``) and where it returns the gradients (``bw``);
 ``cpu`` columns are the main thread's CPU time (``time.thread_time``), ``observe`` the CPU time
-inside ``BackwardProbe.observe``. Statistics are not computed (``Runtime._describe_and_queue`` is a
-no-op) unless ``--describe``, so the rows isolate the capture itself. Variants (BackwardProbe
+inside ``BackwardProbe.observe``. Statistics are not computed (``Runtime._describe_and_queue`` and
+``Runtime.record_items`` are no-ops) unless ``--describe``, so the rows isolate the capture itself. Variants (BackwardProbe
 subclasses the call and Cell recorders are pointed to, step by step):
 
 * ``off``: no tool;
@@ -64,7 +64,8 @@ def _variants(baseline: str | None) -> dict:
                                     {"__slots__": ()})
     variants["capture"] = type("Capture", (backward.BackwardProbe,), {"__slots__": ()})
     variants["hooks fire"] = type("HooksFire", (backward.BackwardProbe,),
-                                  {"__slots__": (), "_record": noop, "_slot_value": noop})
+                                  {"__slots__": (), "_record": noop, "_record_items": noop,
+                                   "_slot_value": noop})
     no_hooks = _module_from(backward.__file__, "no_hooks", no_hooks=True)
     variants["no hooks"] = type("NoHooks", (no_hooks.BackwardProbe,), {"__slots__": ()})
     variants["no observe"] = type("NoObserve", (backward.BackwardProbe,), {"__slots__": (), "observe": noop})
@@ -122,6 +123,7 @@ def main(argv=None) -> int:
 
     if not args.describe:
         runtime.Runtime._describe_and_queue = lambda *a, **k: None
+        runtime.Runtime.record_items = lambda *a, **k: None  # gradients of node hooks (one call each)
     variants = _variants(args.baseline)
     observed = [0]
     for cls in variants.values():

@@ -15,6 +15,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import operations as P
 
 import msprobe.dump
+from msprobe.capture import backward
 from msprobe.mindspore import PrecisionDebugger
 from tests.matrix_nets import BranchBlock  # dense1(x) + dense2(batchnorm(x)): x has three consumers
 
@@ -146,6 +147,37 @@ def test_outputs_without_gradient_have_no_backward_entry(tmp_path):
     assert "Cell.freqs._FreqTable.forward.0" in data and "Cell.mask.Dropout.forward.0" in data
     assert "Cell.freqs._FreqTable.backward.0" not in data and "Cell.mask.Dropout.backward.0" not in data
     assert "Cell.norm._RMSNorm.backward.1" in data
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_alias_hook_writes_the_files_of_two_hooks(tmp_path, monkeypatch, level):
+    """A call that returns its argument (same-dtype casts in an RMSNorm): the one tensor hook of
+    ``BackwardProbe._hook_alias`` writes the files (and leaves the gradients) that the general path's
+    two hooks on that tensor (output gradient, alias) write."""
+    x = Tensor(np.random.RandomState(1).randn(4, 8).astype(np.float32))
+    real, used, outputs = backward.BackwardProbe._hook_alias, [], {}
+
+    def spy(self, *args):
+        took = real(self, *args)
+        used.append(took)
+        return took
+
+    for name in ("one_hook", "two_hooks"):
+        monkeypatch.setattr(backward.BackwardProbe, "_hook_alias",
+                            spy if name == "one_hook" else (lambda self, *args: False))
+        ms.set_seed(11)
+        debugger, dump_path = _debugger(tmp_path, level, name=name)
+        numbers = _train(CastAliasNet(), x, 2, debugger)
+        files = {}
+        for file in ("dump.json", "stack.json", "construct.json"):
+            with open(os.path.join(_step_dir(dump_path, 1), file), "rb") as f:
+                files[file] = f.read()
+        outputs[name] = numbers, files
+    assert outputs["one_hook"] == outputs["two_hooks"]
+    assert sum(used) >= 2  # both steps' casts took the one hook
+    data = json.loads(outputs["one_hook"][1]["dump.json"])["data"]
+    casts = [entry for name, entry in data.items() if "cast" in name.lower() and name.endswith("backward")]
+    assert casts and all(entry["input"][0] and entry["output"][0] for entry in casts)
 
 
 def test_same_dtype_cast_records_the_one_gradient(tmp_path):

@@ -15,7 +15,7 @@ from mindspore import Parameter, Tensor, ops
 
 from msprobe.engine import flush, stacks, writer
 from msprobe.format.journal import encode_json
-from msprobe.tensors import hotpath, records
+from msprobe.tensors import hotpath, records, stats
 from conftest import build_mlp, mlp_batch, only_step_dir, run_steps
 
 ext = hotpath.ext
@@ -105,10 +105,10 @@ def _tensors():
     return out
 
 
-def _leaves(slots_of, monkeypatch, use_c: bool):
+def _leaves(slots_of, monkeypatch, use_c: bool, md5: bool = False):
     monkeypatch.setattr(hotpath, "ext", ext if use_c else None)
     slots = slots_of()
-    failure = flush.materialize(slots, md5=False, tensor_dir=None, on_error=pytest.fail)
+    failure = flush.materialize(slots, md5=md5, tensor_dir=None, on_error=pytest.fail)
     assert failure is None
     return [json.dumps(s.leaf) for s in slots]  # NaN-aware, key order included
 
@@ -129,7 +129,61 @@ def test_fill_matches_python(monkeypatch):
     ext.fill(filled)
     done = [s.leaf is not None for s in filled]
     assert done[0] and done[1] and done[11]  # plain float32, float16, int64: read in C
-    assert not any(done[-5:])  # 0-d, empty, 2**21 elements, transposed, bfloat16: left to Python
+    assert done[-3] and done[-2]  # 2**21 elements (kernel threads), transposed (copied in C order): in C
+    assert not any(done[-5:-3]) and not done[-1]  # 0-d, empty, bfloat16: left to Python
+
+
+@pytest.mark.parametrize("md5", [False, True], ids=["statistics", "md5"])
+def test_fill_of_views_and_host_snapshots_matches_python(monkeypatch, md5):
+    """Tensor objects over the same memory (views), a slice of it, the same bytes as another dtype, and
+    Parameters' host snapshots (numpy arrays, as the runtime makes them) give Python's leaves."""
+    base = Tensor(np.random.default_rng(1).standard_normal(12).astype(np.float32))
+    weight = Parameter(Tensor(np.linspace(-1, 2, 8, dtype=np.float32).reshape(2, 4)), name="w")
+    snapshot = stats.host_copy(weight)
+    values = [base, base.view(3, 4), base.reshape(4, 3), base[2:6], base.view(ms.int32), weight,
+              np.arange(5, dtype=np.int64), base.view(3, 4).transpose(), base.view(2, 2, 3).transpose(2, 0, 1),
+              base.view(3, 4)[:, 1:3]]
+
+    def slots_of():
+        slots: list = []
+        ext.describe(values, lambda t: snapshot if t is weight else t, slots, records.describe_other)
+        return slots
+
+    c_leaves = _leaves(slots_of, monkeypatch, True, md5)
+    assert c_leaves == _leaves(slots_of, monkeypatch, False, md5)
+    assert all(("md5" in json.loads(leaf)) == md5 for leaf in c_leaves)
+    assert not any(v.is_contiguous() for v in values[-3:])
+
+
+def test_fill_reads_each_memory_once(monkeypatch):
+    """fill() reduces memory that several tensor objects show (same address, elements and dtype) once,
+    and every other memory on its own; the host snapshot of a Parameter is read in C too."""
+    calls: list = []
+    real_scan = hotpath._scan._stats_kernel.scan
+
+    def counting_scan(view, code, *rest):
+        calls.append((len(view), code))
+        return real_scan(view, code, *rest)
+
+    base = Tensor(np.arange(1, 13, dtype=np.float32))
+    snapshot = np.arange(4, dtype=np.float32)
+    values = [base, base.view(3, 4), base.flatten(), base, base[2:6], base.view(ms.int32)]
+    monkeypatch.setattr(hotpath._scan._stats_kernel, "scan", counting_scan)
+    try:
+        hotpath.configure()
+        slots: list = []
+        ext.describe(values, lambda t: t, slots, records.describe_other)
+        slots.append(records.TensorSlot(snapshot, None, "Float32", [4], "mindspore.Tensor"))
+        assert flush.wait_for_device() is None
+        ext.fill(slots, True)
+    finally:
+        monkeypatch.undo()
+        hotpath.configure()
+    assert all(s.leaf is not None for s in slots)
+    assert sorted(calls) == sorted([(48, "f4"), (16, "f4"), (48, "i4"), (16, "f4")])
+    assert slots[0].leaf["shape"] == [12] and slots[1].leaf["shape"] == [3, 4]
+    assert slots[0].leaf["md5"] == slots[1].leaf["md5"] == stats.crc32_hex(base.asnumpy())
+    assert slots[-1].leaf["md5"] == stats.crc32_hex(snapshot)
 
 
 def test_fill_leaves_slots_with_a_file_to_python():
@@ -183,6 +237,24 @@ def test_stack_key_matches_python():
                                     {"level": "L0", "task": "tensor"}], ids=["L1", "mix", "list", "tensor"])
 def test_dump_files_identical_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields):
     """The same training steps dumped with the compiled path and with the Python path only."""
+    outputs = _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields)
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0]["dump.json"]["data"]
+    assert bool(outputs[0][0]["npy"]) == (fields.get("task") == "tensor" or "section" in fields)
+
+
+def test_md5_dump_files_identical_with_and_without_extension(tmp_path, monkeypatch, make_debugger):
+    """summary_mode md5: CRC-32 computed in C beside the statistics gives Python's dump.json."""
+    outputs = _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger,
+                                                {"level": "L1", "section": {"summary_mode": "md5"}})
+    assert outputs[0] == outputs[1]
+    data = outputs[0][0]["dump.json"]["data"]
+    assert any(name.endswith(".backward") for name in data)
+    leaves = [leaf for entry in data.values() for leaf in entry.get("input_args", []) if isinstance(leaf, dict)]
+    assert leaves and all(len(leaf["md5"]) == 8 for leaf in leaves if leaf.get("type") == "mindspore.Tensor")
+
+
+def _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields):
     outputs = []
     for use_c in (True, False):
         monkeypatch.setattr(hotpath, "ext", ext if use_c else None)
@@ -198,6 +270,5 @@ def test_dump_files_identical_with_and_without_extension(tmp_path, monkeypatch, 
         tensor_dir = os.path.join(step_dir, "dump_tensor_data")
         files["npy"] = sorted(os.listdir(tensor_dir)) if os.path.isdir(tensor_dir) else []
         outputs.append((files, [l.tobytes() for l in losses], [[g.tobytes() for g in s] for s in grads]))
-    assert outputs[0] == outputs[1]
-    assert outputs[0][0]["dump.json"]["data"]
-    assert bool(outputs[0][0]["npy"]) == (fields.get("task") == "tensor" or "section" in fields)
+    monkeypatch.setattr(hotpath, "ext", ext)
+    return outputs

@@ -187,3 +187,38 @@ def test_tool_failure_is_reported_and_the_call_goes_on(tmp_path, monkeypatch, ma
     assert got[True][2] == [0.0, 2.0]
     data = json.loads(got[True][0])["data"]
     assert "Functional.relu.0.forward" not in data and "Functional.sigmoid.0.forward" in data
+
+
+@pytest.mark.parametrize("fields", [{"level": "L1"}, {"level": "mix"},
+                                    {"level": "L1", "section": {"summary_mode": "md5"}}],
+                         ids=["L1", "mix", "md5"])
+def test_node_hook_items_write_the_files_of_one_by_one_items(tmp_path, monkeypatch, make_debugger, fields):
+    """Gradients a node hook receives, queued together (``Runtime.record_items``), write the files
+    that recording them one by one (``Runtime.record_item`` per item) writes; most items of the step
+    take the grouped path."""
+    runs, singles = {}, {}
+    real_item = Runtime.record_item
+
+    def one_by_one(self, entry, items, token):
+        for key, index, size, value in items:
+            self.record_item(entry, key, index, size, value, key, token)
+
+    for name in ("items", "one_by_one"):
+        calls = []
+
+        def counting_item(self, *args, _calls=calls):
+            _calls.append(args[0])
+            return real_item(self, *args)
+
+        monkeypatch.setattr(Runtime, "record_item", counting_item)
+        if name == "one_by_one":
+            monkeypatch.setattr(Runtime, "record_items", one_by_one)
+        runs[name] = _run(tmp_path, monkeypatch, make_debugger, name, True, True, fields)
+        singles[name] = len(calls)
+    reference = runs["one_by_one"]
+    assert any(".backward" in entry for entry in json.loads(reference[0]["dump.json"])["data"])
+    assert runs["items"][0] == reference[0]  # dump.json, stack.json, construct.json byte for byte
+    assert runs["items"][1] == reference[1]  # losses and gradients
+    assert runs["items"][3] == reference[3]  # the open step read back from its journal
+    if hotpath.ext is not None:
+        assert singles["items"] < singles["one_by_one"] / 2

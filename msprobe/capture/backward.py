@@ -161,6 +161,9 @@ class BackwardProbe:
             if mapping is not None:
                 self._hook_single(nodes[0], mapping, targets if self.want_output else [], len(outs))
                 return
+        if len(targets) == 1 and len(outs) == 1 and self.want_input and self.want_output \
+                and self._hook_alias(outs[0], nodes[0], targets[0]):
+            return
         if self.want_input:
             n_out = len(outs)
             for i, t in enumerate(outs):
@@ -168,6 +171,24 @@ class BackwardProbe:
                     self._hook_tensor(t, self._output_grad_hook(i, n_out))
         if targets and self.want_output:
             self._hook_walk(targets, outs, nodes, mark)
+
+    def _hook_alias(self, out, node, target) -> bool:
+        """The call returned its one gradient-taking positional argument itself (a same-dtype
+        ``Cast``): one tensor hook records the one gradient as backward ``input`` 0 and ``output``
+        ``position``, the items the output-gradient hook and the alias hook of :meth:`_hook_walk`
+        record, in their order. False (nothing hooked) for any other call."""
+        position, element, _, _, key = target
+        if element is not None or node is None or (node._unique_id(), out._output_index) != key:
+            return False
+        record_items, size = self._record_items, self.size
+
+        def hook(grad):
+            items = [("input", 0, 1, grad)]
+            if grad is not None:
+                items.append(("output", position, size, grad))
+            record_items(items)
+        self._hook_tensor(out, hook)
+        return True
 
     def _hook_single(self, node, mapping: list, targets: list, n_out: int) -> None:
         """One node made every output: ``mapping`` ``[(edge index, (position, element))]`` from
@@ -191,16 +212,21 @@ class BackwardProbe:
         if self.lists is None:  # every slot a positional tensor argument, one edge each
             size = self.size
             plain = [(j, i) for j, (i, _) in mapping]
+            record_items = self._record_items
 
             def hook(grad_inputs, grad_outputs):
+                # the items _record would make one by one, in the same order, queued together
+                items = []
                 if want_input:
                     for i, grad in enumerate(grad_outputs):
                         if grad is not None:
-                            record("input", i, n_out, grad)
+                            items.append(("input", i, n_out, grad))
                 for j, i in plain:
                     grad = grad_inputs[j]
                     if grad is not None:
-                        record("output", i, size, grad)
+                        items.append(("output", i, size, grad))
+                if items:
+                    record_items(items)
         else:
             slot = self._slot_value
 
@@ -344,7 +370,11 @@ class BackwardProbe:
 
     def _record(self, side: str, index: int, size: int, grad) -> None:
         """Item ``index`` of backward ``side`` (``input``: w.r.t. outputs, ``output``: w.r.t. inputs)."""
-        self.runtime.record_item(self.entry, side, index, size, grad, side, self.token)
+        self._record_items([(side, index, size, grad)])
+
+    def _record_items(self, items: list) -> None:
+        """Several items at once, ``[(side, index, size, gradient)]`` in recording order."""
+        self.runtime.record_items(self.entry, items, self.token)
 
     def report_lost_inputs(self, why: str) -> None:
         """Say in ``dump_error_info.log`` that this call's input gradients could not be captured."""

@@ -107,8 +107,8 @@ def materialize(slots, *, md5: bool, tensor_dir: str | None, on_error, release: 
     if any(slot.type_name != "numpy.ndarray" for slot in slots):
         failure = wait_for_device()
         zero_copy = stats.host_memory_readable()
-    if zero_copy and not md5 and not counts and hotpath.ext is not None:
-        hotpath.ext.fill(slots)  # plain CPU tensors in C; the loop below does the rest
+    if zero_copy and not counts and hotpath.ext is not None:
+        hotpath.ext.fill(slots, md5)  # plain CPU tensors in C; the loop below does the rest
     for slot in slots:
         if slot.leaf is not None:
             continue

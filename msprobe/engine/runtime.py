@@ -625,6 +625,44 @@ class Runtime:
         self._describe_and_queue(journal.item_line, (entry, key, index, size), tensor, entry,
                                  category, (index,), self.writer)
 
+    def record_items(self, entry: str, items: list, token) -> None:
+        """:meth:`record_item` for several items of one backward entry at once, ``items`` a list of
+        ``(key, index, size, value)`` in recording order (what one autograd node hook receives):
+        the same journal lines in the same order, described in C and queued together (one lock,
+        one batch-size check). Values that name ``.npy`` files (tensor task, ``tensor_list``, watch
+        mode saving tensors), a late token, a closed dump, no extension, or a value that cannot be
+        described this way take :meth:`record_item` one by one, which decides each case."""
+        ext = hotpath.ext
+        if (ext is None or token is None or token != self.step_token or not self.records_data
+                or self.failed or self.save_tensors or self.config.tensor_list or self._watch_names
+                or self.forked()):
+            for key, index, size, value in items:
+                self.record_item(entry, key, index, size, value, key, token)
+            return
+        slots: list = []
+        snapshot = self.snapshot
+        item_line = journal.item_line
+        try:
+            lines = [item_line(entry, key, index, size, ext.describe(value, snapshot, slots, describe_other))
+                     for key, index, size, value in items]
+        except Exception:  # the general path decides (the user's failed operation, or the tool's)
+            for key, index, size, value in items:
+                self.record_item(entry, key, index, size, value, key, token)
+            return
+        self._asked += len(items)
+        writer = self.writer
+        with self._lock:
+            self._pending.extend([(writer, line) for line in lines])
+            now = self._started_pending()
+            if slots:
+                self._pending_slots.extend(slots)
+                self._pending_bytes += sum([s.nbytes() for s in slots])
+            full = not self.config.async_dump and not self._bulk and (
+                    len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
+                    or now - self._oldest >= FLUSH_SECONDS)
+        if full:
+            self.flush(wait=False)
+
     def record_param_grad(self, entry: str, pname: str, grad) -> None:
         """Queue ``data[entry][pname] = [describe(grad)]`` (file ``{entry}.{pname}.npy``)."""
         self._describe_and_queue(journal.key_line, (entry, pname), grad, entry, "", (pname,),

@@ -10,10 +10,13 @@
  *       exact None/bool/int/float/str, Tensor, exact list/tuple/dict here; anything else is
  *       fallback(value, depth, slots, snapshot). A Tensor becomes a TensorSlot appended to `slots`, its tensor
  *       snapshot(t) when it is a Parameter, no file name.
- *   fill(slots) -> None
- *       leaves of CPU tensors read in place (contiguous, native dtype, 1 <= elements < SPLIT, no
- *       file name) through the statistics kernel; other slots keep leaf None for the Python flush.
- *       Call only when every queued operation has finished (flush.materialize checks it).
+ *   fill(slots, md5=False) -> None
+ *       leaves of CPU tensors read in place (native dtype, at least one element, no file name;
+ *       a non-contiguous one is copied in C order first, as the Python flush does), and of C-contiguous host snapshots (numpy arrays) of such tensors, through the
+ *       statistics kernel, with the "md5" field (CRC-32 of the same bytes) when md5 is true; other
+ *       slots keep leaf None for the Python flush. Each distinct memory (address, elements, kind)
+ *       is read once, however many tensor objects show it. Call only when every queued operation
+ *       has finished (flush.materialize checks it).
  *   resolve(record) -> (record with slots replaced by their leaves, holds a non-finite float)
  *   encode_lines(records, encode) -> (journal text (bytearray), resolved records, any non-finite float)
  *   stack_key(skip, limit) -> (id(code), f_lasti, ...) of the calling frames (stacks.py)
@@ -39,15 +42,19 @@ static PyObject *ParameterType;  /* mindspore.Parameter */
 static PyObject *DtypeNames;     /* dict: MindSpore dtype -> dump.json name */
 static PyObject *Kinds;          /* dict: dump.json name -> (kernel kind, itemsize) */
 static PyObject *ScanFunc;       /* msprobe.tensors._stats_kernel.scan */
+static PyObject *CrcFunc;        /* crc32 of a buffer (zlib-ng, or zlib): what stats.crc32_hex calls */
+static PyObject *ArrayType;      /* numpy.ndarray */
 static PyObject *ContigFunc;     /* TensorPy.is_contiguous (what Tensor.is_contiguous calls) */
 static PyObject *PtrFunc;        /* TensorPy._data_ptr (what Tensor.data_ptr calls) */
+static PyObject *StrideFunc;     /* TensorPy.stride (what Tensor.stride calls), in elements */
 static PyObject *EncodeFunc;     /* orjson.dumps */
 static PyObject *EncodeOption;   /* orjson.OPT_APPEND_NEWLINE */
 static PyObject *EncodeKwnames;  /* ("option",) */
+static PyObject *FreeCpusFunc;   /* msprobe.tensors.scan.free_cpus: threads for a large tensor */
 static Py_ssize_t Split = 1 << 21;
 static double Tiny;              /* smallest normal float64 */
 
-static PyObject *S_type, *S_value, *S_dtype, *S_shape, *S_Max, *S_Min, *S_Mean, *S_Norm;
+static PyObject *S_md5, *S_type, *S_value, *S_dtype, *S_shape, *S_Max, *S_Min, *S_Mean, *S_Norm;
 static PyObject *S_tensor_type, *S_int, *S_float, *S_str, *S_bool, *S_leaf;
 static PyObject *S_a_dtype, *S_a_shape, *S_a_init, *S_empty_tuple;
 
@@ -317,54 +324,154 @@ static PyObject *stats_tuple(PyObject *kind_code, PyObject *scanned, Py_ssize_t 
     return out;
 }
 
-/* Statistics of one slot's tensor: (Max, Min, Mean, Norm), or None when the Python flush must
- * handle it; NULL on an error (the caller clears it and leaves the slot to Python). */
-static PyObject *slot_stats(Slot *s) {
-    PyObject *t = s->tensor;
-    if (t == NULL || (PyObject *)Py_TYPE(t) != TensorType || s->data_name != Py_None ||
-        !PyUnicode_Check(s->dtype))
-        Py_RETURN_NONE;
-    PyObject *kind = PyDict_GetItemWithError(Kinds, s->dtype);  /* borrowed */
-    if (kind == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        Py_RETURN_NONE;
+/* A non-contiguous tensor's elements (`count` of `itemsize` bytes from the address in *data, strides
+ * from TensorPy.stride) copied in C order into new memory (*owned, *data: what numpy's
+ * ascontiguousarray of the strided view gives, the Python flush's array, so the sums are the same
+ * bits). Returns 2, or 0 when the Python flush must read it (no memory, a negative stride, more
+ * than MAX_DEPTH dimensions), -1 on an error. */
+static int gather(PyObject *t, PyObject *shape, Py_ssize_t itemsize, Py_ssize_t count, void **data,
+                  void **owned) {
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape), dims[MAX_DEPTH], steps[MAX_DEPTH], index[MAX_DEPTH];
+    if (ndim > MAX_DEPTH) return 0;
+    PyObject *strides = PyObject_CallOneArg(StrideFunc, t), *seq;
+    if (strides == NULL) return -1;
+    seq = PySequence_Fast(strides, "stride() is no sequence");
+    Py_DECREF(strides);
+    if (seq == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != ndim) { Py_DECREF(seq); return 0; }
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        steps[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (steps[i] < 0) { Py_DECREF(seq); return PyErr_Occurred() ? -1 : 0; }
+        steps[i] *= itemsize;
+        index[i] = 0;
     }
-    PyObject *kind_code = PyTuple_GET_ITEM(kind, 0);
+    Py_DECREF(seq);
+    char *out = PyMem_RawMalloc((size_t)(count * itemsize)), *dst = out;
+    if (out == NULL) { PyErr_NoMemory(); return -1; }
+    const char *src = (const char *)*data;
+    Py_ssize_t inner = dims[ndim - 1], step = steps[ndim - 1];
+    for (Py_ssize_t k = 0; k < count; k += inner) {  /* rows of the last index, in C order */
+        const char *p = src;
+        /* a constant size per loop: each memcpy becomes one load and one store */
+        if (itemsize == 4)
+            for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 4 * j, p, 4);
+        else if (itemsize == 2)
+            for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 2 * j, p, 2);
+        else if (itemsize == 8)
+            for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 8 * j, p, 8);
+        else
+            for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + itemsize * j, p, (size_t)itemsize);
+        dst += inner * itemsize;
+        for (Py_ssize_t i = ndim - 2; i >= 0; i--) {
+            if (++index[i] < dims[i]) { src += steps[i]; break; }
+            src -= steps[i] * (dims[i] - 1);
+            index[i] = 0;
+        }
+    }
+    *owned = *data = out;
+    return 2;
+}
+
+/* The memory fill() reads for one slot: the contiguous bytes of a plain CPU tensor (read in place
+ * through TensorPy._data_ptr; a non-contiguous one copied by gather()) or of a C-contiguous host
+ * array (a Parameter's host snapshot, made by the runtime), `n` elements of kind `kind_code`
+ * (borrowed). Returns 1 when found in place, 2 when copied into *owned (the caller frees it with
+ * PyMem_RawFree), 0 when the slot is the Python flush's, -1 on an error (the caller clears it and
+ * leaves the slot to Python). */
+static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code, void **owned) {
+    PyObject *t = s->tensor;
+    if (t == NULL || s->data_name != Py_None || !PyUnicode_Check(s->dtype)) return 0;
+    int tensor = (PyObject *)Py_TYPE(t) == TensorType;
+    if (!tensor && (PyObject *)Py_TYPE(t) != ArrayType) return 0;
+    PyObject *kind = PyDict_GetItemWithError(Kinds, s->dtype);  /* borrowed */
+    if (kind == NULL) return PyErr_Occurred() ? -1 : 0;
+    *kind_code = PyTuple_GET_ITEM(kind, 0);
     Py_ssize_t itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(kind, 1));
+    if (!tensor) {
+        /* the host snapshot of a Parameter: the runtime made it from the tensor's memory with the
+         * numpy dtype of the slot's dtype; anything else (another layout or item type) is Python's */
+        Py_buffer view;
+        if (PyObject_GetBuffer(t, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+        const char *fmt = view.format ? view.format : "B";
+        if (*fmt == '<' || *fmt == '=' || *fmt == '@') fmt++;
+        const char *code = PyUnicode_AsUTF8(*kind_code);
+        if (code == NULL) { PyBuffer_Release(&view); return -1; }
+        const char *allowed = code[0] == 'f' ? "efd" : code[0] == 'i' ? "bhilq" : code[0] == 'u' ? "BHILQ" : "?";
+        int ok = view.ndim >= 1 && view.itemsize == itemsize && fmt[0] != '\0' && fmt[1] == '\0' &&
+                 strchr(allowed, fmt[0]) != NULL && view.len > 0;
+        *data = view.buf;  /* the array (held by the slot) keeps its memory */
+        *n = view.len / itemsize;
+        PyBuffer_Release(&view);
+        return ok;
+    }
     PyObject *init = PyObject_GetAttr(t, S_a_init);
-    if (init == NULL) return NULL;
+    if (init == NULL) return -1;
     int lazy = init != Py_None;
     Py_DECREF(init);
-    if (lazy) Py_RETURN_NONE;
+    if (lazy) return 0;
     PyObject *shape = PyObject_GetAttr(t, S_a_shape);
-    if (shape == NULL) return NULL;
-    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) { Py_DECREF(shape); Py_RETURN_NONE; }
-    Py_ssize_t n = 1;
+    if (shape == NULL) return -1;
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) { Py_DECREF(shape); return 0; }
+    Py_ssize_t count = 1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); i++) {
         Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
-        if (d < 0) { Py_DECREF(shape); return PyErr_Occurred() ? NULL : (Py_INCREF(Py_None), Py_None); }
-        n *= d;
-        if (n >= Split) break;
+        if (d < 0) { Py_DECREF(shape); return PyErr_Occurred() ? -1 : 0; }
+        count *= d;
     }
-    Py_DECREF(shape);
-    if (n == 0 || n >= Split) Py_RETURN_NONE;
+    if (count == 0) { Py_DECREF(shape); return 0; }
     PyObject *contig = PyObject_CallOneArg(ContigFunc, t);
-    if (contig == NULL) return NULL;
+    if (contig == NULL) { Py_DECREF(shape); return -1; }
     int ok = PyObject_IsTrue(contig);
     Py_DECREF(contig);
-    if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_NONE; }
+    if (ok < 0) { Py_DECREF(shape); return -1; }
     PyObject *ptr = PyObject_CallOneArg(PtrFunc, t);
-    if (ptr == NULL) return NULL;
-    void *data = PyLong_AsVoidPtr(ptr);
+    if (ptr == NULL) { Py_DECREF(shape); return -1; }
+    *data = PyLong_AsVoidPtr(ptr);
     Py_DECREF(ptr);
-    if (data == NULL) { if (PyErr_Occurred()) return NULL; Py_RETURN_NONE; }
+    if (*data == NULL) { Py_DECREF(shape); return PyErr_Occurred() ? -1 : 0; }
+    *n = count;
+    int found = ok ? 1 : gather(t, shape, itemsize, count, data, owned);
+    Py_DECREF(shape);
+    return found;
+}
+
+/* Statistics of `n` elements of kind `kind_code` at `data`: (Max, Min, Mean, Norm[, md5]), or None
+ * when the Python flush must decide; NULL on an error. */
+static PyObject *memory_stats(void *data, Py_ssize_t n, PyObject *kind_code, int md5) {
+    const char *code = PyUnicode_AsUTF8(kind_code);  /* "f4", "i8", "b1", ...: kind, item size */
+    if (code == NULL) return NULL;
+    Py_ssize_t itemsize = code[1] - '0';
     PyObject *view = PyMemoryView_FromMemory((char *)data, n * itemsize, PyBUF_READ);
     if (view == NULL) return NULL;
-    PyObject *scanned = PyObject_CallFunctionObjArgs(ScanFunc, view, kind_code, NULL);
-    Py_DECREF(view);
-    if (scanned == NULL) return NULL;
+    /* from SPLIT elements on, the kernel may split the work over the CPUs free now (the result does
+     * not depend on how many threads ran), as msprobe.tensors.scan.scan decides */
+    PyObject *threads = n >= Split ? PyObject_CallNoArgs(FreeCpusFunc) : PyLong_FromLong(1);
+    if (threads == NULL) { Py_DECREF(view); return NULL; }
+    PyObject *scanned = PyObject_CallFunctionObjArgs(ScanFunc, view, kind_code, threads, NULL);
+    Py_DECREF(threads);
+    if (scanned == NULL) { Py_DECREF(view); return NULL; }
     PyObject *out = stats_tuple(kind_code, scanned, n);
     Py_DECREF(scanned);
+    if (out != NULL && out != Py_None && md5) {
+        /* the same bytes the Python flush hashes (stats.crc32_hex of the host array) */
+        PyObject *crc = PyObject_CallOneArg(CrcFunc, view), *text = NULL, *full = NULL;
+        if (crc != NULL) {
+            unsigned long value = PyLong_AsUnsignedLongMask(crc);
+            if (!(value == (unsigned long)-1 && PyErr_Occurred())) {
+                char hex[16];
+                snprintf(hex, sizeof hex, "%08lx", value & 0xFFFFFFFFUL);
+                text = PyUnicode_FromString(hex);
+            }
+        }
+        if (text != NULL)
+            full = PyTuple_Pack(5, PyTuple_GET_ITEM(out, 0), PyTuple_GET_ITEM(out, 1), PyTuple_GET_ITEM(out, 2),
+                                PyTuple_GET_ITEM(out, 3), text);
+        Py_XDECREF(crc); Py_XDECREF(text);
+        Py_DECREF(out);
+        out = full;
+    }
+    Py_DECREF(view);
     return out;
 }
 
@@ -375,7 +482,8 @@ static int make_leaf(Slot *s, PyObject *st) {
         PyDict_SetItem(leaf, S_shape, s->shape) < 0 || PyDict_SetItem(leaf, S_Max, PyTuple_GET_ITEM(st, 0)) < 0 ||
         PyDict_SetItem(leaf, S_Min, PyTuple_GET_ITEM(st, 1)) < 0 ||
         PyDict_SetItem(leaf, S_Mean, PyTuple_GET_ITEM(st, 2)) < 0 ||
-        PyDict_SetItem(leaf, S_Norm, PyTuple_GET_ITEM(st, 3)) < 0) {
+        PyDict_SetItem(leaf, S_Norm, PyTuple_GET_ITEM(st, 3)) < 0 ||
+        (PyTuple_GET_SIZE(st) > 4 && PyDict_SetItem(leaf, S_md5, PyTuple_GET_ITEM(st, 4)) < 0)) {
         Py_DECREF(leaf);
         return -1;
     }
@@ -383,16 +491,64 @@ static int make_leaf(Slot *s, PyObject *st) {
     return 0;
 }
 
-static PyObject *fill(PyObject *self, PyObject *slots) {
+/* statistics of one slot through the two caches of a fill() call: `by_object` (id of the tensor)
+ * and `by_memory` ((address, elements, kind): another tensor object over the same bytes, e.g. the
+ * gradient a call sends to its input and the one the producer of that input receives) */
+static PyObject *cached_stats(Slot *s, PyObject *by_object, PyObject *by_memory, int md5) {
+    PyObject *key = PyLong_FromVoidPtr(s->tensor);
+    if (key == NULL) return NULL;
+    PyObject *st = PyDict_GetItemWithError(by_object, key);
+    if (st != NULL || PyErr_Occurred()) {
+        Py_XINCREF(st);
+        Py_DECREF(key);
+        return st;
+    }
+    void *data = NULL, *owned = NULL;
+    Py_ssize_t n = 0;
+    PyObject *kind_code = NULL, *where = NULL;
+    int found = slot_memory(s, &data, &n, &kind_code, &owned);
+    if (found == 2) {  /* a copy: nothing else reads this memory */
+        st = memory_stats(data, n, kind_code, md5);
+        PyMem_RawFree(owned);
+        if (st == NULL) PyErr_Clear();
+    } else if (found > 0) {
+        where = Py_BuildValue("(NnO)", PyLong_FromVoidPtr(data), n, kind_code);
+        if (where == NULL) { Py_DECREF(key); return NULL; }
+        st = PyDict_GetItemWithError(by_memory, where);
+        if (st != NULL) Py_INCREF(st);
+        else if (PyErr_Occurred()) { Py_DECREF(where); Py_DECREF(key); return NULL; }
+        else {
+            st = memory_stats(data, n, kind_code, md5);
+            if (st == NULL) PyErr_Clear();  /* whatever failed, the Python flush reads it again and decides */
+        }
+    } else if (found < 0) {
+        PyErr_Clear();
+    }
+    if (st == NULL) { Py_INCREF(Py_None); st = Py_None; }
+    int bad = PyDict_SetItem(by_object, key, st) < 0 ||
+              (where != NULL && st != Py_None && PyDict_SetItem(by_memory, where, st) < 0);
+    Py_DECREF(key);
+    Py_XDECREF(where);
+    if (bad) { Py_DECREF(st); return NULL; }
+    return st;
+}
+
+static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "fill(slots, md5=False)");
+        return NULL;
+    }
     if (ScanFunc == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
         return NULL;
     }
-    PyObject *seq = PySequence_Tuple(slots);  /* a copy: the kernel releases the GIL */
+    int md5 = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
+    if (md5 < 0) return NULL;
+    PyObject *seq = PySequence_Tuple(args[0]);  /* a copy: the kernel releases the GIL */
     if (seq == NULL) return NULL;
-    PyObject *seen = PyDict_New();  /* id(tensor) -> statistics tuple or None */
-    if (seen == NULL) { Py_DECREF(seq); return NULL; }
+    PyObject *by_object = PyDict_New(), *by_memory = PyDict_New();
+    if (by_object == NULL || by_memory == NULL) goto error;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
@@ -403,33 +559,19 @@ static PyObject *fill(PyObject *self, PyObject *slots) {
         /* a slot with a file name is the Python flush's (it writes the .npy), even when the same
          * tensor was read here for another slot */
         if (s->data_name != NULL && s->data_name != Py_None) continue;
-        PyObject *key = PyLong_FromVoidPtr(s->tensor);
-        if (key == NULL) goto error;
-        PyObject *st = PyDict_GetItemWithError(seen, key);
-        if (st != NULL) {
-            Py_INCREF(st);
-        } else if (PyErr_Occurred()) {
-            Py_DECREF(key);
-            goto error;
-        } else {
-            st = slot_stats(s);
-            if (st == NULL) {  /* whatever failed, the Python flush reads it again and decides */
-                PyErr_Clear();
-                Py_INCREF(Py_None);
-                st = Py_None;
-            }
-            if (PyDict_SetItem(seen, key, st) < 0) { Py_DECREF(key); Py_DECREF(st); goto error; }
-        }
-        Py_DECREF(key);
+        PyObject *st = cached_stats(s, by_object, by_memory, md5);
+        if (st == NULL) goto error;
         int bad = st != Py_None && make_leaf(s, st) < 0;
         Py_DECREF(st);
         if (bad) goto error;
     }
-    Py_DECREF(seen);
+    Py_DECREF(by_object);
+    Py_DECREF(by_memory);
     Py_DECREF(seq);
     Py_RETURN_NONE;
 error:
-    Py_DECREF(seen);
+    Py_XDECREF(by_object);
+    Py_XDECREF(by_memory);
     Py_DECREF(seq);
     return NULL;
 }
@@ -658,13 +800,14 @@ static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* ------------------------------------------------------------------ setup */
 static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"tensor", "parameter", "dtype_names", "kinds", "scan", "split", "is_contiguous",
-                               "data_ptr", "dumps", "line_option", NULL};
-    PyObject *tensor, *parameter, *names, *kinds, *scan, *contig, *ptr, *dumps, *option;
+                               "data_ptr", "dumps", "line_option", "crc32", "ndarray", "stride", "free_cpus", NULL};
+    PyObject *tensor, *parameter, *names, *kinds, *scan, *contig, *ptr, *dumps, *option, *crc, *ndarray, *stride,
+        *free_cpus;
     Py_ssize_t split;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOO:setup", keywords, &tensor, &parameter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOOOOOO:setup", keywords, &tensor, &parameter,
                                      &PyDict_Type, &names, &PyDict_Type, &kinds, &scan, &split, &contig, &ptr,
-                                     &dumps, &option))
+                                     &dumps, &option, &crc, &ndarray, &stride, &free_cpus))
         return NULL;
     /* interned: orjson recognises its keyword arguments by the identity of their names */
     PyObject *name = PyUnicode_InternFromString("option"), *kwnames = name ? PyTuple_Pack(1, name) : NULL;
@@ -680,6 +823,10 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_INCREF(names); Py_XSETREF(DtypeNames, names);
     Py_INCREF(kinds); Py_XSETREF(Kinds, kinds);
     Py_INCREF(scan); Py_XSETREF(ScanFunc, scan);
+    Py_INCREF(crc); Py_XSETREF(CrcFunc, crc);
+    Py_INCREF(ndarray); Py_XSETREF(ArrayType, ndarray);
+    Py_INCREF(stride); Py_XSETREF(StrideFunc, stride);
+    Py_INCREF(free_cpus); Py_XSETREF(FreeCpusFunc, free_cpus);
     Split = split;
     Py_RETURN_NONE;
 }
@@ -687,10 +834,10 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(tensor, parameter, dtype_names, kinds, scan, split, is_contiguous, data_ptr, dumps,\n"
-     "line_option): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
-     "name -> (kind, itemsize)), the kernel's scan, the element count from which fill() leaves a\n"
-     "tensor to Python (threads), TensorPy's is_contiguous and _data_ptr, orjson.dumps and its\n"
-     "newline option."},
+     "line_option, crc32, ndarray, stride, free_cpus): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
+     "name -> (kind, itemsize)), the kernel's scan, the element count from which fill() lets the\n"
+     "kernel use free_cpus() threads, TensorPy's is_contiguous and _data_ptr, orjson.dumps and its\n"
+     "newline option, the CRC-32 function of stats.crc32_hex, numpy.ndarray and TensorPy.stride."},
     {"encode_lines", (PyCFunction)(void (*)(void))encode_lines, METH_FASTCALL,
      "encode_lines(records, encode) -> (bytes, resolved records, any non-finite): resolve() each\n"
      "record and encode it as one journal line with orjson; a record that holds a non-finite float or\n"
@@ -700,7 +847,8 @@ static PyMethodDef methods[] = {
      "innermost first, after skipping `skip` frames above the caller's, at most `limit` frames."},
     {"describe", (PyCFunction)(void (*)(void))describe, METH_FASTCALL,
      "describe(value, snapshot, slots, fallback) -> record structure (see the module docstring)."},
-    {"fill", (PyCFunction)fill, METH_O, "fill(slots) -> None: leaves of plain CPU tensors (module docstring)."},
+    {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
+     "fill(slots, md5=False) -> None: leaves of plain CPU tensors (module docstring)."},
     {"resolve", (PyCFunction)resolve, METH_O,
      "resolve(record: dict) -> (dict, bool): slots replaced by their leaves, and whether a float in it\n"
      "(an argument or a statistic) is NaN or infinite."},
@@ -715,7 +863,7 @@ static struct PyModuleDef module = {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    INTERN(S_type, "type"); INTERN(S_value, "value"); INTERN(S_dtype, "dtype"); INTERN(S_shape, "shape");
+    INTERN(S_md5, "md5"); INTERN(S_type, "type"); INTERN(S_value, "value"); INTERN(S_dtype, "dtype"); INTERN(S_shape, "shape");
     INTERN(S_Max, "Max"); INTERN(S_Min, "Min"); INTERN(S_Mean, "Mean"); INTERN(S_Norm, "Norm");
     INTERN(S_tensor_type, "mindspore.Tensor"); INTERN(S_int, "int"); INTERN(S_float, "float");
     INTERN(S_str, "str"); INTERN(S_bool, "bool"); INTERN(S_leaf, "leaf");

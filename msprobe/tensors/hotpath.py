@@ -7,11 +7,15 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
   no ``.npy`` file: ``None``, exact ``bool``/``int``/``float``/``str``, Tensors, exact lists, tuples
   and dicts are walked in C; anything else (namedtuples, numpy values, slices, dtypes, subclasses)
   goes to the Python describer.
-* ``fill`` — the common case of :func:`msprobe.engine.flush.materialize`: a contiguous CPU
-  tensor of a dtype numpy holds, 1 to ``2**21 - 1`` elements, no file, no CRC-32 or counts, read in
-  place and reduced by the statistics kernel with the rules of
-  :func:`msprobe.tensors.stats.compute_stats` (finite data whose float64 sums overflow or underflow,
-  0-d and empty tensors, bfloat16 and larger tensors stay with Python).
+* ``fill`` — the common case of :func:`msprobe.engine.flush.materialize`: a CPU tensor of a
+  dtype numpy holds, or the C-contiguous host snapshot of a Parameter, at least one element, no file,
+  no counts, read in place (a non-contiguous tensor copied in C order, as the Python flush does) and
+  reduced by the statistics kernel with the rules of :func:`msprobe.tensors.stats.compute_stats`
+  (from ``2**21`` elements on over the CPUs free now, as :func:`msprobe.tensors.scan.scan` decides),
+  with CRC-32 (``md5``) of the same bytes by :func:`msprobe.tensors.stats.crc32_hex`'s function.
+  Finite data whose float64 sums overflow or underflow, 0-d and empty tensors, and bfloat16 stay
+  with Python. Memory shown by several tensor objects (same address, element count and dtype) is
+  read once per batch.
 * ``resolve``/``encode_lines`` — :func:`msprobe.engine.writer.resolve_slots` over journal records,
   then their lines encoded with orjson (a record holding a non-finite float, or one orjson refuses,
   by :func:`msprobe.format.journal.encode_json`).
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import os
 import sys
+
+import numpy as np
 
 try:
     from msprobe.tensors import _hotpath
@@ -53,13 +59,14 @@ def configure():
     from mindspore import Parameter, Tensor
     from mindspore._c_expression import TensorPy  # what Tensor.is_contiguous/data_ptr call
 
-    from msprobe.tensors.stats import MS_DTYPE_NAMES
+    from msprobe.tensors.stats import MS_DTYPE_NAMES, _crc32
 
     _hotpath.setup(tensor=Tensor, parameter=Parameter, dtype_names=dict(MS_DTYPE_NAMES),
                    kinds=dict(_KINDS) if sys.byteorder == "little" else {},
                    scan=_scan._stats_kernel.scan, split=_scan._SPLIT,
                    is_contiguous=TensorPy.is_contiguous, data_ptr=TensorPy._data_ptr,
-                   dumps=orjson.dumps, line_option=orjson.OPT_APPEND_NEWLINE)
+                   dumps=orjson.dumps, line_option=orjson.OPT_APPEND_NEWLINE, crc32=_crc32, ndarray=np.ndarray,
+                   stride=TensorPy.stride, free_cpus=_scan.free_cpus)
     return _hotpath
 
 
