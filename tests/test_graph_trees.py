@@ -21,19 +21,27 @@ from tests.conftest import only_step_dir
 
 def test_probe_functions_of_every_arity_have_their_parameters_and_source():
     """``ops.Custom`` counts a pyfunc's inputs from its signature and reads its source; a bprop
-    names every input plus ``out`` and ``dout``: both hold for each generated arity."""
+    names every input plus ``out`` and ``dout``; a mark's ``construct`` and ``bprop`` are parsed from
+    their source: all hold for each generated arity."""
     seen = []
-    for n in range(1, graph_probes.MAX_ARITY + 1):
+    for n in range(1, graph_probes.MAX_INPUTS + 1):
         forward = graph_probes._FORWARDERS[n](seen.append)
         params = [f"x{i}" for i in range(n)]
         assert list(inspect.signature(forward).parameters) == params
         assert f"def forward({', '.join(params)}):" in inspect.getsource(forward)
         forward(*range(n))
         assert seen[-1] == tuple(range(n))
-        bprop = graph_probes._BPROPS[n](graph_probes.pass_through)
+        bprop = graph_probes._ZEROS_BPROPS[n]
         assert list(inspect.signature(bprop).parameters) == params + ["out", "dout"]
-        assert "def bprop(" in inspect.getsource(bprop)
-    assert graph_probes._FORWARDERS[0] is None and len(graph_probes._FORWARDERS) == graph_probes.MAX_ARITY + 1
+        assert "def zeros_bprop_" in inspect.getsource(bprop)
+    assert graph_probes._FORWARDERS[0] is None and len(graph_probes._FORWARDERS) == graph_probes.MAX_INPUTS + 1
+    for n in range(1, graph_probes.MAX_ARITY + 1):
+        mark = graph_probes._MARKS[n]
+        params = ["self", "code"] + [f"x{i}" for i in range(n)] + ["token"]
+        assert list(inspect.signature(mark.construct).parameters) == params
+        assert list(inspect.signature(mark.bprop).parameters) == params + ["out", "dout"]
+        assert "def bprop(" in inspect.getsource(mark.bprop) and "def construct(" in inspect.getsource(mark.construct)
+    assert graph_probes._MARKS[0] is None and len(graph_probes._MARKS) == graph_probes.MAX_ARITY + 1
 
 
 def _tensor(value):

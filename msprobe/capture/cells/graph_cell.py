@@ -4,17 +4,21 @@ Python hooks do not run inside a compiled graph (GRAPH_MODE, or a ``mindspore.ji
 from PyNative), and ``ops.TensorDump`` runs on Ascend only. What does run at every step on CPU is
 ``ops.Custom(func_type="pyfunc")``: it hands the real values, as numpy arrays, to a Python function,
 and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
-``construct`` (:func:`msprobe.capture.cells.graph_probes.make_construct`) that passes
+``construct`` (:func:`msprobe.capture.cells.graph_probes.make_construct`) that shows
 
-* its positional Tensor inputs to a forward-only *input probe* beside the data path
-  (:func:`msprobe.capture.cells.graph_probes.observe`: it sees ``stop_gradient`` of each input and its
-  result is unused): forward ``input_args``;
-* its Tensor output(s) through an *output probe*: forward ``output`` (+ ``parameters``, the Cell's own
-  parameter values at that moment); bprop: gradients w.r.t. the outputs (backward ``input``).
+* its positional Tensor inputs and its Tensor output(s) to an *observer*, beside the data path
+  (:func:`msprobe.capture.cells.graph_probes.observe`: it sees ``stop_gradient`` of each tensor):
+  forward ``input_args`` and ``output`` (+ ``parameters``, the Cell's own parameter values at
+  ``start()``). A Cell without probed sub-Cells has one observer call for the whole call, after
+  it; a Cell with probed sub-Cells has one for its inputs, before its sub-Cells run, and one for its
+  outputs;
+* its Tensor output(s) pass through a *mark*, a Cell whose ``bprop`` shows the gradients w.r.t. the
+  outputs to a gradient probe (backward ``input``) and returns them unchanged.
 
-The output probe is an identity (the Python function returns the arrays it received), so results are
-unchanged, and every consumer of the output sums its gradient into the probe's output as it did into
-the tensor. An identity on the inputs would not be invisible: a tensor feeding the Cell and another
+The observers, marks and gradient probes are shared by every probed Cell (the Cell is named by a
+constant input), so installing costs the same for any number of Cells. The mark adds no kernel to
+the forward pass, and every consumer of the output sums its gradient into the mark's output as it
+did into the tensor. A mark on the inputs would not be invisible: a tensor feeding the Cell and another
 consumer would get ``g_other + (g_1 + g_2)`` (the Cell's internal consumers summed first) instead of
 MindSpore's order, a last-bit change. So gradients w.r.t. a Cell's inputs (backward ``output``) are
 not recorded in compiled graphs (a WARNING says so once).
@@ -24,24 +28,24 @@ same entry names (``Cell.{path}.{Class}.forward.{k}``, ``….backward.{k}``,
 copied into host ``mindspore.Tensor`` objects, so ``dump.json`` says ``"type": "mindspore.Tensor"``
 and the MindSpore dtype name, as in PyNative.
 
-Forward probes are ``side_effect_io`` ops, kept in program order even where their result is unused;
-each gradient probe runs after its forward probe (``ops.depend`` in the bprop). A graph call
+Observers are ``side_effect_io`` ops, kept in program order although nothing computes with their
+result; each gradient probe runs after the observer of its call (``ops.depend``). A graph call
 returns before the graph runs, so :meth:`GraphDump.wait` (called by ``start``/``stop``/``step``)
 waits for it. A probe runs on MindSpore's executor thread while the graph waits for it, so it only
 copies its arrays and appends a report; :meth:`GraphCellCapture.drain`, in :meth:`GraphDump.wait`,
 turns the reports into records on the thread that drives the dump (no flush, lock or file write
 inside a graph).
 
-Call numbering: probes run in execution order; the input probe of a call takes the next forward
-number of its Cell and opens the call (a call without Tensor positional inputs shows the probe a
-constant, and records ``input_args`` ``[]``), the output probe closes it (parents for
-``construct.json`` come from the stack of open calls). Backward runs in reverse: the output probe's
-bprop takes the latest un-paired forward call of that Cell (LIFO).
+Call numbering: probes run in execution order; the (input) observer of a call takes the next
+forward number of its Cell and opens the call (a call without Tensor positional inputs records
+``input_args`` ``[]``), the (output) observer closes it (parents for ``construct.json`` come from the
+stack of open calls). Backward runs in reverse: a gradient probe takes the latest un-paired forward
+call of that Cell (LIFO).
 
 Parameter gradients: inside a compiled graph a parameter read (``self.weight`` in the original
 construct) cannot be intercepted, so the gradients are taken where they are consumed: the
-``construct`` of every outermost ``nn.Optimizer`` that updates parameters of the model gets a probe
-on its ``gradients`` argument (same values as the gradient of each parameter in a single-process run;
+``construct`` of every outermost ``nn.Optimizer`` that updates parameters of the model shows its
+``gradients`` argument to an observer (same values as the gradient of each parameter in a single-process run;
 with loss scaling or gradient accumulation the optimizer sees the processed gradients).
 
 Limits (documented in the README): non-Tensor positional arguments and keyword arguments are not
@@ -51,7 +55,8 @@ a boundary with more than :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` 
 Cell with a custom ``bprop`` has forward data only; the instrumentation is compiled into the graph,
 so ``start(model)`` must come before the first step (a graph compiled earlier is reused by
 MindSpore without the probes) and the probes stay in the graph until the process ends (while the
-dump is off they only pass values through, ~30 µs each).
+dump is off they only return, a pyfunc call each: one per Cell call, one per Cell call in the
+backward, one per optimizer call).
 """
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ import threading
 from collections import defaultdict
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 from mindspore.ops import constexpr
 
 from msprobe.capture.cells import graph_probes
@@ -82,38 +87,6 @@ def _host_tensor(array: np.ndarray) -> Tensor:
     ``Tensor.from_numpy`` wraps the copy without copying it again (~1 µs; ``Tensor(array)`` checks
     and copies, ~100 µs for a 150 KB array)."""
     return Tensor.from_numpy(np.array(array, copy=True, order="C"))
-
-
-def _same_shape(*shapes):
-    return shapes[0] if len(shapes) == 1 else shapes
-
-
-def _make_probe(callback, arity: int, grad_callback=None, side_effect: bool = True):
-    """An identity ``ops.Custom`` pyfunc op of ``arity`` tensors calling ``callback(arrays)``; with
-    ``grad_callback`` its bprop passes ``dout`` through a second identity probe calling it, else
-    the bprop returns ``dout`` as it is.
-
-    With ``side_effect`` the op is marked ``side_effect_io`` (as ``ops.Print`` is): the graph
-    compiler then keeps it, in program order, even where nothing uses its result (the outputs of a
-    network differentiated by ``mindspore.grad``, a Cell whose output only feeds unused code);
-    without the mark such a probe is removed as dead code and the call is silently missing.
-    Gradient probes are not marked: a gradient nothing needs is not computed, as in PyNative.
-    """
-    def forward(arrays):
-        callback(arrays)
-        return arrays[0] if len(arrays) == 1 else arrays
-
-    # a bprop is always given (a Custom op without one fails to compile under a gradient)
-    if grad_callback is None:
-        grad = graph_probes.pass_through
-    else:
-        grad = _make_probe(grad_callback, arity, side_effect=False)
-    bprop = graph_probes._BPROPS[arity](grad)
-    op = ops.Custom(graph_probes._FORWARDERS[arity](forward), out_shape=_same_shape,
-                    out_dtype=_same_shape, func_type="pyfunc", bprop=bprop)
-    if side_effect:
-        op.add_prim_attr("side_effect_io", True)
-    return op
 
 
 def graph_cells(models, inside=None):
@@ -135,8 +108,9 @@ def graph_cells(models, inside=None):
             yield naming.cell_prefix(name, type(cell).__name__, index), cell
 
 
-#: kinds of probe reports (:attr:`GraphCellCapture._reports`)
-_ENTER, _EXIT, _OUTPUT_GRADS, _PARAM_GRADS = range(4)
+#: kinds of probe reports (:attr:`GraphCellCapture._reports`) besides the observers' kinds
+#: (:data:`~msprobe.capture.cells.graph_probes.ENTER`, ``EXIT``, ``GRADIENTS``, a whole call ``k >= 0``)
+_OUTPUT_GRADS, _HOOKED_GRADS = -4, -5
 
 
 class GraphCellCapture:
@@ -166,6 +140,9 @@ class GraphCellCapture:
         self.step = None  # the step number whose calls are tracked (None: none since end_step())
         self.param_values: dict = {}  # id(cell) -> {name: host Tensor}, taken at begin of step
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
+        self._observers = ()  # graph_probes.make_observers, shared by every probed Cell and optimizer
+        self._probed: list = []  # (prefix, cell) of each probed Cell, indexed by its code
+        self._chunks: list = []  # owners of each run of gradients an optimizer probe shows, by code
         self._reset()
 
     def snapshot_parameters(self, cells, synced: bool) -> None:
@@ -213,21 +190,25 @@ class GraphCellCapture:
             reports, self._reports = self._reports, []
         return reports
 
-    def _on_input(self, prefix: str, arrays) -> None:
+    def _observed(self, values: tuple):
+        """An observer ran (``values``: code, kind, arrays): report the arrays wanted."""
         if self.collecting and self.rt.running:
-            self._report((_ENTER, prefix, _copies(arrays) if self.fwd_in else None))
+            code, kind = values[0], values[1]
+            if kind >= 0:  # a whole call: ``kind`` inputs, then the outputs
+                self._report((kind, code, _copies(values[2:2 + kind]) if self.fwd_in else None,
+                              _copies(values[2 + kind:]) if self.fwd_out else None))
+            elif kind == graph_probes.GRADIENTS or (self.fwd_in if kind == graph_probes.ENTER else self.fwd_out):
+                self._report((kind, code, _copies(values[2:])))
+            else:
+                self._report((kind, code, None))
+        return graph_probes.TOKEN
 
-    def _on_output(self, prefix: str, cell, arrays) -> None:
-        if self.collecting and self.rt.running:
-            self._report((_EXIT, prefix, cell, _copies(arrays) if self.fwd_out else None))
-
-    def _on_output_grads(self, prefix: str, arrays) -> None:
+    def _gradients(self, values: tuple):
+        """A gradient probe ran (``values``: code, gradients w.r.t. the Cell's outputs): report them;
+        returns the gradients unchanged."""
         if self.collecting:
-            self._report((_OUTPUT_GRADS, prefix, _copies(arrays) if self.bwd_in else None))
-
-    def _on_param_grads(self, owners: list, arrays) -> None:
-        if self.collecting and self.rt.running:
-            self._report((_PARAM_GRADS, owners, _copies(arrays)))
+            self._report((_OUTPUT_GRADS, values[0], _copies(values[1:]) if self.bwd_in else None))
+        return values[1] if len(values) == 2 else values[1:]
 
     # ------------------------------------------------------------------ records
     def drain(self) -> None:
@@ -239,14 +220,27 @@ class GraphCellCapture:
         rt = self.rt
         if rt.failed or rt.forked() or not rt.step_open:
             return
-        handlers = (self._enter, self._exit, self._output_grads, self._param_grads)
+        cells, chunks = self._probed, self._chunks
         with contextlib.ExitStack() as scope:
             if self.tree is not None and not scope.enter_context(rt.tree(self.tree)):
                 return
             scope.enter_context(rt.bulk())
             scope.enter_context(rt.tool_code())
-            for kind, *args in reports:
-                handlers[kind](*args)
+            for kind, code, *arrays in reports:
+                if kind >= 0:  # a whole call
+                    prefix, cell = cells[code]
+                    self._enter(prefix, arrays[0])
+                    self._exit(prefix, cell, arrays[1])
+                elif kind == graph_probes.ENTER:
+                    self._enter(cells[code][0], arrays[0])
+                elif kind == graph_probes.EXIT:
+                    self._exit(*cells[code], arrays[0])
+                elif kind == _OUTPUT_GRADS:
+                    self._output_grads(cells[code][0], arrays[0])
+                elif kind == graph_probes.GRADIENTS:
+                    self._param_grads(chunks[code], arrays[0])
+                else:  # _HOOKED_GRADS: code is the owners list
+                    self._param_grads(code, arrays[0])
 
     def _enter(self, prefix: str, arrays) -> None:
         rt = self.rt
@@ -320,10 +314,18 @@ class GraphCellCapture:
         if self.bwd_out:
             _note_no_input_gradients()
         undo = []
+        self._observers = graph_probes.make_observers(self._observed)
+        marks = graph_probes.make_marks(self._gradients) if self.bwd_in or self.bwd_out else None
+        probed = {id(cell) for _, cell in cells}
         for prefix, cell in cells:
             if getattr(cell, "has_bprop", False):
                 logger.info("msprobe: %s defines bprop: only its forward data is recorded in a graph", prefix)
-            undo.append(self._instrument(prefix, cell))
+            # a Cell without probed sub-Cells: nothing is probed between its inputs and its outputs
+            whole = not any(id(sub) in probed for name, sub in cell.cells_and_names() if name)
+            undo.append(_set_construct(cell, graph_probes.make_construct(
+                self._observers, marks, graph_probes.code_tensor(len(self._probed)), whole,
+                _too_many(prefix, "input"), _too_many(prefix, "output"), self._note_keys(prefix))))
+            self._probed.append((prefix, cell))
         if self.param_grads and not graph_mode:
             self._hook_parameters(cells, undo)
         elif self.param_grads:
@@ -341,21 +343,8 @@ class GraphCellCapture:
         for param_id, (param, owner) in _parameter_owners(cells).items():
             def hook(grad, owner=owner):
                 if self.collecting:
-                    self._report((_PARAM_GRADS, [owner], [grad]))
+                    self._report((_HOOKED_GRADS, [owner], [grad]))
             undo.append(param.register_hook(hook).remove)
-
-    def _instrument(self, prefix: str, cell):
-        arities = range(1, graph_probes.MAX_ARITY + 1)
-        probes_in = (_make_probe(lambda a, p=prefix: self._on_input(p, ()), 1),) + tuple(
-            _make_probe(lambda a, p=prefix: self._on_input(p, a), n) for n in arities)
-        grads = self.bwd_in or self.bwd_out
-        probes_out = (None,) + tuple(
-            _make_probe(lambda a, p=prefix, c=cell: self._on_output(p, c, a), n,
-                        (lambda a, p=prefix: self._on_output_grads(p, a)) if grads else None)
-            for n in arities)
-        return _set_construct(cell, graph_probes.make_construct(
-            probes_in, probes_out, _too_many(prefix, "input"), _too_many(prefix, "output"),
-            self._note_keys(prefix)))
 
     def _note_keys(self, prefix: str):
         """The compile-time note (``mindspore.ops.constexpr``) of the kind of output a Cell returns:
@@ -402,11 +391,11 @@ class GraphCellCapture:
         if not any(owners):
             return None
         size = graph_probes.MAX_ARITY
-        chunk_probes = tuple(
-            _make_probe(lambda a, o=owners[start:start + size]: self._on_param_grads(o, a),
-                        len(params[start:start + size]))
-            for start in range(0, len(params), size))
-        construct = graph_probes.make_grads_construct(chunk_probes, len(params),
+        codes = []
+        for start in range(0, len(params), size):
+            codes.append(graph_probes.code_tensor(len(self._chunks)))
+            self._chunks.append(owners[start:start + size])
+        construct = graph_probes.make_grads_construct(self._observers, tuple(codes), len(params),
                                                       _unprobed_optimizer(type(optimizer).__name__, len(params)))
         return _set_construct(optimizer, construct)
 

@@ -1,17 +1,29 @@
 """Fixed-arity pieces of the graph-mode probes (:mod:`msprobe.capture.cells.graph_cell`), and the small
 functions MindSpore compiles into the graph around each instrumented Cell.
 
-Why fixed arity: ``ops.Custom(func_type="pyfunc")`` counts the inputs of its Python function from the
-signature and reads its source (``inspect.getsource``), and a Primitive ``bprop`` must name every input
-plus ``out`` and ``dout`` explicitly (``*args`` is refused by graph compilation). So one forwarder and
-one bprop factory per arity, 1..:data:`MAX_ARITY`, generated from one template each at import
-(:func:`_generate`). Each bprop waits for its probe's forward output (``ops.depend``):
-the graph runs independent kernels concurrently, and a gradient probe that ran before the forward
-probe of its call would find no forward call to pair with.
+Two kinds of pieces, shared by every probed Cell (a Cell is named by a constant int32 Tensor, its
+*code*, passed as the first input):
 
-The functions at the end (:func:`through`, :func:`make_construct`, :func:`make_grads_construct`) are
+* an *observer* (``ops.Custom`` pyfunc, marked ``side_effect_io``) takes ``(code, kind, x0, …)``:
+  the tensors of one Cell boundary, or of a whole call (inputs and outputs in one call of the
+  Python function), each as ``stop_gradient`` of the tensor, beside the data path; it returns a
+  one-element int32 *token*, which nothing computes with;
+* a *mark* (a Cell with a ``bprop``) returns its tensors unchanged; its ``bprop`` passes the
+  gradients ``dout`` through a *gradient probe* (an identity pyfunc ``(code, d0, …)``) once the
+  observer's token exists (``ops.depend``: the graph runs independent kernels concurrently, and the
+  gradient w.r.t. a Cell's output may not need any forward value computed after that Cell, so a
+  gradient probe could otherwise run before the observer of its own call and find no forward call
+  to pair with). The mark adds no kernel to the forward pass.
+
+Why fixed arity: ``ops.Custom(func_type="pyfunc")`` counts the inputs of its Python function from the
+signature and reads its source (``inspect.getsource``), and a ``bprop`` must name every input plus
+``out`` and ``dout`` explicitly (``*args`` is refused by graph compilation). So one forwarder, one
+bprop and one mark class per arity, generated from one template each at import (:func:`_generate`).
+
+The functions at the end (:func:`make_construct`, :func:`make_grads_construct` and their helpers) are
 parsed by MindSpore's graph compiler (GRAPH_MODE and ``mindspore.jit``): only constructs it supports
-are used (``isinstance`` and ``len`` on compile-time values, tuple building, loops unrolled at compile time).
+are used (``isinstance`` and ``len`` on compile-time values, tuple building, loops unrolled at compile
+time).
 """
 from __future__ import annotations
 
@@ -20,19 +32,16 @@ import linecache
 import os
 import tempfile
 
-from mindspore import Tensor, ops
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
 
-#: most tensors passed through one probe (a Cell boundary with more is not probed)
+#: most tensors of one Cell boundary (inputs, outputs) that are probed
 MAX_ARITY = 16
+#: most inputs of one pyfunc: code, kind and the inputs and outputs of a call
+MAX_INPUTS = 2 * MAX_ARITY + 2
 
-
-def after(values, anchor):
-    """``values`` (a tuple) with its first item made to wait for ``anchor``: a probe's bprop runs
-    after the probe itself, so the backward record of a call always finds its forward call."""
-    return (ops.depend(values[0], anchor),) + values[1:]
-
-
-#: ``forwarder_{n}(fn)``: the pyfunc of a probe, ``forward(x0, ..., x{n-1})`` calling ``fn((x0, ...))``
+#: ``forwarder_{m}(fn)``: a pyfunc ``forward(x0, ..., x{m-1})`` calling ``fn((x0, ...))``
 _FORWARDER = """
 def forwarder_{arity}(fn):
     def forward({args}):
@@ -40,34 +49,55 @@ def forwarder_{arity}(fn):
     return forward
 """
 
-#: ``bprop_of_{n}(grad)``: the bprop of a probe, passing ``dout`` (after the probe's own output) to ``grad``
-_BPROP = """
-def bprop_of_{arity}(grad):
-    def bprop({args}, out, dout):
-        return {result}
-    return bprop
+#: ``zeros_bprop_{m}``: the bprop of a pyfunc of ``m`` inputs that no gradient goes through
+_ZEROS_BPROP = """
+def zeros_bprop_{arity}({args}, out, dout):
+    return ({zeros},)
+"""
+
+#: ``Mark{n}``: ``n`` tensors unchanged, their gradients through ``self.probe`` (see the module docstring)
+_MARK = """
+class Mark{arity}(nn.Cell):
+    def __init__(self, probe):
+        super().__init__()
+        self.probe = probe
+
+    def construct(self, code, {args}, token):
+        return {values}
+
+    def bprop(self, code, {args}, token, out, dout):
+        return {grads}
 """
 
 
 def _generate() -> dict:
-    """The functions of :data:`_FORWARDER` and :data:`_BPROP` for every arity 1..:data:`MAX_ARITY`,
-    defined as if written in this module, from one generated source text.
+    """The functions and classes of :data:`_FORWARDER`, :data:`_ZEROS_BPROP` (arities
+    1..:data:`MAX_INPUTS`) and :data:`_MARK` (1..:data:`MAX_ARITY`), defined as if written in this
+    module, from one generated source text.
 
     The text is kept in :mod:`linecache` (``inspect.getsource`` finds it: ``ops.Custom`` reads a
-    pyfunc's source, the graph compiler parses a bprop from it) and, when the temporary directory
-    is writable, in a file of its own, which MindSpore reads for the debug information of the
-    compiled bprop (it logs an error for a source file that does not exist).
+    pyfunc's source, the graph compiler parses a bprop and a mark's methods from it) and, when the
+    temporary directory is writable, in a file of its own, which MindSpore reads for the debug
+    information of the compiled functions (it logs an error for a source file that does not exist).
     """
     parts = []
+    for m in range(1, MAX_INPUTS + 1):
+        args = ", ".join(f"x{i}" for i in range(m))
+        parts.append(_FORWARDER.format(arity=m, args=args))
+        parts.append(_ZEROS_BPROP.format(arity=m, args=args,
+                                         zeros=", ".join(f"ops.zeros_like(x{i})" for i in range(m))))
     for n in range(1, MAX_ARITY + 1):
         args = ", ".join(f"x{i}" for i in range(n))
-        parts.append(_FORWARDER.format(arity=n, args=args))
-        parts.append(_BPROP.format(arity=n, args=args, result="(grad(ops.depend(dout, out)),)" if n == 1
-                                   else "grad(*after(dout, out))"))
+        if n == 1:
+            grads = "ops.zeros_like(code), self.probe(ops.depend(code, token), dout), ops.zeros_like(token)"
+        else:
+            grads = ("(ops.zeros_like(code),) + self.probe(ops.depend(code, token), *dout) + "
+                     "(ops.zeros_like(token),)")
+        parts.append(_MARK.format(arity=n, args=args, values="x0" if n == 1 else f"({args},)", grads=grads))
     source = "".join(parts)
     filename = _source_file(source)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = {"__name__": __name__, "after": after, "ops": ops}
+    namespace = {"__name__": __name__, "ops": ops, "nn": nn}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own fixed templates
     return namespace
 
@@ -91,16 +121,69 @@ def _source_file(source: str) -> str:
 
 
 _NAMESPACE = _generate()
-#: ``_FORWARDERS[n]``/``_BPROPS[n]``: the factories for a probe of ``n`` tensors (index 0 unused)
-_FORWARDERS = (None,) + tuple(_NAMESPACE[f"forwarder_{n}"] for n in range(1, MAX_ARITY + 1))
-_BPROPS = (None,) + tuple(_NAMESPACE[f"bprop_of_{n}"] for n in range(1, MAX_ARITY + 1))
+#: ``_FORWARDERS[m]``/``_ZEROS_BPROPS[m]``: a pyfunc of ``m`` inputs and its bprop (index 0 unused)
+_FORWARDERS = (None,) + tuple(_NAMESPACE[f"forwarder_{m}"] for m in range(1, MAX_INPUTS + 1))
+_ZEROS_BPROPS = (None,) + tuple(_NAMESPACE[f"zeros_bprop_{m}"] for m in range(1, MAX_INPUTS + 1))
+#: ``_MARKS[n]``: the mark class of ``n`` tensors (index 0 unused)
+_MARKS = (None,) + tuple(_NAMESPACE[f"Mark{n}"] for n in range(1, MAX_ARITY + 1))
+
+#: the token an observer returns (MindSpore copies it into the op's output)
+TOKEN = np.zeros(1, np.int32)
+
+#: observer kinds (the second input): a call's inputs (a Cell with probed sub-Cells: before they
+#: run), its outputs (after), the gradients an optimizer receives; a kind ``k >= 0`` is a whole call
+#: of a Cell without probed sub-Cells, ``k`` inputs then its outputs
+ENTER, EXIT, GRADIENTS = -1, -2, -3
+_KINDS = {kind: Tensor(kind, ms.int32) for kind in (ENTER, EXIT, GRADIENTS)}
+ENTER_KIND, EXIT_KIND, GRADIENTS_KIND = _KINDS[ENTER], _KINDS[EXIT], _KINDS[GRADIENTS]
+#: ``CALL_KINDS[k]``: the kind of a whole call with ``k`` probed inputs
+CALL_KINDS = tuple(Tensor(k, ms.int32) for k in range(MAX_ARITY + 1))
 
 
-def pass_through(*values):
-    """The gradient of a probe whose backward data is not wanted: ``dout`` unchanged."""
-    if len(values) == 1:
-        return values[0]
-    return values
+def code_tensor(code: int) -> Tensor:
+    """The constant naming a probed Cell (or optimizer chunk) in its probes' calls."""
+    return Tensor(code, ms.int32)
+
+
+def _token_shape(*shapes):
+    return (1,)
+
+
+def _token_dtype(*dtypes):
+    return ms.int32
+
+
+def _same_shape(code, *shapes):
+    return shapes[0] if len(shapes) == 1 else shapes
+
+
+def make_observers(callback) -> tuple:
+    """``observers[n]``: the observer of ``n`` tensors (0..:data:`MAX_INPUTS` - 2), each calling
+    ``callback((code, kind, array, ...))``, which returns :data:`TOKEN`.
+
+    Marked ``side_effect_io`` (as ``ops.Print`` is): the graph compiler keeps an observer, in program
+    order, although nothing uses its result; without the mark it is removed as dead code and the
+    call is silently missing."""
+    observers = []
+    for n in range(MAX_INPUTS - 1):
+        op = ops.Custom(_FORWARDERS[n + 2](callback), out_shape=_token_shape, out_dtype=_token_dtype,
+                        func_type="pyfunc", bprop=_ZEROS_BPROPS[n + 2])
+        op.add_prim_attr("side_effect_io", True)
+        observers.append(op)
+    return tuple(observers)
+
+
+def make_marks(callback) -> tuple:
+    """``marks[n]``: the mark of ``n`` tensors (1..:data:`MAX_ARITY`; index 0 ``None``), whose gradient
+    probe calls ``callback((code, d0, ...))``, which returns the gradients unchanged (the array, or a
+    tuple of them). The gradient probes are not marked ``side_effect_io``: a gradient nothing needs
+    is not computed, as in PyNative."""
+    marks = [None]
+    for n in range(1, MAX_ARITY + 1):
+        probe = ops.Custom(_FORWARDERS[n + 1](callback), out_shape=_same_shape, out_dtype=_same_shape,
+                           func_type="pyfunc", bprop=_ZEROS_BPROPS[n + 1])
+        marks.append(_MARKS[n](probe))
+    return tuple(marks)
 
 
 def tensors_of(values):
@@ -125,63 +208,78 @@ def replace_tensors(values, new):
     return result
 
 
-def through(probes, values, too_many):
-    """Pass the Tensor items of the tuple ``values`` through ``probes[n]`` (n = their number); of
-    more than :data:`MAX_ARITY` items only the first :data:`MAX_ARITY`, after ``too_many(n)`` (a
+def at_most(found, too_many):
+    """The first :data:`MAX_ARITY` items of the tuple ``found``; with more, after ``too_many(n)`` (a
     ``mindspore.ops.constexpr`` function: it runs once, when the graph is compiled)."""
-    found = tensors_of(values)
     n = len(found)
-    if n == 0:
-        return values
-    if n == 1:
-        return replace_tensors(values, (probes[1](found[0]),))
     if n > MAX_ARITY:
         too_many(n)
-        return replace_tensors(values, probes[MAX_ARITY](*found[:MAX_ARITY]) + found[MAX_ARITY:])
-    return replace_tensors(values, probes[n](*found))
+        return found[:MAX_ARITY]
+    return found
 
 
-#: the argument of the input probe of a call with no Tensor positional input (it is not recorded)
-NO_TENSOR = Tensor(0)
-
-
-def observe(probes, values, too_many):
-    """Show the Tensor items of the tuple ``values`` to ``probes[n]`` (n = their number, as in
-    :func:`through`; ``probes[0]`` gets :data:`NO_TENSOR`) *beside* the data path: each probe sees
-    ``stop_gradient`` of the tensor and its result is unused (a ``side_effect_io`` probe is kept
-    in program order anyway). The Cell computes on ``values`` themselves, so no node is added
-    between a tensor and its consumers and MindSpore sums the gradients of a tensor with several
-    consumers in the same order as without the probe."""
-    found = tensors_of(values)
-    n = len(found)
-    if n == 0:
-        probes[0](NO_TENSOR)
-        return 0
-    if n > MAX_ARITY:
-        too_many(n)
-        found = found[:MAX_ARITY]
-        n = MAX_ARITY
+def observe(observers, code, kind, values):
+    """Show the tensors of the tuple ``values`` to ``observers[len(values)]`` beside the data path:
+    it sees ``stop_gradient`` of each, so no node is added between a tensor and its consumers and
+    MindSpore sums the gradients of a tensor with several consumers in the same order as without
+    the probe. Returns the observer's token."""
     stopped = ()
-    for v in found:
+    for v in values:
         stopped = stopped + (ops.stop_gradient(v),)
-    if n == 1:
-        probes[1](stopped[0])
+    return observers[len(values)](code, kind, *stopped)
+
+
+def probe_outputs(observers, marks, code, whole, ins, outs):
+    """Observe the output tensors ``outs`` (a tuple, 1..:data:`MAX_ARITY`): with ``whole``, together
+    with the call's inputs ``ins`` in one observer call. Returns the tuple of the tensors to use in
+    their place: each made to wait for the observer (``ops.depend``; otherwise a call whose outputs
+    are constants is folded away with its observer when the graph compiles), then passed through
+    the mark of their number (``marks`` ``None``: no gradient is wanted)."""
+    if whole:
+        token = observe(observers, code, CALL_KINDS[len(ins)], ins + outs)
     else:
-        probes[n](*stopped)
-    return n
+        token = observe(observers, code, EXIT_KIND, outs)
+    held = ()
+    for v in outs:
+        held = held + (ops.depend(v, token),)
+    if marks is None:
+        return held
+    if len(held) == 1:
+        return (marks[1](code, held[0], token),)
+    return marks[len(held)](code, *held, token)
+
+
+def through(observers, marks, code, whole, ins, values, too_many):
+    """``values`` (a tuple) with its Tensor items probed (:func:`probe_outputs`); of more than
+    :data:`MAX_ARITY` only the first :data:`MAX_ARITY` (see :func:`at_most`), the others pass as they
+    are. Without a Tensor item, with ``whole``, the call's inputs are observed alone (the call is
+    recorded without output)."""
+    found = tensors_of(values)
+    n = len(found)
+    if n == 0:
+        if whole:
+            observe(observers, code, ENTER_KIND, ins)
+        return values
+    probed = at_most(found, too_many)
+    return replace_tensors(values, probe_outputs(observers, marks, code, whole, ins, probed) + found[len(probed):])
 
 
 #: instance attribute holding the construct a probe wrapper calls (see :func:`make_construct`)
 INNER = "_msprobe_inner_construct"
 
 
-def make_construct(probes_in, probes_out, too_many_in, too_many_out, note_keys):
-    """An instance ``construct`` running the Cell's previous construct after a forward-only input
-    probe (:func:`observe`, off the data path) and before an output probe (an identity on the
-    data path: every consumer of the output sums its gradient into the probe's output as it did
-    into the tensor, so the sum is unchanged). ``note_keys(keys)`` (a ``mindspore.ops.constexpr``
-    function) is told, when the graph compiles, the keys of the Tensor values a dict output has
-    (``None`` for a Tensor or tuple output), so the record can keep the dict's keys.
+def make_construct(observers, marks, code, whole, too_many_in, too_many_out, note_keys):
+    """An instance ``construct`` running the Cell's previous construct with its positional Tensor
+    inputs and its Tensor outputs observed (:func:`observe`) and its outputs passed through a mark
+    (:func:`probe_outputs`; ``marks`` ``None``: no gradient probe).
+
+    ``whole`` (a Cell without probed sub-Cells): inputs and outputs go to one observer, after the
+    call (nothing else is probed between the two). Otherwise the inputs are observed before the
+    previous construct runs (the call opens before its sub-Cells' calls) and the outputs after it.
+    ``code``: the Cell's constant (:func:`code_tensor`). ``note_keys(keys)`` (a
+    ``mindspore.ops.constexpr`` function) is told, when the graph compiles, the keys of the Tensor
+    values a dict output has (``None`` for a Tensor or tuple output), so the record can keep the
+    dict's keys. ``too_many_in``/``too_many_out``: see :func:`at_most`.
 
     The previous construct is reached as the bound method ``self._msprobe_inner_construct``
     (:data:`INNER`), not as a plain function called with ``self``: the graph compiler turns
@@ -189,57 +287,58 @@ def make_construct(probes_in, probes_out, too_many_in, too_many_out, note_keys):
     as a method of the Cell; a function called as ``f(self, ...)`` loses such updates (``nn.Adam``
     and ``nn.AdaMax`` keep ``beta1_power`` that way) and runs them as Python fallback code, which
     cannot hold a probe. The wrapper's first parameter is literally ``self`` (graph compilation
-    requires it). ``too_many_in``/``too_many_out``: see :func:`through`.
+    requires it).
     """
     def construct(self, *args, **kwargs):
-        observe(probes_in, args, too_many_in)
+        ins = at_most(tensors_of(args), too_many_in)
+        if not whole:
+            observe(observers, code, ENTER_KIND, ins)
         out = self._msprobe_inner_construct(*args, **kwargs)
         if isinstance(out, Tensor):
             note_keys(None)
-            return probes_out[1](out)
+            return probe_outputs(observers, marks, code, whole, ins, (out,))[0]
         if isinstance(out, tuple):
             note_keys(None)
-            return through(probes_out, out, too_many_out)
+            return through(observers, marks, code, whole, ins, out, too_many_out)
         if isinstance(out, dict):
-            return through_dict(probes_out, out, too_many_out, note_keys)
+            return through_dict(observers, marks, code, whole, ins, out, too_many_out, note_keys)
+        if whole:
+            observe(observers, code, ENTER_KIND, ins)
         return out
     return construct
 
 
-def through_dict(probes, values, too_many, note_keys):
-    """A new dict with the Tensor values of the dict ``values`` passed through ``probes`` (in the
-    dict's order, as :func:`through`), same keys; ``note_keys`` gets the keys of the probed values."""
+def through_dict(observers, marks, code, whole, ins, values, too_many, note_keys):
+    """A new dict with the Tensor values of the dict ``values`` probed (in the dict's order, as
+    :func:`through`), same keys; ``note_keys`` gets the keys of the probed values."""
     keys = tuple(values.keys())
     probed = ()
     for k in keys:
         if isinstance(values[k], Tensor):
             probed = probed + (k,)
     note_keys(probed[:MAX_ARITY])
-    new = through(probes, tuple(values.values()), too_many)
+    new = through(observers, marks, code, whole, ins, tuple(values.values()), too_many)
     result = {}
     for i in range(len(keys)):
         result[keys[i]] = new[i]
     return result
 
 
-def make_grads_construct(chunk_probes, size, unprobed):
-    """An optimizer ``construct(self, gradients, ...)`` whose gradients first pass through
-    ``chunk_probes`` (one probe per run of :data:`MAX_ARITY` gradients, exact arity each), then
-    go to the previous construct, a bound method as in :func:`make_construct`. A call whose first
-    positional argument is not a tuple of ``size`` gradients (one per parameter of the optimizer;
-    ``gradients=`` given by keyword, for instance) passes unprobed, after ``unprobed(0)`` (a
-    ``mindspore.ops.constexpr`` function, run when the graph is compiled)."""
+def make_grads_construct(observers, chunk_codes, size, unprobed):
+    """An optimizer ``construct(self, gradients, ...)`` whose gradients are first shown to an
+    observer (kind :data:`GRADIENTS`, one per run of :data:`MAX_ARITY` gradients, named by
+    ``chunk_codes[c]``), then go, unchanged, to the previous construct, a bound method as in
+    :func:`make_construct`. A call whose first positional argument is not a tuple of ``size``
+    gradients (one per parameter of the optimizer; ``gradients=`` given by keyword, for instance)
+    passes unprobed, after ``unprobed(0)`` (a ``mindspore.ops.constexpr`` function, run when the
+    graph is compiled)."""
     def construct(self, *args, **kwargs):
         if not args or not isinstance(args[0], tuple) or len(args[0]) != size:
             unprobed(0)
             return self._msprobe_inner_construct(*args, **kwargs)
         grads = args[0]
-        new = ()
-        for c in range(len(chunk_probes)):
-            part = grads[c * MAX_ARITY:(c + 1) * MAX_ARITY]
-            if len(part) == 1:
-                new = new + (chunk_probes[c](part[0]),)
-            else:
-                new = new + chunk_probes[c](*part)
-        return self._msprobe_inner_construct(new, *args[1:], **kwargs)
+        for c in range(len(chunk_codes)):
+            observers[len(grads[c * MAX_ARITY:(c + 1) * MAX_ARITY])](
+                chunk_codes[c], GRADIENTS_KIND, *grads[c * MAX_ARITY:(c + 1) * MAX_ARITY])
+        return self._msprobe_inner_construct(*args, **kwargs)
     return construct
