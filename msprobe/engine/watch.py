@@ -111,8 +111,9 @@ class Watch:
     def __init__(self, settings, dump_path: str):
         self.settings = settings
         self.dump_path = dump_path
-        #: last ``history`` entries: entry key (step, directory, name) -> ``[(order, encoded journal
-        #: line)]``, oldest entry first (lines as :func:`msprobe.format.journal.encode_json` wrote them)
+        #: last ``history`` entries: entry key (step, directory, name) -> ``[(order, text, start, end)]``,
+        #: oldest entry first: each line is ``text[start:end]``, as :func:`msprobe.format.journal.encode_json`
+        #: wrote it, ``text`` the encoded batch it came in (shared by the batch's lines)
         self.ring: collections.OrderedDict = collections.OrderedDict()
         self.stack_frames: dict = {}   # stack id -> frames (definitions are never evicted)
         self.triggered = None          # the anomaly found (dict), once
@@ -151,12 +152,13 @@ class Watch:
         return found
 
     # ------------------------------------------------------------------ history
-    def keep(self, step: int, directory: str, lines: list, encoded: list) -> None:
-        """Add journal lines (resolved dicts, in journal order; ``encoded``: the same lines as
-        bytes, kept) to the history; the oldest entries beyond ``history`` are dropped whole."""
+    def keep(self, step: int, directory: str, lines: list, text: bytes, offsets: list) -> None:
+        """Add journal lines (resolved dicts, in journal order) to the history, kept as their
+        encoding: line ``i`` is ``text[offsets[i]:offsets[i + 1]]``. The oldest entries beyond
+        ``history`` are dropped whole."""
         ring, limit = self.ring, self.settings.history
         seq = self._seq
-        for line, text in zip(lines, encoded):
+        for i, line in enumerate(lines):
             name = journal.subject(line)
             if name is None:
                 definition = journal.stack_definition(line)
@@ -171,13 +173,12 @@ class Watch:
                 if len(ring) > limit:
                     ring.popitem(last=False)
             seq += 1
-            got.append((seq, text))
+            got.append((seq, text, offsets[i], offsets[i + 1]))
         self._seq = seq
 
     def lines_of(self, name: str) -> list:
         """The kept journal lines (dicts) of the entries named ``name`` (any step), oldest first."""
-        return [journal.decode_line(text) for key, lines in self.ring.items() if key[2] == name
-                for _, text in lines]
+        return [_line(item) for key, lines in self.ring.items() if key[2] == name for item in lines]
 
     def history_by_step(self):
         """``[(step, directory, lines)]`` of what the ring holds, by step, each step's lines (dicts)
@@ -186,7 +187,7 @@ class Watch:
         groups: dict = {}
         for (step, directory, _), lines in self.ring.items():
             groups.setdefault((step, directory), []).extend(lines)
-        return [(step, d, [journal.decode_line(text) for _, text in sorted(lines, key=lambda item: item[0])])
+        return [(step, d, [_line(item) for item in sorted(lines, key=lambda item: item[0])])
                 for (step, d), lines in groups.items()]
 
     def heartbeat(self, rank, step: int) -> None:
@@ -260,13 +261,13 @@ class WatchWriter:
         elif found is None and self._first_bad_input is not None:
             # a non-finite value reached an input without any recorded call producing it: made by
             # code this level does not record (e.g. an API between Cells at L0)
-            watch.keep(self.step, self.directory, resolved, _split(text, resolved))
+            watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
             self._trigger_unrecorded(*self._first_bad_input)
             return
         if found is not None and watch.settings.save_tensors:
             self._save_tensors(found, records)  # adds data_name to leaves: encoded again
             text = _encode(resolved)[0]
-        watch.keep(self.step, self.directory, resolved, _split(text, resolved))
+        watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
         if found is not None:
             self._trigger(found)
 
@@ -443,14 +444,30 @@ def _encode(records: list) -> tuple:
     return encode_lines(records)
 
 
-def _split(text, resolved: list) -> list:
-    """The encoded lines of ``text`` (newline-terminated JSON, one per resolved line) as bytes each;
-    JSON text has no raw newline inside a line. Lines that do not split so are encoded one by one."""
-    lines = bytes(text).split(b"\n")
-    if len(lines) == len(resolved) + 1:
-        del lines[-1]
-        return lines
-    return [journal.encode_json(rec, True, line=True) for rec in resolved]
+def _split(text, resolved: list) -> tuple:
+    """``(text, offsets)``: the batch's encoded text (newline-terminated JSON, one line per resolved
+    line; JSON has no raw newline inside a line) as one bytes object, and where each line starts
+    (``offsets[i]:offsets[i + 1]``). One object per batch: the history's lines are not many small
+    allocations freed in another order than made.
+
+    Raises:
+        ValueError: ``text`` is not one line per resolved line."""
+    text = bytes(text)
+    offsets, pos, find = [0], 0, text.find
+    for _ in resolved:
+        pos = find(b"\n", pos) + 1
+        if not pos:
+            break
+        offsets.append(pos)
+    if len(offsets) != len(resolved) + 1 or pos != len(text):  # the encoders write one line each
+        raise ValueError(f"an encoded batch of {len(resolved)} journal lines is not one line each")
+    return text, offsets
+
+
+def _line(item: tuple) -> dict:
+    """The journal line (dict) of a history item ``(order, text, start, end)``."""
+    _, text, start, end = item
+    return journal.decode_line(text[start:end])
 
 
 def _has_non_finite(value) -> bool:
