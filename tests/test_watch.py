@@ -384,3 +384,16 @@ def test_history_files_equal_a_plain_dump_of_the_same_steps(tmp_path, monkeypatc
         assert watched["dump.json"] and watched == dumped, step
     clip = [v for k, v in files(dump_path, 1)["dump.json"].items() if k.startswith("Functional.clip_by_value")]
     assert clip and clip[0]["input_args"][1]["value"] == -math.inf
+
+
+def test_a_batch_not_encoded_one_line_per_record_is_refused():
+    """The history finds each kept line by the newlines of its batch's text: a text with another
+    number of lines than records is an error, never a misplaced line."""
+    from msprobe.engine.watch import _split
+
+    lines = [journal.construct_edge("a", None), journal.construct_edge("b", "a")]
+    text = b"".join(journal.encode_json(line, False, line=True) for line in lines)
+    assert _split(bytearray(text), lines) == (text, [0, text.index(b"\n") + 1, len(text)])
+    for bad in (text[:-1], text + b"\n", text.replace(b"\n", b" ", 1)):
+        with pytest.raises(ValueError, match="not one line each"):
+            _split(bad, lines)
