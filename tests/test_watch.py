@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 
 import mindspore as ms
@@ -21,7 +22,9 @@ from msprobe.mindspore import PrecisionDebugger
 
 def _debugger(tmp_path, level, watch, name="dump"):
     dump_path = os.path.join(str(tmp_path), name)
-    cfg = {"task": "statistics", "dump_path": dump_path, "level": level, "watch": watch}
+    cfg = {"task": "statistics", "dump_path": dump_path, "level": level}
+    if watch is not None:  # None: a plain dump of every step
+        cfg["watch"] = watch
     path = os.path.join(str(tmp_path), f"{name}.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
@@ -340,3 +343,57 @@ def test_whole_call_lines_give_the_general_paths_anomalies_and_history(tmp_path,
     assert results[True][0]["first_producer"] == "Functional.log.0.forward"
     assert len(results[True][0]["producers"]) >= 1
     assert results[True] == results[False]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_history_files_equal_a_plain_dump_of_the_same_steps(tmp_path, monkeypatch, compiled):
+    """The history is kept as encoded journal lines and decoded only when it is written: every step
+    it holds (clean steps, and the anomaly's step with its NaN statistics and NaN/Inf arguments)
+    is written with the dump.json data, stack.json and construct.json of a plain L1 dump of the same
+    run, with and without the compiled per-call path."""
+    from msprobe.tensors import hotpath
+
+    if compiled and hotpath.ext is None:
+        pytest.skip("the compiled per-call path is not built")
+    monkeypatch.setattr(hotpath, "ext", hotpath.ext if compiled else None)
+
+    class Scaled(Net):
+        def construct(self, x):   # a non-finite Python float argument in every step (not an anomaly)
+            return ops.clip_by_value(super().construct(x), float("-inf"), float("inf"))
+
+    def files(dump_path, step):
+        (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
+        out = {}
+        for name in ("dump.json", "stack.json", "construct.json"):
+            with open(os.path.join(d, name)) as f:
+                out[name] = json.load(f)
+        out["dump.json"] = out["dump.json"]["data"]
+        return out
+
+    paths = []
+    for name, watch in (("watched", {"history": 100000}), ("plain", None)):   # one call site: same stacks
+        debugger, path = _debugger(tmp_path, "L1", watch, name=name)
+        ms.set_seed(0)
+        _train(Scaled(), debugger, 3, at=2, poison=_forward_nan)
+        debugger.service.close()
+        paths.append(path)
+    dump_path, plain_path = paths
+    assert _anomaly(dump_path, 2)[1]["first_producer"] == "Functional.log.0.forward"
+    for step in range(3):
+        watched, dumped = files(dump_path, step), files(plain_path, step)
+        assert watched["dump.json"] and watched == dumped, step
+    clip = [v for k, v in files(dump_path, 1)["dump.json"].items() if k.startswith("Functional.clip_by_value")]
+    assert clip and clip[0]["input_args"][1]["value"] == -math.inf
+
+
+def test_a_batch_not_encoded_one_line_per_record_is_refused():
+    """The history finds each kept line by the newlines of its batch's text: a text with another
+    number of lines than records is an error, never a misplaced line."""
+    from msprobe.engine.watch import _split
+
+    lines = [journal.construct_edge("a", None), journal.construct_edge("b", "a")]
+    text = b"".join(journal.encode_json(line, False, line=True) for line in lines)
+    assert _split(bytearray(text), lines) == (text, [0, text.index(b"\n") + 1, len(text)])
+    for bad in (text[:-1], text + b"\n", text.replace(b"\n", b" ", 1)):
+        with pytest.raises(ValueError, match="not one line each"):
+            _split(bad, lines)

@@ -16,19 +16,28 @@ Objects:
   is ``None`` until then), then it forwards everything of its step to a real ``StepWriter`` so the step
   directory is complete when the step ends. Journal lines are read through the accessors of
   :mod:`msprobe.format.journal`.
+
+Cost: a flushed batch is resolved and encoded in one call (the compiled ``encode_lines`` of
+:mod:`msprobe.tensors.hotpath`, what the writer of a dumped step uses), and the history keeps each
+line as its encoded bytes: no per-record Python containers live across steps (the garbage collector
+never walks them), and lines are decoded only when the history is written. The pieces of a batch are
+checked one by one only when the batch holds a non-finite float (or ``max_abs``/``norm_jump`` asks
+for every output): statistics show NaN/Inf in their own floats, so a batch without one has no
+anomaly of those kinds.
 """
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import time
 
 from msprobe.read import report
-from msprobe.tensors import stats
+from msprobe.tensors import hotpath, stats
 from msprobe.engine import layout
 from msprobe.engine.step_files import StepExtras, write_step
-from msprobe.engine.writer import StepWriter, resolve_slots
+from msprobe.engine.writer import StepWriter, encode_lines
 from msprobe.format import journal
 from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
 
@@ -102,7 +111,9 @@ class Watch:
     def __init__(self, settings, dump_path: str):
         self.settings = settings
         self.dump_path = dump_path
-        #: last ``history`` entries: entry key (step, directory, name) -> journal lines, oldest first
+        #: last ``history`` entries: entry key (step, directory, name) -> ``[(order, text, start, end)]``,
+        #: oldest entry first: each line is ``text[start:end]``, as :func:`msprobe.format.journal.encode_json`
+        #: wrote it, ``text`` the encoded batch it came in (shared by the batch's lines)
         self.ring: collections.OrderedDict = collections.OrderedDict()
         self.stack_frames: dict = {}   # stack id -> frames (definitions are never evicted)
         self.triggered = None          # the anomaly found (dict), once
@@ -141,36 +152,42 @@ class Watch:
         return found
 
     # ------------------------------------------------------------------ history
-    def keep(self, step: int, directory: str, lines: list) -> None:
-        """Add journal lines (in journal order) to the history; the oldest entries beyond
+    def keep(self, step: int, directory: str, lines: list, text: bytes, offsets: list) -> None:
+        """Add journal lines (resolved dicts, in journal order) to the history, kept as their
+        encoding: line ``i`` is ``text[offsets[i]:offsets[i + 1]]``. The oldest entries beyond
         ``history`` are dropped whole."""
         ring, limit = self.ring, self.settings.history
-        for line in lines:
-            definition = journal.stack_definition(line)
-            if definition is not None:
-                self.stack_frames[definition[0]] = definition[1]
-                continue
+        seq = self._seq
+        for i, line in enumerate(lines):
             name = journal.subject(line)
             if name is None:
+                definition = journal.stack_definition(line)
+                if definition is not None:
+                    self.stack_frames[definition[0]] = definition[1]
                 continue
             key = (step, directory, name)
             got = ring.get(key)
             if got is None:
                 got = ring[key] = []
                 self.records += 1
-                while len(ring) > limit:
+                if len(ring) > limit:
                     ring.popitem(last=False)
-            self._seq += 1
-            got.append((self._seq, line))
+            seq += 1
+            got.append((seq, text, offsets[i], offsets[i + 1]))
+        self._seq = seq
+
+    def lines_of(self, name: str) -> list:
+        """The kept journal lines (dicts) of the entries named ``name`` (any step), oldest first."""
+        return [_line(item) for key, lines in self.ring.items() if key[2] == name for item in lines]
 
     def history_by_step(self):
-        """``[(step, directory, lines)]`` of what the ring holds, by step, each step's lines in the
-        order they were journaled (execution order: a backward entry after every forward before it,
-        although its construct.json line was made with its forward call)."""
+        """``[(step, directory, lines)]`` of what the ring holds, by step, each step's lines (dicts)
+        in the order they were journaled (execution order: a backward entry after every forward
+        before it, although its construct.json line was made with its forward call)."""
         groups: dict = {}
         for (step, directory, _), lines in self.ring.items():
             groups.setdefault((step, directory), []).extend(lines)
-        return [(step, d, [line for _, line in sorted(lines, key=lambda item: item[0])])
+        return [(step, d, [_line(item) for item in sorted(lines, key=lambda item: item[0])])
                 for (step, d), lines in groups.items()]
 
     def heartbeat(self, rank, step: int) -> None:
@@ -229,29 +246,30 @@ class WatchWriter:
         if self.real is not None:
             self.real.append(records)
             return
-        resolved = []
+        watch = self.watch
+        text, resolved, non_finite = _encode(records)
         found = None
-        for r in records:
-            rec, checks = _resolved_pieces(r)
-            resolved.append(rec)
-            for piece, non_finite in checks:
-                if piece.key is not None and (non_finite or piece.key == "output"):
-                    producer = self._check(piece, non_finite)
-                    if found is None:
-                        found = producer
-        if found is None and self._first_bad_input is not None and self.watch.triggered is None:
+        if non_finite or watch.checks_values:
+            for rec in resolved:
+                for piece, bad in _pieces(rec):
+                    if piece.key is not None and (bad or piece.key == "output"):
+                        producer = self._check(piece, bad)
+                        if found is None:
+                            found = producer
+        if watch.triggered is not None:
+            found = None
+        elif found is None and self._first_bad_input is not None:
             # a non-finite value reached an input without any recorded call producing it: made by
             # code this level does not record (e.g. an API between Cells at L0)
-            self.watch.keep(self.step, self.directory, resolved)
+            watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
             self._trigger_unrecorded(*self._first_bad_input)
             return
-        if found is not None and self.watch.triggered is None:
-            if self.watch.settings.save_tensors:
-                self._save_tensors(found, records)
-            self.watch.keep(self.step, self.directory, resolved)
+        if found is not None and watch.settings.save_tensors:
+            self._save_tensors(found, records)  # adds data_name to leaves: encoded again
+            text = _encode(resolved)[0]
+        watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
+        if found is not None:
             self._trigger(found)
-        else:
-            self.watch.keep(self.step, self.directory, resolved)
 
     def _save_tensors(self, producer: str, records: list) -> None:
         """``save_tensors``: write the producer's tensors of this batch (its output, and its inputs
@@ -352,11 +370,10 @@ class WatchWriter:
     def _trigger(self, producer: str) -> None:
         kind = self._entries[producer][2]
         cell = None
-        for lines in self.watch.ring.values():
-            for _, line in lines:
-                found, parent = journal.parent_of(line, producer)
-                if found:
-                    cell = parent
+        for line in self.watch.lines_of(producer):
+            found, parent = journal.parent_of(line, producer)
+            if found:
+                cell = parent
         what = _WHAT[kind]
         received = is_collective(producer)
         trigger = f"watch: {what} in the output of {producer}, inputs finite"
@@ -418,20 +435,59 @@ class WatchWriter:
         watch.ring.clear()
 
 
-def _resolved_pieces(line: dict) -> tuple:
-    """``(resolved line, [(piece, non-finite)])``: ``line`` with its tensor slots replaced by their
-    leaves, and the data it carries, each piece with whether it holds a non-finite value. A
-    stack-use line with a body (a whole recorded call: inputs and output) gives one piece per key,
-    each checked on its own (its output as well as its inputs)."""
+def _encode(records: list) -> tuple:
+    """``(text, resolved, non_finite)`` of journal records, as the step writer encodes them
+    (:func:`msprobe.engine.writer.encode_lines`, in C when :mod:`msprobe.tensors.hotpath` runs)."""
+    ext = hotpath.ext
+    if ext is not None:
+        return ext.encode_lines(records, journal.encode_json)
+    return encode_lines(records)
+
+
+def _split(text, resolved: list) -> tuple:
+    """``(text, offsets)``: the batch's encoded text (newline-terminated JSON, one line per resolved
+    line; JSON has no raw newline inside a line) as one bytes object, and where each line starts
+    (``offsets[i]:offsets[i + 1]``). One object per batch: the history's lines are not many small
+    allocations freed in another order than made.
+
+    Raises:
+        ValueError: ``text`` is not one line per resolved line."""
+    text = bytes(text)
+    offsets, pos, find = [0], 0, text.find
+    for _ in resolved:
+        pos = find(b"\n", pos) + 1
+        if not pos:
+            break
+        offsets.append(pos)
+    if len(offsets) != len(resolved) + 1 or pos != len(text):  # the encoders write one line each
+        raise ValueError(f"an encoded batch of {len(resolved)} journal lines is not one line each")
+    return text, offsets
+
+
+def _line(item: tuple) -> dict:
+    """The journal line (dict) of a history item ``(order, text, start, end)``."""
+    _, text, start, end = item
+    return journal.decode_line(text[start:end])
+
+
+def _has_non_finite(value) -> bool:
+    """Whether a resolved journal value holds a NaN/Inf float anywhere (a statistic or an argument)."""
+    kind = type(value)
+    if kind is float:
+        return not math.isfinite(value)
+    if kind is dict:
+        return any(_has_non_finite(v) for v in value.values())
+    if kind is list or kind is tuple:
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def _pieces(line: dict) -> list:
+    """``[(piece, non-finite)]``: the data a resolved line carries, each piece with whether it holds a
+    non-finite value. A stack-use line with a body (a whole recorded call: inputs and output) gives
+    one piece per key, each checked on its own (its output as well as its inputs)."""
     body = line.get("v") if "stack" in line else None
     if type(body) is dict:
-        values, checks = {}, []
-        for key, value in body.items():
-            flags = [False]
-            values[key] = resolve_slots(value, flags)
-            checks.append((journal.Piece(line["e"], key, values[key]), flags[0]))
-        return dict(line, v=values), checks
-    flags = [False]
-    rec = {k: resolve_slots(v, flags) for k, v in line.items()}
-    piece = journal.piece_of(rec)
-    return rec, ([] if piece is None else [(piece, flags[0])])
+        return [(journal.Piece(line["e"], key, value), _has_non_finite(value)) for key, value in body.items()]
+    piece = journal.piece_of(line)
+    return [] if piece is None else [(piece, _has_non_finite(piece.value))]

@@ -353,17 +353,17 @@ def pieces(lines, on_header=None):
 
 
 def subject(line: dict) -> Optional[str]:
-    """The entry a line is about (data, stack use or construct edge), or ``None`` (header, frames)."""
-    found = _DECODER.apply(line)
-    if found is None or found[0] in ("header", "stack_frames"):
+    """The entry a line is about (data, stack use or construct edge), or ``None`` (header, frames).
+    Told by :func:`line_kind` alone (called for every line watch mode keeps)."""
+    kind = line_kind(line)
+    if kind is None or kind == "header" or kind == "stack_frames":
         return None
-    return found[1][0]
+    return line["c"] if kind == "construct_edge" else line["e"]
 
 
 def stack_definition(line: dict):
     """``(stack id, frames)`` of a stack-frames line, else ``None``."""
-    found = _DECODER.apply(line)
-    return found[1] if found is not None and found[0] == "stack_frames" else None
+    return (line["s"], line["f"]) if line_kind(line) == "stack_frames" else None
 
 
 def stack_ids(lines) -> set:
@@ -395,6 +395,15 @@ def encode_json(obj, non_finite: bool, line: bool = False) -> bytes:
         except TypeError:
             pass
     return (json.dumps(obj, ensure_ascii=False) + ("\n" if line else "")).encode("utf-8")
+
+
+def decode_line(text: bytes) -> dict:
+    """The journal line (dict) that :func:`encode_json` encoded as ``text`` (one line, its newline
+    optional); the ``NaN``/``Infinity`` tokens of a line holding non-finite floats are read too."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # orjson reads no NaN/Infinity tokens
+        return json.loads(text)
 
 
 def atomic_write_json(path: str, obj, non_finite: bool = True) -> None:
