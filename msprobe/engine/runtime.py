@@ -653,13 +653,7 @@ class Runtime:
         writer = self.writer
         with self._lock:
             self._pending.extend([(writer, line) for line in lines])
-            now = self._started_pending()
-            if slots:
-                self._pending_slots.extend(slots)
-                self._pending_bytes += sum([s.nbytes() for s in slots])
-            full = not self.config.async_dump and not self._bulk and (
-                    len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
-                    or now - self._oldest >= FLUSH_SECONDS)
+            full = self._added_to_batch(slots)
         if full:
             self.flush(wait=False)
 
@@ -826,13 +820,7 @@ class Runtime:
                 pending.extend([(writer, journal.key_line(entry, key, value)) for key, value in body.items()])
             for name, parent in edges:
                 pending.append((writer, journal.construct_edge(name, parent)))
-            now = self._started_pending()
-            if slots:
-                self._pending_slots.extend(slots)
-                self._pending_bytes += sum([s.nbytes() for s in slots])
-            full = not self.config.async_dump and not self._bulk and (
-                    len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
-                    or now - self._oldest >= FLUSH_SECONDS)
+            full = self._added_to_batch(slots)
         if full:
             self.flush(wait=False)
         if failure is not None:
@@ -855,16 +843,22 @@ class Runtime:
     def _queue(self, line: dict, slots: list, writer) -> None:
         with self._lock:
             self._pending.append((writer, line))
-            now = self._started_pending()
-            if slots:
-                self._pending_slots.extend(slots)
-                self._pending_bytes += sum(s.nbytes() for s in slots)
-            # async_dump: nothing is read during the step except before an in-place op (guard)
-            full = not self.config.async_dump and not self._bulk and (
-                    len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
-                    or now - self._oldest >= FLUSH_SECONDS)
+            full = self._added_to_batch(slots)
         if full:
             self.flush(wait=False)
+
+    def _added_to_batch(self, slots: list) -> bool:
+        """Call with :attr:`lock` held after adding lines to the batch: adds ``slots`` to it (starting
+        its deadline when it was empty) and returns whether it is now due for reading by the size
+        and age rules. With ``async_dump`` nothing is read during the step except before an in-place
+        op (guard), and a :meth:`bulk` batch is read on its exit."""
+        now = self._started_pending()
+        if slots:
+            self._pending_slots.extend(slots)
+            self._pending_bytes += sum([s.nbytes() for s in slots])
+        return not self.config.async_dump and not self._bulk and (
+            len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
+            or now - self._oldest >= FLUSH_SECONDS)
 
     def _started_pending(self) -> float:
         """Call with :attr:`lock` held after adding to the batch: the first addition to an empty
