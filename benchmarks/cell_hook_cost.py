@@ -32,12 +32,12 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import overhead  # noqa: E402
+from breakdown import _debugger  # noqa: E402  (an L0/L1/mix statistics debugger)
 
 
 def _noop_pre(cell, args):
@@ -102,19 +102,6 @@ def _wrapper(cell, original):
     return construct
 
 
-def _debugger(names: list, data_mode: list):
-    from msprobe.mindspore import PrecisionDebugger
-
-    directory = tempfile.mkdtemp(prefix="msprobe_cellhooks_")
-    config = {"task": "statistics", "dump_path": os.path.join(directory, "dump"), "level": "L0",
-              "statistics": {"scope": [], "list": names, "data_mode": data_mode,
-                             "summary_mode": "statistics"}}
-    path = os.path.join(directory, "config.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config, f)
-    return PrecisionDebugger(config_path=path)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=60)
@@ -145,8 +132,8 @@ def main(argv=None) -> int:
     x = Tensor(np.ones((4, 8), np.float32))
     grad_fn = ms.value_and_grad(lambda data: net(data).sum(), None, net.trainable_params())
     cells, params = list(net.layers), net.trainable_params()
-    tool = {"L0 hooks only": _debugger(["Cell.selects.nothing"], ["all"]),
-            "L0 forward": _debugger([], ["forward"]), "L0 all": _debugger([], ["all"])}
+    tool = {"L0 hooks only": _debugger("L0", ["all"], ["Cell.selects.nothing"]),
+            "L0 forward": _debugger("L0", ["forward"], []), "L0 all": _debugger("L0", ["all"], [])}
     logging.getLogger("msprobe").setLevel(logging.WARNING)
     variants = ["off"] + list(HOOK_KINDS) + ["parameter hooks", "construct wrapper"] + list(tool)
 
