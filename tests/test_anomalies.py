@@ -105,3 +105,37 @@ def test_finite_step_writes_no_reports(make_debugger, dump_dir):
     d, dump = load_step(dump_dir)
     assert not os.path.exists(os.path.join(d, "anomalies.json"))
     assert "empty_reason" not in json.load(open(os.path.join(d, "dump.json"), encoding="utf-8"))
+
+
+class NanBetweenCells(nn.Cell):
+    """The NaN is made by ``ops.log`` in the root's own code, between two Cells (unrecorded at L0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Dense(8, 8)
+        self.c = nn.Dense(8, 8)
+        self.d = nn.ReLU()
+
+    def construct(self, x):
+        return self.d(self.c(ops.log(self.a(x) - 100.0)))
+
+
+def test_gradients_of_a_call_fed_nan_are_not_producers(make_debugger, dump_dir):
+    """A Cell's parameter gradients (and a backward entry) count their forward call's inputs as
+    inputs: a NaN that came in through the forward is propagated, not produced, by the backward."""
+    from msprobe.compare import nan_producer
+
+    ms.set_seed(0)
+    net = NanBetweenCells()
+    grad_fn = ms.value_and_grad(lambda x: net(x).mean(), None, net.trainable_params())
+    debugger = make_debugger(task="statistics", level="L0")
+    debugger.start(net)
+    grad_fn(Tensor(np.ones((2, 8), np.float32)))
+    debugger.stop()
+    debugger.step()
+    d, dump = load_step(dump_dir)
+    assert any(not np.isfinite(v) for v in dump.data["Cell.c.Dense.parameters_grad.0"]["weight"][0].values()
+               if isinstance(v, float))                                     # the gradient is NaN ...
+    report = read_report(d, "anomalies.json")
+    assert report["first_non_finite"] == "Cell.c.Dense.forward.0" and report["first_producer"] is None
+    assert nan_producer(dump_dir) == []                                     # ... but not produced there
