@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import math
 import os
 
@@ -138,6 +139,23 @@ def test_clean_steps_write_only_the_heartbeat(tmp_path):
         beat = json.load(f)
     assert beat["steps_watched"] == 3 and beat["last_step"] == 2 and beat["anomaly"] is None
     assert beat["run_id"] == journal.run_id() and beat["msprobe_version"] == msprobe.__version__
+
+
+def test_a_clean_rerun_leaves_the_earlier_runs_anomaly_dump_in_place(tmp_path, caplog):
+    """A watch run writes (and so moves an earlier run's directory aside) only when it finds an
+    anomaly: a clean rerun into the same dump_path keeps the earlier dump readable where it was."""
+    first, dump_path = _debugger(tmp_path, "L1", {"history": 200})
+    ms.set_seed(0)
+    _train(Net(), first, 3, at=1, poison=_forward_nan)
+    first.service.close()
+    d, found = _anomaly(dump_path, 1)
+    again, _ = _debugger(tmp_path, "L1", {"history": 200})
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _train(Net(), again, 3)
+        again.service.close()
+    assert not [r for r in caplog.records if "already holds a dump" in r.getMessage()]
+    assert _anomaly(dump_path, 1) == (d, found)
+    assert not glob.glob(os.path.join(dump_path, "*", "*.previous-*"))
 
 
 def test_raise_stops_training_after_the_files_are_complete(tmp_path):

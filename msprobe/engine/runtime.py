@@ -487,7 +487,8 @@ class Runtime:
         if writer is None:
             directory = self.step_directory(name)
             try:
-                layout.clear_for(directory, self.rank)
+                if self.watch is None:  # watch mode makes room only when it writes (_new_writer)
+                    layout.clear_for(directory, self.rank)
                 extras = self._tree_extras[name] = StepExtras()
                 writer = self.trees[name] = self._new_writer(directory, extras)
             except OSError as exc:
@@ -521,7 +522,8 @@ class Runtime:
             self._token += 1  # before the new writer exists: records of older tokens never reach it
             try:
                 self.extras = StepExtras()
-                layout.clear_for(directory, self.rank)
+                if self.watch is None:  # watch mode makes room only when it writes (_new_writer)
+                    layout.clear_for(directory, self.rank)
                 self.writer = self._new_writer(directory, self.extras)
             except OSError as exc:
                 self.disk_failure(exc, directory)
@@ -545,9 +547,20 @@ class Runtime:
                               data_file="debug.json" if debug else "dump.json", line_encoder=encoder)
 
         if self.watch is not None:  # memory only until an anomaly (engine/watch.py)
-            return WatchWriter(self.watch, self.step, directory, self.rank,
-                               lambda path: make_writer(path, self.config.watch.save_tensors),
-                               extras, on_raise=self._watch_raise, level=self.config.level)
+            rooms = self.watch.rooms  # directories this run has made room for (once each)
+
+            def make_room(path):  # an earlier run's directory is moved aside only when written
+                if path not in rooms:
+                    rooms.add(path)
+                    layout.clear_for(path, self.rank)
+
+            def make_watch_writer(path):
+                make_room(path)
+                return make_writer(path, self.config.watch.save_tensors)
+
+            return WatchWriter(self.watch, self.step, directory, self.rank, make_watch_writer,
+                               extras, on_raise=self._watch_raise, level=self.config.level,
+                               make_room=make_room)
         return make_writer(directory)
 
     def refresh_rank(self) -> None:

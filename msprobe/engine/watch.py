@@ -117,6 +117,7 @@ class Watch:
         self.ring: collections.OrderedDict = collections.OrderedDict()
         self.stack_frames: dict = {}   # stack id -> frames (definitions are never evicted)
         self.triggered = None          # the anomaly found (dict), once
+        self.rooms: set = set()        # step directories made room for (an earlier run's moved aside)
         self.records = 0
         self.steps = 0
         self._seq = 0  # journal order of the lines kept
@@ -216,11 +217,14 @@ class WatchWriter:
             the step's files at the trigger, ``anomaly_extra`` set then).
         on_raise: ``callable(exception)`` given the :class:`WatchAnomaly` when ``on_anomaly`` is
             ``"raise"``. level: the dump level (named in messages).
+        make_room: ``callable(directory)`` called before anything is written into ``directory``
+            (moves an earlier run's directory of that name aside; raises ``OSError``), or None.
     """
 
     def __init__(self, watch: Watch, step: int, directory: str, rank, make_writer, extras: StepExtras,
-                 on_raise=None, level: str = "L1"):
+                 on_raise=None, level: str = "L1", make_room=None):
         self.on_raise = on_raise
+        self._make_room = make_room
         self._level = level
         self.watch = watch
         self.step = step
@@ -275,6 +279,12 @@ class WatchWriter:
         """``save_tensors``: write the producer's tensors of this batch (its output, and its inputs
         when they were recorded in the same flush) as ``.npy`` files of the anomaly's step."""
         directory = os.path.join(self.directory, TENSOR_DIR)
+        if self._make_room is not None:  # before the first file: an earlier run's directory is moved aside
+            try:
+                self._make_room(self.directory)
+            except OSError as exc:
+                self.error(f"watch: could not make room for {self.directory}: {exc!r}")
+                return
         for r in records:
             piece = journal.piece_of(r)
             if piece is None or piece.entry != producer:
