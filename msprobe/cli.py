@@ -221,7 +221,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
                                                            for k, v in nans.items()}}), indent=2))
     else:
         if golden is not None and not diverged:
-            click.echo("the runs agree within tolerance" + (" (bitwise)" if exact else ""))
+            click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance")
         for f in diverged:
             _print_finding(f, {"divergence": "first divergence", "input": "first difference",
                                "precision": "first difference of precision",

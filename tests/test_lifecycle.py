@@ -45,7 +45,7 @@ def test_configured_steps_the_run_never_reached_are_named_at_close(make_debugger
         debugger.service.close()  # at exit again: said once
     said = [r.getMessage() for r in caplog.records if "nothing was dumped for configured step" in r.getMessage()]
     assert said == ["msprobe: nothing was dumped for configured step(s) [7, 9]: no start() ran in them "
-                    "(the run ended at step 4; steps count from 0, one per step() call)"]
+                    "(the step counter stood at 4 at the end; steps count from 0, one per step() call)"]
     assert _steps_present(dump_dir) == ["step1", "step3"]
 
 

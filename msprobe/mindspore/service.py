@@ -490,8 +490,8 @@ class DumpService:
         missing = rt.unreached_steps()
         if missing and rt.first_time(("unreached steps",)):
             logger.warning("msprobe: nothing was dumped for configured step(s) %s: no start() ran in "
-                           "them (the run ended at step %d; steps count from 0, one per step() call)",
-                           missing, rt.step)
+                           "them (the step counter stood at %d at the end; steps count from 0, one per "
+                           "step() call)", missing, rt.step)
 
 
 def _finish_runtime(runtime) -> None:
