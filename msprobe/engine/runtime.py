@@ -645,20 +645,17 @@ class Runtime:
         one batch-size check). Values that name ``.npy`` files (tensor task, ``tensor_list``, watch
         mode saving tensors), a late token, a closed dump, no extension, or a value that cannot be
         described this way take :meth:`record_item` one by one, which decides each case."""
-        ext = hotpath.ext
-        if (ext is None or token is None or token != self.step_token or not self.records_data
+        ext, lines, slots = hotpath.ext, None, []
+        if not (ext is None or token is None or token != self.step_token or not self.records_data
                 or self.failed or self.save_tensors or self.config.tensor_list or self._watch_names
                 or self.forked()):
-            for key, index, size, value in items:
-                self.record_item(entry, key, index, size, value, key, token)
-            return
-        slots: list = []
-        snapshot = self.snapshot
-        item_line = journal.item_line
-        try:
-            lines = [item_line(entry, key, index, size, ext.describe(value, snapshot, slots, describe_other))
-                     for key, index, size, value in items]
-        except Exception:  # the general path decides (the user's failed operation, or the tool's)
+            snapshot, item_line = self.snapshot, journal.item_line
+            try:
+                lines = [item_line(entry, key, index, size, ext.describe(value, snapshot, slots, describe_other))
+                         for key, index, size, value in items]
+            except Exception:  # the general path decides (the user's failed operation, or the tool's)
+                lines = None
+        if lines is None:
             for key, index, size, value in items:
                 self.record_item(entry, key, index, size, value, key, token)
             return
