@@ -49,7 +49,9 @@ Method
   the tool cost nothing but one read of each tensor (bandwidth: ``numpy.add.reduce`` over 100 MB,
   fastest of 7, measured at the start). Tensor-mode rows add the cost of writing their ``.npy`` files
   once: files per step x the per-file cost (create, write, rename) + tensorMB / page-cache write
-  bandwidth, both measured by :func:`file_write_cost` at the first such row.
+  bandwidth, both measured by :func:`file_write_cost` at the first such row. Watch rows write nothing
+  in clean steps but read every tensor of their level: their tensorMB comes from one extra one-step
+  run of the plain level (``FLOOR_FROM``).
 """
 from __future__ import annotations
 
@@ -88,6 +90,10 @@ CONFIGS = {
     "watch-L1": ("watch mode (history 1024), L1 with Primitives, start(net)",
                  {"task": "statistics", "level": "L1", "watch": {}}, "model"),
 }
+
+#: watch rows write nothing in clean steps, yet read every tensor the plain level records: their floor uses
+#: the bytes that level's dump records per step (measured by one extra one-step run of that level)
+FLOOR_FROM = {"watch-L0": "L0", "watch-L1": "L1"}
 
 
 def write_config(directory: str, spec: dict) -> str:
@@ -355,6 +361,18 @@ def bench_config(name: str, pairs: int, steps: int, warmup: int, isolation: str)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def recorded_bytes(name: str, warmup: int) -> float:
+    """Bytes of the tensors configuration ``name`` records in one step (one short run of it alone)."""
+    desc, cfg, start = CONFIGS[name]
+    tmp = tempfile.mkdtemp(prefix=f"msprobe_bench_bytes_{name}_")
+    try:
+        res = run_worker({"phases": ["on"], "steps": 1, "warmup": warmup,
+                          "config_path": write_config(tmp, cfg), "start": start})
+        return res.get("tensor_bytes_per_step", 0)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def bench_rss(pairs: int, steps: int, warmup: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="msprobe_bench_rss_")
     try:
@@ -413,6 +431,8 @@ def main(argv=None) -> int:
             continue
         r = bench_config(name, pairs, steps, args.warmup, args.isolation)
         results.append(r)
+        if not r["tensor_bytes_per_step"] and name in FLOOR_FROM:
+            r["tensor_bytes_per_step"] = recorded_bytes(FLOOR_FROM[name], args.warmup)
         floor_ms = 1000 * r["tensor_bytes_per_step"] / bandwidth
         if r["npy_files_per_step"]:  # tensor mode: the files cannot cost less than writing them once
             if write_cost is None:
