@@ -72,6 +72,7 @@ class DumpService:
         self._capture_models = None  # models key (weak) the capture's hooks were installed for
         self._api_targets = None
         self._api_aliases = None  # other public names of the listed functions (F.cast, ...)
+        self._said_list_hooks_nothing = False  # the WARNING of an L1 list that names no API, said once
         self._custom: dict = {}
         self._api_patches: AttributePatches | None = None  # built once, applied at each start()
         self._guard: AttributePatches | None = None  # likewise
@@ -251,8 +252,18 @@ class DumpService:
             capture.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
             wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
             capture.add(install_jit_capture(self.recorder))
+            prims = self._primitive_targets() if self.models is not None else []
             if self.models is not None:
-                capture.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
+                capture.add(install_primitive_hooks(self.recorder, prims))
+            if level == "L1" and self.runtime.selector.items:  # for the empty dump's reason
+                self.runtime.hooked_apis = len({t[2] for t in targets + self._aliases()}
+                                               | {api for _, api in prims})
+                if not self.runtime.hooked_apis and not self._said_list_hooks_nothing:
+                    self._said_list_hooks_nothing = True
+                    logger.warning("msprobe: the config's list %s names no API or Primitive that level L1 "
+                                   "hooks (an item is a substring of entry names such as "
+                                   "'Functional.relu.0.forward'; at L1 only the APIs an item can name "
+                                   "are hooked): nothing is dumped", list(self.config.api_list))
         if self._guard is None:  # the wrapped set is the same at every start (one level per service)
             self._guard = guard_patches(self.runtime, inplace_targets(wrapped))
         self._guard.apply()
