@@ -4,11 +4,16 @@ Exit codes (every command):
     0  success; for ``first-diff``: the runs agree within tolerance (one dump: no NaN/Inf producer)
     1  ``first-diff`` only: the runs diverge (one dump: a NaN/Inf producer was found)
     2  bad input: a path that is not a dump, dumps that cannot be paired, a bad option value
+  141  standard output was closed before everything was printed (``msprobe first-diff ... | head``):
+       the command stops quietly with the status a shell gives a command ended by SIGPIPE (128 + 13);
+       files it writes (compare results, a report) were written before it printed
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import json
+import logging
 import os
 import sys
 from typing import Optional
@@ -16,6 +21,7 @@ from typing import Optional
 import click
 
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_STDOUT_CLOSED = 128 + 13  # what a shell reports for a command that SIGPIPE ended
 
 
 def _int_list(ctx, param, value: Optional[str]):
@@ -28,17 +34,40 @@ def _int_list(ctx, param, value: Optional[str]):
 
 
 def _bad_input(func):
-    """Turn the errors a bad input raises into one message and exit code 2."""
+    """Turn the errors a bad input raises into one message and exit code 2; a closed standard
+    output into a quiet exit with :data:`EXIT_STDOUT_CLOSED`."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         from msprobe.dump import DumpFormatError
 
         try:
-            return func(*args, **kwargs)
+            try:
+                return func(*args, **kwargs)
+            finally:  # what is still buffered fails here, not at interpreter exit
+                sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_closed()
         except (ValueError, FileNotFoundError, DumpFormatError, OSError) as exc:
             click.echo(f"msprobe: error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
     return wrapper
+
+
+def _stdout_closed() -> None:
+    """The reader of standard output went away: drop what is left to print and exit quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the flush at interpreter exit must not fail again
+    os.close(devnull)
+    sys.exit(EXIT_STDOUT_CLOSED)
+
+
+def _show_warnings() -> None:
+    """The library's WARNINGs (logger ``msprobe``) on standard error as ``msprobe: WARNING: ...``."""
+    log = logging.getLogger("msprobe")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("msprobe: %(levelname)s: %(message)s"))
+        log.addHandler(handler)
 
 
 _step_opt = click.option("--step", callback=_int_list, metavar="N[,N...]",
@@ -70,8 +99,9 @@ def main():
     """msprobe for MindSpore: read, compare and report precision dumps.
 
     Exit codes: 0 success (first-diff: runs agree), 1 first-diff found a divergence or a NaN/Inf
-    producer, 2 bad input.
+    producer, 2 bad input, 141 standard output closed early (e.g. piped into head).
     """
+    _show_warnings()
 
 
 @main.command()
@@ -252,6 +282,7 @@ def show(dump, entry, step, rank):
     from msprobe.compare.records import Side
     from msprobe.dump import load_construct, load_stacks
 
+    names = {}  # entry names of the directories searched, in execution order
     for item in resolve(dump):
         if step is not None and item.step not in step:
             continue
@@ -259,6 +290,7 @@ def show(dump, entry, step, rank):
             continue
         side = Side(item.path)
         if entry not in side.index:
+            names.update(dict.fromkeys(side.names))
             continue
         click.echo(f"{entry}  (step {item.step}, {item.rank}: {item.path})")
         construct = load_construct(item.path)
@@ -275,8 +307,20 @@ def show(dump, entry, step, rank):
         for frame in frames:
             click.echo("  " + frame.replace("\n", ""))
         return
-    click.echo(f"msprobe: error: entry {entry!r} not found in {dump}", err=True)
+    close = _close_names(entry, names)
+    click.echo(f"msprobe: error: entry {entry!r} not found in {dump}"
+               + (f"; did you mean: {', '.join(close)}?" if close else
+                  f" ({len(names)} entries searched, none with a close name)"), err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _close_names(entry: str, names, limit: int = 5) -> list:
+    """Up to ``limit`` of ``names`` like ``entry``: those that extend it (``Functional.relu`` ->
+    ``Functional.relu.0.forward``), in the given order, then the closest by ``difflib``."""
+    ordered = list(names)
+    out = [n for n in ordered if n.startswith(entry)][:limit]
+    out += [n for n in difflib.get_close_matches(entry, ordered, n=limit, cutoff=0.6) if n not in out]
+    return out[:limit]
 
 
 @main.command()

@@ -258,6 +258,28 @@ def test_l0_forward_record_contents(l0_tensor_run):
     assert nt["logits"]["data_name"] == "Cell.nt.NT.forward.0.output.logits.npy"
 
 
+def test_l0_stacks_start_at_the_line_that_called_the_cell(l0_tensor_run):
+    """A Cell's stack is read inside MindSpore's Cell.__call__ (its forward pre-hook): those frames
+    are left out, so the innermost frame is the line that called the Cell (the user's
+    ``self.block(x)``; ``self.sub(x)`` for a nested Cell), as an API's stack starts at its call."""
+    _, _, dump_path = l0_tensor_run
+    step_dir = only_step_dir(dump_path, 0)
+    stacks = msprobe.dump.load_stacks(step_dir)
+    here = os.path.abspath(__file__)
+    expected = {"Cell.block.Block.forward.0": "h = self.block(x)",
+                "Cell.block.sub.Sub.forward.0": "return ops.relu(self.sub(x))",
+                "Cell.block.sub.fc.Dense.forward.0": "return self.fc(x)",
+                "Cell.shared.Dense.forward.2": "y2 = self.shared(h)"}
+    for entry, source in expected.items():
+        innermost = stacks[entry][0]
+        assert innermost.startswith(f"File {here}, line ") and innermost.endswith(source), (entry, innermost)
+    cells = [e for e in stacks if e.startswith("Cell.")]
+    assert len(cells) == sum(CALLS.get(c, 1) for c in CELLS)
+    for entry in cells:
+        assert not any(name in stacks[entry][0] for name in ("cell.py", "_run_forward_pre_hook", "jit_forbidden"))
+        assert stacks[entry][0].startswith(f"File {here}, line ")
+
+
 def test_user_receives_same_types_under_tool(tmp_path):
     debugger, _ = make_debugger(tmp_path)
     net = build_net()

@@ -346,6 +346,35 @@ def test_misspelled_keys_warn_with_suggestion(tmp_path, caplog):
     assert "'scopes'" in text and "did you mean 'scope'" in text
 
 
+def test_keys_in_the_wrong_place_name_where_they_are_read(tmp_path, caplog):
+    """A known key in a place that does not read it (the README table's "where" column) is
+    ignored with a warning naming the place that reads it; the key's value is not used."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"),
+                                "scope": [], "history": 4,
+                                "statistics": {"tensor_budget_mb": 10, "level": "L0", "tensor_list": []},
+                                "tensor": {"tensor_list": ["relu"]}}))
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        cfg = load_config(path)
+    assert cfg.level == "L1" and cfg.tensor_budget_mb is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert (f"{path}: key 'tensor_budget_mb' in section 'statistics' is ignored: it is read only in "
+            "section 'tensor' (README \"Configuration\")") in lines
+    assert any("key 'level' in section 'statistics' is ignored: it is read only at the top level" in m
+               for m in lines)
+    assert any("key 'scope' at top level is ignored: it is read only in the task section (the object "
+               "named after the task)" in m for m in lines)
+    assert any("key 'history' at top level is ignored: it is read only in section 'watch'" in m
+               for m in lines)
+    assert not any("tensor_list" in m for m in lines)       # read where it is; other sections unread
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        cfg = load_config(path, task="tensor")               # the tensor section is read now
+    assert cfg.tensor_budget_mb is None
+    assert any("key 'tensor_list' in section 'tensor' is ignored: it is read only in section 'statistics'"
+               in r.getMessage() for r in caplog.records)
+
+
 def test_name_regex_outside_l2_warns(tmp_path, caplog):
     """name-regex(...) is an L2 feature: at other levels it is a plain substring, and the user is told."""
     path = tmp_path / "config.json"

@@ -171,6 +171,21 @@ def test_invalid_dump_json_names_pointer_and_reason(mutate, pointer, message):
     assert str(error).startswith(f"<document>: at {pointer or '/'}: ")
 
 
+def test_the_fast_validator_rejects_what_jsonschema_rejects():
+    """jsonschema_rs (when installed) decides alone that a document is valid, so it must reject every
+    document jsonschema rejects; it accepts the valid examples."""
+    from msprobe.format.validate import _URN, _fast_validator
+
+    fast = _fast_validator(_URN + "dump")
+    if fast is None:
+        pytest.skip("jsonschema_rs is not installed: jsonschema checks every document")
+    assert fast.is_valid(dump_doc())
+    for mutate, pointer, _ in INVALID_DUMPS:
+        doc = dump_doc()
+        mutate(doc)
+        assert not fast.is_valid(doc), pointer
+
+
 def debug_doc(data):
     return {"task": "tensor", "level": "debug", "framework": "mindspore",
             "dump_data_dir": "/d/step0/proc7/dump_tensor_data", "schema": SCHEMA_VERSION, "data": data}

@@ -420,6 +420,60 @@ def test_idle_steps_install_nothing(make_debugger, dump_dir):
     assert sorted(os.listdir(dump_dir)) == ["step5"]
 
 
+class _ReluNet(nn.Cell):
+    """Dense -> ReLU Cell (its ReLU Primitive) -> ops.relu twice -> mint.mul: many calls, two relu APIs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = nn.Dense(4, 3), nn.ReLU()
+
+    def construct(self, x):
+        return mint.mul(ops.relu(ops.relu(self.act(self.fc(x)))), 2.0)
+
+
+def test_empty_reason_at_l1_counts_only_the_calls_a_list_can_name(make_debugger, dump_dir, caplog):
+    """At L1 a ``list`` narrows what is hooked to the APIs its items can name. A training step whose
+    list selects no call says how many calls of how many such APIs ran (not "N hooked calls ran",
+    read as the step's whole count); a list that names no API at all is said at start() in a WARNING."""
+    net, x = _ReluNet(), Tensor(np.ones((2, 4), np.float32))
+    grad = ms.value_and_grad(lambda v: net(v).sum(), None, net.trainable_params())
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["Functional.relu.7"]})
+    debugger.start(net)
+    grad(x)
+    debugger.stop()
+    debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir, 0)).header["empty_reason"]
+    # hooked: Functional.relu (ops.relu) and MintFunctional.relu, whose names hold 'Functional.relu.7'
+    # for call number 7; two calls of ops.relu ran, none numbered 7
+    assert reason == ("2 calls of the 2 APIs and Primitives the config's list can name ran in this step "
+                      "(at level L1 only those are hooked), but the config's list ['Functional.relu.7'] "
+                      "selected none of them")
+
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["Primitive.bias_add"]},
+                             dump_path=dump_dir + "_2")
+    debugger.start(net)
+    mint.mul(x, 2.0)                           # a call the list cannot name: not hooked; Dense's
+    # BiasAdd Primitive (Primitive.bias_add.BiasAdd), the one it names, is not called
+    debugger.stop()
+    debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header["empty_reason"]
+    assert reason == ("none of the 1 APIs and Primitives the config's list ['Primitive.bias_add'] can name "
+                      "(at level L1 only those are hooked) was called between start() and stop()")
+
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["no_such_name"]},
+                             dump_path=dump_dir + "_3")
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        debugger.start(net)
+        grad(x)
+        debugger.stop()
+        debugger.start(net)
+        debugger.stop()
+    said = [r.getMessage() for r in caplog.records if "names no API" in r.getMessage()]
+    assert said == ["msprobe: the config's list ['no_such_name'] names no API or Primitive that level L1 "
+                    "hooks (an item is a substring of entry names such as 'Functional.relu.0.forward'; "
+                    "at L1 only the APIs an item can name are hooked): nothing is dumped"]   # once
+
+
 def test_step_without_hooked_ops_is_explicitly_empty(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics", level="L1")
     debugger.start(rank_id=1)         # this rank runs no hooked op in the step

@@ -251,12 +251,14 @@ def test_model_sweep_memory_stays_flat(tmp_path):
     RSS after model 10 and after model 100 differ by less than 10 MB (a model kept per step would
     add ~100 MB)."""
     rss = {}
-    for mode in ("on", "off"):
-        proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "model_sweep_worker.py"),
-                               str(tmp_path / mode), "100", "mix", mode], env=_env(),
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        rss[mode] = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RSS "))[4:])
+    procs = {mode: subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "model_sweep_worker.py"),
+                                     str(tmp_path / mode), "100", "mix", mode], env=_env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for mode in ("on", "off")}  # at the same time: each measures its own RSS
+    for mode, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        rss[mode] = json.loads(next(l for l in stdout.splitlines() if l.startswith("RSS "))[4:])
     mb = 1 << 20
     growth = rss["on"][-1] - rss["on"][9]
     assert growth < 10 * mb, f"RSS grew {growth / mb:.1f} MB over models 10-100"

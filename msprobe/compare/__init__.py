@@ -11,6 +11,7 @@ whole ``dump_path`` (see :mod:`msprobe.compare.inputs`).
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from typing import List, Optional, Sequence, Union
 
@@ -23,6 +24,8 @@ from msprobe.compare.matching import load_mapping
 from msprobe.compare.output import ResultWriter, json_safe, result_name, write_summary
 from msprobe.compare.thresholds import Thresholds
 from msprobe.dump import load_stacks
+
+logger = logging.getLogger("msprobe")
 
 __all__ = ["compare", "first_divergence", "nan_producer", "compare_to_files", "comparisons",
            "Finding", "InputError", "Thresholds", "StepComparison", "MODES"]
@@ -39,7 +42,8 @@ def comparisons(target: str, golden: str, *, mode: Optional[str] = None,
         step, rank: only these step / rank numbers. mapping: a name-map file or dict
             (:func:`msprobe.compare.matching.load_mapping`). thresholds: file, dict or
             :class:`Thresholds` overriding ``thresholds.yaml``. ignore: patterns of record names
-            left out of the comparison (:class:`StepComparison`).
+            left out of the comparison (:class:`StepComparison`); each pattern that matches no record
+            of any pair compared is named in a WARNING (logger ``msprobe``) once the iteration ends.
 
     Raises:
         InputError: inputs that are not dumps or cannot be paired. ValueError: bad mode, mapping or
@@ -47,8 +51,18 @@ def comparisons(target: str, golden: str, *, mode: Optional[str] = None,
     """
     names = mapping if isinstance(mapping, dict) else load_mapping(mapping)
     limits = thresholds if isinstance(thresholds, Thresholds) else Thresholds(thresholds)
-    for p in pair(target, golden, step, rank):
-        yield StepComparison(p.target, p.golden, mode, names, limits, p.step, p.rank, tuple(ignore))
+    unused, compared = list(ignore), 0
+    try:
+        for p in pair(target, golden, step, rank):
+            c = StepComparison(p.target, p.golden, mode, names, limits, p.step, p.rank, tuple(ignore))
+            unused, compared = [u for u in unused if u in c.unused_ignore], compared + 1
+            yield c
+    finally:  # also when the caller stops early (a report reads the first pair only)
+        for pattern in unused if compared else ():
+            logger.warning("ignore pattern %r matches no record of the %s compared (record names are "
+                           "{entry}.{key}, e.g. 'Functional.relu.0.forward.output.0'): it leaves "
+                           "nothing out", pattern,
+                           "step/rank pair" if compared == 1 else f"{compared} step/rank pairs")
 
 
 def compare(target: str, golden: str, **options) -> List[dict]:

@@ -89,7 +89,8 @@ class StepComparison:
             :func:`msprobe.compare.matching.load_mapping`). thresholds: :class:`Thresholds`.
         ignore: shell-style patterns (``fnmatch``) of record names ``{entry}.{key}``, e.g.
             ``"Primitive.*.BatchNorm.*.output.[12]"``: records they match are left out on both sides
-            (no row, no verdict).
+            (no row, no verdict). ``unused_ignore``: those of them that match no record of either
+            side.
 
     Raises:
         ValueError: unknown mode, or ``tensor``/``md5`` asked for dumps without tensors/CRCs.
@@ -102,6 +103,7 @@ class StepComparison:
         self.step, self.rank = step, rank
         self._ignored = re.compile("|".join(fnmatch.translate(p) for p in ignore)).match if ignore else None
         self.target, self.golden = load_sides(target_dir, golden_dir)
+        self.unused_ignore = self._unused(tuple(ignore))
         self.thresholds = thresholds or Thresholds()
         self.mode = mode or detect_mode(self.target, self.golden)
         if self.mode not in J.MODES:
@@ -163,6 +165,18 @@ class StepComparison:
         for (_, _, _, _, judged, slot), result in zip(vector, done):
             judged[slot] = result
         return lists
+
+    def _unused(self, patterns: tuple) -> tuple:
+        """The ``ignore`` patterns that match no record name of either side."""
+        left = {p: re.compile(fnmatch.translate(p)).match for p in patterns}
+        for side in (self.target, self.golden):
+            for name in side.record_names() if left else ():
+                if self._ignored(name):
+                    for p in [p for p, matches in left.items() if matches(name)]:
+                        del left[p]
+                    if not left:
+                        break
+        return tuple(p for p in patterns if p in left)
 
     def _skipped(self, ti, t_recs, gi, g_recs) -> set:
         """Keys of the records of a pair the ``ignore`` patterns match (by either side's entry name)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from typing import NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional
 
 from msprobe.dump import iter_bodies
 from msprobe.format import naming
@@ -217,6 +217,13 @@ class Side:
         plus every record's place, dtype and shape."""
         metas = tuple((self._key[n], self._meta[n]) for n in range(self._start[i], self._start[i + 1]))
         return api_key(self.names[i]), tuple((self._strings[k], self._metas[m][1:]) for k, m in metas)
+
+    def record_names(self) -> Iterator[str]:
+        """Every record's name ``{entry}.{key}`` (what ``--ignore`` patterns match), in order."""
+        start, keys, strings = self._start, self._key, self._strings
+        for i, name in enumerate(self.names):
+            for n in range(start[i], start[i + 1]):
+                yield f"{name}.{strings[keys[n]]}"
 
     def has_md5(self) -> bool:
         return any(extra[0] is not None for extra in self._extra.values())

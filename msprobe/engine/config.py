@@ -670,38 +670,63 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any],
              source: str = "config.json") -> Tuple[Dict[str, Any], str]:
     """Flatten top-level fields, kwarg overrides and the task section into DumpConfig input
     (``source``: the file's name, for warnings)."""
-    _warn_unknown(data.keys(), _TOP_LEVEL_KEYS, "top level", source)
+    _warn_unknown(data.keys(), _TOP_LEVEL_KEYS, "at top level", source)
     raw = {key: data[key] for key in ("rank", "step", "level", "async_dump", "precision",
                                       "extra_info", "watch") if key in data}
     raw["task"] = data.get("task", "statistics")
     raw["dump_path"] = data.get("dump_path")
     raw.update(overrides)
     section_name, section = _section(data, raw["task"])
+    keys = _section_fields(section_name)
+    _warn_unknown(section.keys(), set(keys.values()) | _IGNORED_SECTION_KEYS,
+                  f"in section '{section_name}'", source)
+    if isinstance(data.get("watch"), dict):
+        _warn_unknown(data["watch"].keys(), WATCH_KEYS, "in section 'watch'", source)
+    raw.update({field: section[key] for field, key in keys.items() if key in section})
+    return raw, section_name
+
+
+def _section_fields(section_name: str) -> Dict[str, str]:
+    """DumpConfig field -> key, for the keys the task section ``section_name`` is read for."""
     keys = dict(_SECTION_KEYS)
     if section_name == "statistics":
         keys.update(_STATISTICS_KEYS)
     if section_name == "tensor":
         keys.update(_TENSOR_KEYS)
-    _warn_unknown(section.keys(), _KNOWN_SECTION_KEYS, f"section '{section_name}'", source)
-    if isinstance(data.get("watch"), dict):
-        _warn_unknown(data["watch"].keys(), WATCH_KEYS, "section 'watch'", source)
-    raw.update({field: section[key] for field, key in keys.items() if key in section})
-    return raw, section_name
+    return keys
 
 
-#: keys a task section may hold that we read, or accept and ignore (reference-tool compatibility)
-_KNOWN_SECTION_KEYS = frozenset(set(_SECTION_KEYS.values()) | set(_STATISTICS_KEYS.values())
-                                | set(_TENSOR_KEYS.values())
-                                | {"slice", "request_id", "bench_path", "diff_nums", "white_list",
+#: keys a task section may hold that are accepted and ignored (reference-tool compatibility)
+_IGNORED_SECTION_KEYS = frozenset({"slice", "request_id", "bench_path", "diff_nums", "white_list",
                                    "black_list", "error_data_path"})
 
 
+def _places(key: str) -> list:
+    """Where ``key`` is read, as the README's "Configuration" table says: 'at the top level',
+    "in section 'tensor'", ... (empty for a key read nowhere)."""
+    places = ["at the top level"] if key in _TOP_LEVEL_KEYS and key not in TASKS else []
+    sections = [name for name in TASKS if key in _section_fields(name).values()]
+    if len(sections) == len(TASKS):
+        places.append("in the task section (the object named after the task)")
+    else:
+        places += [f"in section {name!r}" for name in sections]
+    if key in WATCH_KEYS:
+        places.append("in section 'watch'")
+    return places
+
+
 def _warn_unknown(keys, known, where: str, source: str = "config.json") -> None:
-    """A misspelled key would silently change the dump: warn, and suggest the closest known key."""
-    for key in sorted(set(keys) - set(known)):
+    """A misspelled or misplaced key would silently change the dump: warn, and name where the key
+    is read, or else suggest the closest known key."""
+    for key in sorted(set(keys) - set(known), key=str):
+        places = _places(key)
+        if places:
+            logger.warning("%s: key %r %s is ignored: it is read only %s (README "
+                           "\"Configuration\")", source, key, where, " or ".join(places))
+            continue
         close = difflib.get_close_matches(key, sorted(known), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        logger.warning("%s: unknown key %r at %s is ignored%s", source, key, where, hint)
+        logger.warning("%s: unknown key %r %s is ignored%s", source, key, where, hint)
 
 
 def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
@@ -731,8 +756,9 @@ def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
             L0/L1/mix).
 
     Logs (logger ``'msprobe'``): a warning when task 'structure' forces level 'mix', when
-    ``tensor_list`` is dropped for level 'debug', and when ``async_dump`` is on; unknown
-    top-level keys at debug level.
+    ``tensor_list`` is dropped for level 'debug', when ``async_dump`` is on, and for each key
+    of the top level, the task section read or ``watch`` that is not read there (naming where it
+    is read, or else the closest known key).
     """
     path = _resolve_path(config_path)
     data = _read_json(path)

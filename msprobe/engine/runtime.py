@@ -191,6 +191,9 @@ class Runtime:
         self._files: FileQueue | None = None
         self._step_failure: str | None = None  # the first user failure of this step, for messages
         self._asked = 0  # values handed to record*() in this step (for empty_reason)
+        #: at L1 with a ``list``: how many APIs and Primitives are hooked (only those a list item can
+        #: name are; set by the service at install, for empty_reason), else None
+        self.hooked_apis: int | None = None
         self._emitted_stacks: set = set()
         self._fork = _FORKS[0]  # another value in a forked child (forked())
         #: handles of the tool's tensor hooks (Parameters, outputs of recorded calls: capture/backward.py,
@@ -1078,6 +1081,10 @@ class Runtime:
         if cfg.level == "debug":
             return "no debugger.save() call in this step"
         calls = sum(self.counters.values())
+        hooked = self.hooked_apis
+        if not calls and hooked:
+            return (f"none of the {hooked} APIs and Primitives the config's list {list(cfg.api_list)} can "
+                    "name (at level L1 only those are hooked) was called between start() and stop()")
         if not calls:
             return report.EMPTY_REASON
         causes = []
@@ -1093,7 +1100,11 @@ class Runtime:
             causes.append(f"the config's {', '.join(filters)} selected none of them")
         if not causes:
             causes.append("none of them produced a record")
-        return f"{calls} hooked call{'s' if calls != 1 else ''} ran in this step, but " + "; ".join(causes)
+        ran = f"{calls} hooked call{'s' if calls != 1 else ''} ran in this step"
+        if hooked is not None:
+            ran = (f"{calls} call{'s' if calls != 1 else ''} of the {hooked} APIs and Primitives the "
+                   f"config's list can name ran in this step (at level L1 only those are hooked)")
+        return f"{ran}, but " + "; ".join(causes)
 
     def end_step(self) -> None:
         """Close the current step and reset every per-step state (``step()``)."""

@@ -5,7 +5,10 @@ tight loop (in C when :mod:`msprobe.tensors.hotpath` is built: ~1 µs for 45 fra
 ``(code, f_lineno)`` pairs and filtering on the way took 20 µs, and a key of code objects costs
 ~0.5 µs per frame to hash).
 Rendering (line numbers, source lines, leaving out frames inside the msprobe package so the innermost
-frame shown is the user's call site) happens once per distinct stack.
+frame shown is the user's call site) happens once per distinct stack. A Cell's stack is read inside
+MindSpore's ``Cell.__call__`` (its forward pre-hook); those innermost frames of MindSpore's Cell call
+(``mindspore/nn/cell.py`` up to ``Cell.__call__``, with what it calls inside the ``mindspore`` package)
+are left out too, so a Cell's stack starts, like an API's, at the line that called it.
 """
 from __future__ import annotations
 
@@ -65,15 +68,32 @@ class StackTable:
 
     def _render(self, codes: tuple, offsets: tuple) -> list[str]:
         lines = []
-        for code, lasti in zip(codes, offsets):
-            if code.co_filename.startswith(_PACKAGE_DIR):
-                continue
+        frames = [(code, lasti) for code, lasti in zip(codes, offsets)
+                  if not code.co_filename.startswith(_PACKAGE_DIR)]
+        for code, lasti in frames[_cell_call_frames(frames):]:
             if len(lines) == self.max_depth:
                 break
             line = _line_of(code, lasti)
             source = linecache.getline(code.co_filename, line).strip()
             lines.append(f"File {code.co_filename}, line {line}, in {code.co_name}, \n {source}")
         return lines
+
+
+def _cell_call_frames(frames: list) -> int:
+    """How many innermost ``(code, lasti)`` of ``frames`` are MindSpore's call of a Cell: when the
+    innermost is in ``mindspore/nn/cell.py``, every frame up to and including the first
+    ``Cell.__call__``, all of them inside the ``mindspore`` package; else 0."""
+    module = sys.modules.get("mindspore.nn.cell")
+    cell_py = getattr(module, "__file__", None)
+    if not frames or cell_py is None or frames[0][0].co_filename != cell_py:
+        return 0
+    package = os.path.dirname(os.path.dirname(cell_py)) + os.sep
+    for k, (code, _) in enumerate(frames):
+        if not code.co_filename.startswith(package):
+            return 0
+        if code.co_name == "__call__" and code.co_filename == cell_py:
+            return k + 1
+    return 0
 
 
 def stack_key(frame) -> tuple:

@@ -31,6 +31,7 @@ from mindspore import nn
 
 from msprobe.capture import debug_save
 from msprobe.capture.cells import graph_cell
+from msprobe.capture.cells.precompiled import compiled_holders
 from msprobe.capture.api import alias_targets, build_wrappers, load_api_list, make_wrapper, resolve_targets
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
@@ -72,6 +73,8 @@ class DumpService:
         self._capture_models = None  # models key (weak) the capture's hooks were installed for
         self._api_targets = None
         self._api_aliases = None  # other public names of the listed functions (F.cast, ...)
+        self._said_list_hooks_nothing = False  # the WARNING of an L1 list that names no API, said once
+        self._checked_precompiled = False  # GRAPH_MODE: graphs compiled before the probes, looked for once
         self._custom: dict = {}
         self._api_patches: AttributePatches | None = None  # built once, applied at each start()
         self._guard: AttributePatches | None = None  # likewise
@@ -230,10 +233,31 @@ class DumpService:
             if not (self._graph and self._graph.graph_mode):
                 self._installed.add(self._cells.install(self.models))
             if self._graph:
+                if self._graph.graph_mode and not self._checked_precompiled:
+                    self._checked_precompiled = True
+                    self._warn_precompiled()
                 self._graph.begin_step(self.models)
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
         self._installed.add(widen_gen0())
+
+    def _warn_precompiled(self) -> None:
+        """GRAPH_MODE, first install of the probes: a Cell compiled before (holding the model) runs
+        its graph without them; say so once, with what to do."""
+        try:
+            holders = compiled_holders(self.models)
+        except Exception as exc:  # a hint only: never in the way of the dump
+            logger.debug("msprobe: looking for graphs compiled before start() failed: %r", exc)
+            return
+        if not holders:
+            return
+        roots = {id(root) for _, root in self.models}
+        named = ", ".join(f"{type(h).__name__} ({'the model' if id(h) in roots else 'it holds the model'})"
+                          for h in holders)
+        logger.warning("msprobe: GRAPH_MODE: %s was compiled before start(model) installed the L0 probes; "
+                       "MindSpore reuses a compiled graph without them, so its calls record nothing (empty "
+                       "dumps). Call debugger.start(model) before the first call of the network (before "
+                       "the first training step), or build the Cell that is called after start()", named)
 
     def _install_capture(self) -> None:
         """Install what may stay from one dumped step to the next into :attr:`_capture`: API
@@ -251,8 +275,18 @@ class DumpService:
             capture.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
             wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
             capture.add(install_jit_capture(self.recorder))
+            prims = self._primitive_targets() if self.models is not None else []
             if self.models is not None:
-                capture.add(install_primitive_hooks(self.recorder, self._primitive_targets()))
+                capture.add(install_primitive_hooks(self.recorder, prims))
+            if level == "L1" and self.runtime.selector.items:  # for the empty dump's reason
+                self.runtime.hooked_apis = len({t[2] for t in targets + self._aliases()}
+                                               | {api for _, api in prims})
+                if not self.runtime.hooked_apis and not self._said_list_hooks_nothing:
+                    self._said_list_hooks_nothing = True
+                    logger.warning("msprobe: the config's list %s names no API or Primitive that level L1 "
+                                   "hooks (an item is a substring of entry names such as "
+                                   "'Functional.relu.0.forward'; at L1 only the APIs an item can name "
+                                   "are hooked): nothing is dumped", list(self.config.api_list))
         if self._guard is None:  # the wrapped set is the same at every start (one level per service)
             self._guard = guard_patches(self.runtime, inplace_targets(wrapped))
         self._guard.apply()

@@ -1,0 +1,69 @@
+"""GRAPH_MODE L0: ``start(model)`` after the network's graph was compiled. MindSpore reuses the graph
+compiled without the probes, so the steps are dumped empty; a WARNING says which Cell was compiled
+and what to do. Subprocesses (GRAPH_MODE is process-wide), two at a time."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = r"""
+import json, sys
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Tensor
+ms.set_device("CPU")
+ms.set_context(mode=ms.GRAPH_MODE)
+from msprobe.mindspore import PrecisionDebugger
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 3)
+    def construct(self, x):
+        return ops.relu(self.fc(x)).sum()
+
+ms.set_seed(0)
+net = Net()
+train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
+x = Tensor(np.ones((2, 3), np.float32))
+debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L0")
+if sys.argv[2] == "compiled_first":
+    train(x)                      # a training step before the debugger is started: compiled now
+for _ in range(2):
+    debugger.start(net)
+    train(x)
+    debugger.stop()
+    debugger.step()
+"""
+
+WARNING = ("msprobe: GRAPH_MODE: TrainOneStepCell (it holds the model) was compiled before start(model) "
+           "installed the L0 probes; MindSpore reuses a compiled graph without them, so its calls record "
+           "nothing (empty dumps). Call debugger.start(model) before the first call of the network (before "
+           "the first training step), or build the Cell that is called after start()")
+
+
+def _run(args):
+    script, dump, order = args
+    proc = subprocess.run([sys.executable, script, dump, order], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    docs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(dump, "step*", "*", "dump.json")))]
+    return proc.stderr, docs
+
+
+def test_start_after_the_graph_was_compiled_is_said(tmp_path):
+    script = tmp_path / "train.py"     # a file: GRAPH_MODE compiles construct from its source
+    script.write_text(SCRIPT)
+    with ThreadPoolExecutor(2) as pool:
+        (late_err, late), (ok_err, ok) = pool.map(_run, [(str(script), str(tmp_path / "late"), "compiled_first"),
+                                                         (str(script), str(tmp_path / "ok"), "start_first")])
+    assert len(late) == 2 and all(doc["data"] == {} for doc in late)
+    assert late_err.splitlines().count(WARNING) == 1              # said once, at the first start()
+    assert len(ok) == 2 and all("Cell.fc.Dense.forward.0" in doc["data"] for doc in ok)
+    assert "was compiled before start(model)" not in ok_err
