@@ -1,15 +1,18 @@
 """Watch mode: statistics of every recorded call are computed as usual, but kept in memory only (the
-last ``history`` calls), and written out as normal step directories the moment a *producer* of a
-non-finite value is seen (README "Watch mode").
+open step, and the last ``history`` entries of the steps before it), and written out as normal step
+directories the moment a *producer* of an anomaly is seen (README "Watch mode").
 
-A producer is the first record, in execution order, whose inputs are finite and whose output is not
-(forward: ``input_args``/``input_kwargs``/``parameters`` -> ``output``; backward: ``input``, the
-gradient w.r.t. the call's outputs -> ``output``, the gradient w.r.t. its inputs). At mix level the
-API inside a Cell finishes before the Cell, so the innermost producer comes first.
+A producer is the first record, in execution order, whose inputs hold no anomaly and whose output
+does (forward: ``input_args``/``input_kwargs``/``parameters`` -> ``output``; backward: ``input``, the
+gradient w.r.t. the call's outputs, and its forward call's inputs -> ``output``, the gradient w.r.t.
+its inputs). An input anomaly is a watched NaN/Inf, or with ``max_abs`` a value beyond the bound: a
+call passing such a value on is a propagator. At mix level the API inside a Cell finishes before the
+Cell, so the innermost producer comes first.
 
 Objects:
 
-* :class:`Watch` — one per runtime, lives for the whole run: the history ring, stack definitions,
+* :class:`Watch` — one per runtime, lives for the whole run: the history (the open step's entries
+  and the ring of earlier ones), stack definitions,
   whether (and where) the anomaly was found, the heartbeat file.
 * :class:`WatchWriter` — one per step, with the interface of :class:`msprobe.engine.writer.StepWriter`
   that the runtime uses; memory only until the trigger (its ``target``, the writer of the step's files,
@@ -38,12 +41,15 @@ from msprobe.tensors import hotpath, stats
 from msprobe.engine import layout
 from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.writer import StepWriter, encode_lines
-from msprobe.format import journal
+from msprobe.format import journal, naming
 from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
 
 logger = logging.getLogger("msprobe")
 
 HEARTBEAT = "watch_heartbeat.{who}.json"
+#: encoded journal text of the current step kept whole beside the ``history`` of earlier steps; a
+#: step that outgrows it (a run that never calls ``step()``) keeps its latest entries only
+STEP_BYTES = 64 << 20
 
 
 def _slots(value):
@@ -97,6 +103,13 @@ def _non_finite_kind(leaf: dict, kinds) -> str | None:
 
 
 _INF = float("inf")
+_NON_FINITE = ("nan", "inf")
+
+
+def _beyond(leaf: dict, bound: float) -> bool:
+    """Whether ``leaf``'s largest absolute value (from its Max and Min) exceeds ``bound``."""
+    top, low = leaf.get("Max"), leaf.get("Min")
+    return isinstance(top, (int, float)) and isinstance(low, (int, float)) and max(abs(top), abs(low)) > bound
 _WHAT = {"nan": "NaN", "inf": "Inf", "max_abs": "a value beyond max_abs", "norm_jump": "a Norm jump beyond norm_jump"}
 
 
@@ -111,19 +124,29 @@ class Watch:
     def __init__(self, settings, dump_path: str):
         self.settings = settings
         self.dump_path = dump_path
-        #: last ``history`` entries: entry key (step, directory, name) -> ``[(order, text, start, end)]``,
-        #: oldest entry first: each line is ``text[start:end]``, as :func:`msprobe.format.journal.encode_json`
-        #: wrote it, ``text`` the encoded batch it came in (shared by the batch's lines)
+        #: the last ``history`` entries of earlier steps: entry key (step, directory, name) ->
+        #: ``[(order, text, start, end)]``, oldest entry first: each line is ``text[start:end]``, as
+        #: :func:`msprobe.format.journal.encode_json` wrote it, ``text`` the encoded batch it came in
+        #: (shared by the batch's lines)
         self.ring: collections.OrderedDict = collections.OrderedDict()
+        #: the entries of the current step, in the same form (kept whole, up to :data:`STEP_BYTES`)
+        self.current: collections.OrderedDict = collections.OrderedDict()
         self.stack_frames: dict = {}   # stack id -> frames (definitions are never evicted)
         self.triggered = None          # the anomaly found (dict), once
         self.rooms: set = set()        # step directories made room for (an earlier run's moved aside)
         self.records = 0
         self.steps = 0
         self._seq = 0  # journal order of the lines kept
+        self._step = None          # step of the latest lines kept (the current step)
+        self._step_bytes = 0       # encoded bytes of the current step's lines
+        #: entries of the current step dropped because it outgrew :data:`STEP_BYTES`
+        self.step_dropped = 0
         #: (entry, output leaf ordinal) -> [sum of Norms, count] over earlier records (norm_jump)
         self.norms: dict = {}
+        #: every output is checked (not only a batch's non-finite pieces): a bound or a Norm jump
         self.checks_values = settings.max_abs is not None or settings.norm_jump is not None
+        #: every input is checked too: one beyond the bound makes its call a propagator
+        self.checks_inputs = settings.max_abs is not None
 
     def output_kind(self, name: str, leaves: list, non_finite: bool) -> str | None:
         """What makes these output leaves of ``name`` an anomaly (``"nan"``, ``"inf"``,
@@ -136,9 +159,8 @@ class Watch:
                     return kind
         found = None
         for ordinal, leaf in enumerate(leaves):
-            top, low, norm = leaf.get("Max"), leaf.get("Min"), leaf.get("Norm")
-            if settings.max_abs is not None and isinstance(top, (int, float)) and isinstance(low, (int, float)) \
-                    and max(abs(top), abs(low)) > settings.max_abs and found is None:
+            norm = leaf.get("Norm")
+            if settings.max_abs is not None and found is None and _beyond(leaf, settings.max_abs):
                 found = "max_abs"
             if settings.norm_jump is not None and isinstance(norm, float) and norm == norm and norm != _INF:
                 key = (name, ordinal)
@@ -152,13 +174,34 @@ class Watch:
                     seen[1] += 1
         return found
 
+    def input_kind(self, leaves, non_finite: bool) -> str | None:
+        """What makes these input leaves hold an anomaly (``"nan"``, ``"inf"``, ``"max_abs"``), or
+        None: a call whose input already holds one passes it on (a propagator, never a producer)."""
+        settings = self.settings
+        bound = settings.max_abs
+        for leaf in leaves:
+            if non_finite:
+                kind = _non_finite_kind(leaf, settings.anomaly)
+                if kind:
+                    return kind
+            if bound is not None and _beyond(leaf, bound):
+                return "max_abs"
+        return None
+
     # ------------------------------------------------------------------ history
     def keep(self, step: int, directory: str, lines: list, text: bytes, offsets: list) -> None:
-        """Add journal lines (resolved dicts, in journal order) to the history, kept as their
-        encoding: line ``i`` is ``text[offsets[i]:offsets[i + 1]]``. The oldest entries beyond
-        ``history`` are dropped whole."""
-        ring, limit = self.ring, self.settings.history
-        seq = self._seq
+        """Add journal lines (resolved dicts, in journal order) of step ``step`` to the history, kept
+        as their encoding: line ``i`` is ``text[offsets[i]:offsets[i + 1]]``.
+
+        The current step (the one of the latest lines) is kept whole, so the step of an anomaly is
+        written from its first record up to the producer whatever ``history`` is; ``history`` bounds
+        the entries kept from earlier steps, the oldest dropped whole. Past :data:`STEP_BYTES` of
+        encoded text the current step's oldest entries go too (:meth:`bound_step`)."""
+        current = self.current
+        if step != self._step:  # the earlier step's entries are history now
+            self.end_step()
+            self._step = step
+        seq, size = self._seq, self._step_bytes
         for i, line in enumerate(lines):
             name = journal.subject(line)
             if name is None:
@@ -167,29 +210,61 @@ class Watch:
                     self.stack_frames[definition[0]] = definition[1]
                 continue
             key = (step, directory, name)
-            got = ring.get(key)
+            got = current.get(key)
             if got is None:
-                got = ring[key] = []
+                got = current[key] = []
                 self.records += 1
-                if len(ring) > limit:
-                    ring.popitem(last=False)
             seq += 1
-            got.append((seq, text, offsets[i], offsets[i + 1]))
-        self._seq = seq
+            start, end = offsets[i], offsets[i + 1]
+            got.append((seq, text, start, end))
+            size += end - start
+        self._seq, self._step_bytes = seq, size
+
+    def bound_step(self) -> None:
+        """Drop the current step's oldest entries while its lines exceed :data:`STEP_BYTES` (after a
+        batch without an anomaly: a batch that has one is written whole)."""
+        current = self.current
+        while self._step_bytes > STEP_BYTES and len(current) > 1:
+            _, items = current.popitem(last=False)
+            self.step_dropped += 1
+            self._step_bytes -= sum(end - start for _, _, start, end in items)
+
+    def end_step(self) -> None:
+        """The current step's entries become history: at most ``history`` entries of earlier steps
+        stay (called when a step ends without an anomaly, and when lines of a new step arrive)."""
+        ring, current, limit = self.ring, self.current, self.settings.history
+        if current:
+            for key in list(current)[-limit:]:  # older ones would be dropped at once
+                ring[key] = current[key]
+            current.clear()
+        while len(ring) > limit:
+            ring.popitem(last=False)
+        self._step, self._step_bytes, self.step_dropped = None, 0, 0
+
+    def _kept(self):
+        """``(key, lines)`` of every entry kept, oldest first (earlier steps, then the current one)."""
+        yield from self.ring.items()
+        yield from self.current.items()
 
     def lines_of(self, name: str) -> list:
         """The kept journal lines (dicts) of the entries named ``name`` (any step), oldest first."""
-        return [_line(item) for key, lines in self.ring.items() if key[2] == name for item in lines]
+        return [_line(item) for key, lines in self._kept() if key[2] == name for item in lines]
 
     def history_by_step(self):
-        """``[(step, directory, lines)]`` of what the ring holds, by step, each step's lines (dicts)
-        in the order they were journaled (execution order: a backward entry after every forward
-        before it, although its construct.json line was made with its forward call)."""
+        """``[(step, directory, lines)]`` of what the history holds, by step, each step's lines
+        (dicts) in the order they were journaled (execution order: a backward entry after every
+        forward before it, although its construct.json line was made with its forward call)."""
         groups: dict = {}
-        for (step, directory, _), lines in self.ring.items():
+        for (step, directory, _), lines in self._kept():
             groups.setdefault((step, directory), []).extend(lines)
         return [(step, d, [_line(item) for item in sorted(lines, key=lambda item: item[0])])
                 for (step, d), lines in groups.items()]
+
+    def clear(self) -> None:
+        """Forget the history (it was written)."""
+        self.ring.clear()
+        self.current.clear()
+        self._step, self._step_bytes = None, 0
 
     def heartbeat(self, rank, step: int) -> None:
         """Tiny file saying the watch ran (rewritten at the end of every watched step)."""
@@ -254,9 +329,11 @@ class WatchWriter:
         text, resolved, non_finite = _encode(records)
         found = None
         if non_finite or watch.checks_values:
+            outputs, inputs = watch.checks_values, watch.checks_inputs
             for rec in resolved:
                 for piece, bad in _pieces(rec):
-                    if piece.key is not None and (bad or piece.key == "output"):
+                    key = piece.key
+                    if key is not None and (bad or (outputs if key == "output" else inputs)):
                         producer = self._check(piece, bad)
                         if found is None:
                             found = producer
@@ -274,6 +351,8 @@ class WatchWriter:
         watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
         if found is not None:
             self._trigger(found)
+        else:
+            watch.bound_step()
 
     def _save_tensors(self, producer: str, records: list) -> None:
         """``save_tensors``: write the producer's tensors of this batch (its output, and its inputs
@@ -347,35 +426,46 @@ class WatchWriter:
         self.closed = True
         if self.real is not None:
             self.real.close()
+        else:
+            self.watch.end_step()
         self.watch.heartbeat(self.rank, self.step)
 
     # ------------------------------------------------------------------ detection
     def _check(self, piece: journal.Piece, non_finite: bool):
         """Update the entry's input/output state (``non_finite``: the piece holds a non-finite
-        value); the entry name when it just became a producer."""
+        value); the entry name when it just became a producer: its output holds an anomaly, and
+        neither its own inputs nor those of the entries that feed it too
+        (:func:`msprobe.format.naming.upstream_names`: a backward entry's forward call) do."""
         name, key = piece.entry, piece.key
         state = self._entries.get(name)
         if state is None:
             state = self._entries[name] = [False, False, None]
-        bad = None
         watch = self.watch
         if key == "output":
-            if non_finite or watch.checks_values:
-                base = name if piece.index is None else f"{name}[{piece.index}]"
-                bad = watch.output_kind(base, list(report.leaves(piece.value)), non_finite)
-        elif non_finite:
-            for leaf in report.leaves(piece.value):
-                bad = bad or _non_finite_kind(leaf, watch.settings.anomaly)
-        if key == "output":
-            if bad and not state[0] and not state[1]:
+            base = name if piece.index is None else f"{name}[{piece.index}]"
+            bad = watch.output_kind(base, list(report.leaves(piece.value)), non_finite)
+            if bad and not state[0] and not state[1] and not self._fed_bad(name):
                 state[1], state[2] = True, bad
                 return name
             state[1] = state[1] or bool(bad)
-        elif bad:
-            if not state[0] and self._first_bad_input is None:
+            return None
+        bad = watch.input_kind(report.leaves(piece.value), non_finite)
+        if bad:
+            # a NaN/Inf reached an input first: made by code the level does not record. A value
+            # beyond max_abs first seen in an input (the step's data, e.g. token ids) is no anomaly:
+            # the bound applies where a recorded call makes the value
+            if not state[0] and self._first_bad_input is None and bad in _NON_FINITE:
                 self._first_bad_input = (name, bad)
             state[0] = True
         return None
+
+    def _fed_bad(self, name: str) -> bool:
+        """Whether an entry that also feeds ``name`` (its forward call) had an anomaly in its inputs."""
+        for other in naming.upstream_names(name):
+            state = self._entries.get(other)
+            if state is not None and state[0]:
+                return True
+        return False
 
     def _trigger(self, producer: str) -> None:
         kind = self._entries[producer][2]
@@ -424,8 +514,8 @@ class WatchWriter:
         watch.triggered = dict(found)
         self.extras.anomaly_extra = dict(found) if found.get("kind") else None
         self.extras.changed = True
-        kept = (f"watch mode keeps only the last {watch.settings.history} records before an anomaly; "
-                "none of this step's data is among them")
+        kept = (f"watch mode keeps only the last {watch.settings.history} entries of the steps before "
+                "an anomaly's step; none of this step's data is among them")
         for step, directory, lines in watch.history_by_step():
             writer = self.make_writer(directory)
             writer.append([journal.stack_frames(sid, watch.stack_frames[sid])
@@ -440,9 +530,13 @@ class WatchWriter:
         self.tensor_dir = self.real.tensor_dir
         for message in self._errors:
             self.real.error(message)
+        if watch.step_dropped:
+            self.real.error(f"watch mode keeps the latest {STEP_BYTES / 2 ** 20:g} MiB of encoded records of the "
+                            f"open step: its first {watch.step_dropped} entries before the anomaly are "
+                            "not in this dump")
         if write_current:  # the trigger's data is recorded: the step is not empty
             write_step(self.real, self.extras)
-        watch.ring.clear()
+        watch.clear()
 
 
 def _encode(records: list) -> tuple:
