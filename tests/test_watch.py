@@ -454,7 +454,7 @@ def test_a_step_beyond_the_step_bound_keeps_its_latest_entries_and_says_so(tmp_p
     """The open step is kept whole up to STEP_BYTES of encoded records, so memory stays bounded in a
     run that never calls step(); beyond it its oldest entries go, the producer and its batch stay,
     and the step's dump_error_info.log says how many entries are missing."""
-    from msprobe.engine import watch as watch_module
+    from msprobe.engine import watch_history as watch_module
 
     monkeypatch.setattr(watch_module, "STEP_BYTES", 20000)
     debugger, dump_path = _debugger(tmp_path, "L1", {"history": 4})
@@ -470,7 +470,7 @@ def test_a_step_beyond_the_step_bound_keeps_its_latest_entries_and_says_so(tmp_p
         opt(grads)
         debugger.stop()
         if i == 0:
-            first = len(debugger.service.runtime.watch.current)
+            first = len(debugger.service.runtime.watch.ring.current)
     d, found = _anomaly(dump_path, 0)
     assert found["producer"] == found["first_producer"] == "Functional.log.7.forward"
     data = msprobe.dump.load(d).data
@@ -566,3 +566,25 @@ def test_online_and_offline_producers_agree(tmp_path, level, case):
     if case == "forward" and level == "mix":   # the NaN reaches the head's weight gradient
         assert any(name.endswith(".backward") and not _inputs_finite(data[naming.forward_of(name)])
                    for name in data if naming.forward_of(name) in data)
+
+
+def test_steps_after_the_anomaly_stay_in_memory_while_the_nan_goes_on(tmp_path):
+    """One anomaly per run: later steps that still compute NaN (the weights are NaN now) are not
+    checked nor written again; the heartbeat keeps counting them and names the first anomaly."""
+    debugger, dump_path = _debugger(tmp_path, "L1", {"history": 16})
+    ms.set_seed(0)
+    net = Net()
+    _train(net, debugger, 5, at=2, poison=lambda n, on: _forward_nan(n, on or n.poison.shift > 0))
+    assert net.poison.shift > 0                  # NaN in steps 2, 3 and 4
+    clean, clean_path = _debugger(tmp_path, "L1", {"history": 16}, name="clean")
+    ms.set_seed(0)
+    _train(Net(), clean, 5)
+    _, found = _anomaly(dump_path, 2)
+    assert sorted(n for n in os.listdir(dump_path) if n.startswith("step")) == ["step1", "step2"]
+    beats = []
+    for path in (dump_path, clean_path):
+        (beat,) = glob.glob(os.path.join(path, "watch_heartbeat.*"))
+        with open(beat) as f:
+            beats.append(json.load(f))
+    assert beats[0]["steps_watched"] == 5 and beats[0]["anomaly"]["producer"] == found["producer"]
+    assert beats[0]["records_seen"] == beats[1]["records_seen"]   # the same calls as a clean run's

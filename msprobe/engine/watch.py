@@ -20,36 +20,32 @@ Objects:
   directory is complete when the step ends. Journal lines are read through the accessors of
   :mod:`msprobe.format.journal`.
 
-Cost: a flushed batch is resolved and encoded in one call (the compiled ``encode_lines`` of
-:mod:`msprobe.tensors.hotpath`, what the writer of a dumped step uses), and the history keeps each
-line as its encoded bytes: no per-record Python containers live across steps (the garbage collector
-never walks them), and lines are decoded only when the history is written. The pieces of a batch are
-checked one by one only when the batch holds a non-finite float (or ``max_abs``/``norm_jump`` asks
-for every output): statistics show NaN/Inf in their own floats, so a batch without one has no
-anomaly of those kinds.
+Cost: a flushed batch is resolved and encoded in one call (:func:`msprobe.engine.flush.encode_batch`,
+what the writer of a dumped step uses) and kept as that text (:mod:`msprobe.engine.watch_history`);
+nothing is written in a clean step but the heartbeat. The pieces of a batch are checked one by one
+only when the batch holds a non-finite float (or ``max_abs``/``norm_jump`` asks for every output):
+statistics show NaN/Inf in their own floats, so a batch without one has no anomaly of those kinds.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import os
 import time
 
 from msprobe.read import report
-from msprobe.tensors import hotpath, stats
-from msprobe.engine import layout
+from msprobe.tensors import stats
+from msprobe.engine import layout, watch_history
+from msprobe.engine.flush import encode_batch
 from msprobe.engine.step_files import StepExtras, write_step
-from msprobe.engine.writer import StepWriter, encode_lines
+from msprobe.engine.watch_history import History, split_lines
+from msprobe.engine.writer import StepWriter
 from msprobe.format import journal, naming
 from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
 
 logger = logging.getLogger("msprobe")
 
 HEARTBEAT = "watch_heartbeat.{who}.json"
-#: encoded journal text of the current step kept whole beside the ``history`` of earlier steps; a
-#: step that outgrows it (a run that never calls ``step()``) keeps its latest entries only
-STEP_BYTES = 64 << 20
 
 
 def _slots(value):
@@ -124,23 +120,13 @@ class Watch:
     def __init__(self, settings, dump_path: str):
         self.settings = settings
         self.dump_path = dump_path
-        #: the last ``history`` entries of earlier steps: entry key (step, directory, name) ->
-        #: ``[(order, text, start, end)]``, oldest entry first: each line is ``text[start:end]``, as
-        #: :func:`msprobe.format.journal.encode_json` wrote it, ``text`` the encoded batch it came in
-        #: (shared by the batch's lines)
-        self.ring: collections.OrderedDict = collections.OrderedDict()
-        #: the entries of the current step, in the same form (kept whole, up to :data:`STEP_BYTES`)
-        self.current: collections.OrderedDict = collections.OrderedDict()
-        self.stack_frames: dict = {}   # stack id -> frames (definitions are never evicted)
+        #: the lines kept: the open step whole, the last ``history`` entries before it (``len``: those)
+        self.ring = History(settings.history)
+        self.stack_frames = self.ring.stack_frames  # stack id -> frames (definitions are never dropped)
         self.triggered = None          # the anomaly found (dict), once
         self.rooms: set = set()        # step directories made room for (an earlier run's moved aside)
-        self.records = 0
         self.steps = 0
-        self._seq = 0  # journal order of the lines kept
-        self._step = None          # step of the latest lines kept (the current step)
-        self._step_bytes = 0       # encoded bytes of the current step's lines
-        #: entries of the current step dropped because it outgrew :data:`STEP_BYTES`
-        self.step_dropped = 0
+        self._heartbeat_dir = False    # dump_path exists (made once)
         #: (entry, output leaf ordinal) -> [sum of Norms, count] over earlier records (norm_jump)
         self.norms: dict = {}
         #: every output is checked (not only a batch's non-finite pieces): a bound or a Norm jump
@@ -189,82 +175,16 @@ class Watch:
         return None
 
     # ------------------------------------------------------------------ history
-    def keep(self, step: int, directory: str, lines: list, text: bytes, offsets: list) -> None:
-        """Add journal lines (resolved dicts, in journal order) of step ``step`` to the history, kept
-        as their encoding: line ``i`` is ``text[offsets[i]:offsets[i + 1]]``.
+    @property
+    def records(self) -> int:
+        """Entries seen so far (the heartbeat's ``records_seen``)."""
+        return self.ring.entries_seen
 
-        The current step (the one of the latest lines) is kept whole, so the step of an anomaly is
-        written from its first record up to the producer whatever ``history`` is; ``history`` bounds
-        the entries kept from earlier steps, the oldest dropped whole. Past :data:`STEP_BYTES` of
-        encoded text the current step's oldest entries go too (:meth:`bound_step`)."""
-        current = self.current
-        if step != self._step:  # the earlier step's entries are history now
-            self.end_step()
-            self._step = step
-        seq, size = self._seq, self._step_bytes
-        for i, line in enumerate(lines):
-            name = journal.subject(line)
-            if name is None:
-                definition = journal.stack_definition(line)
-                if definition is not None:
-                    self.stack_frames[definition[0]] = definition[1]
-                continue
-            key = (step, directory, name)
-            got = current.get(key)
-            if got is None:
-                got = current[key] = []
-                self.records += 1
-            seq += 1
-            start, end = offsets[i], offsets[i + 1]
-            got.append((seq, text, start, end))
-            size += end - start
-        self._seq, self._step_bytes = seq, size
-
-    def bound_step(self) -> None:
-        """Drop the current step's oldest entries while its lines exceed :data:`STEP_BYTES` (after a
-        batch without an anomaly: a batch that has one is written whole)."""
-        current = self.current
-        while self._step_bytes > STEP_BYTES and len(current) > 1:
-            _, items = current.popitem(last=False)
-            self.step_dropped += 1
-            self._step_bytes -= sum(end - start for _, _, start, end in items)
-
-    def end_step(self) -> None:
-        """The current step's entries become history: at most ``history`` entries of earlier steps
-        stay (called when a step ends without an anomaly, and when lines of a new step arrive)."""
-        ring, current, limit = self.ring, self.current, self.settings.history
-        if current:
-            for key in list(current)[-limit:]:  # older ones would be dropped at once
-                ring[key] = current[key]
-            current.clear()
-        while len(ring) > limit:
-            ring.popitem(last=False)
-        self._step, self._step_bytes, self.step_dropped = None, 0, 0
-
-    def _kept(self):
-        """``(key, lines)`` of every entry kept, oldest first (earlier steps, then the current one)."""
-        yield from self.ring.items()
-        yield from self.current.items()
-
-    def lines_of(self, name: str) -> list:
-        """The kept journal lines (dicts) of the entries named ``name`` (any step), oldest first."""
-        return [_line(item) for key, lines in self._kept() if key[2] == name for item in lines]
-
-    def history_by_step(self):
-        """``[(step, directory, lines)]`` of what the history holds, by step, each step's lines
-        (dicts) in the order they were journaled (execution order: a backward entry after every
-        forward before it, although its construct.json line was made with its forward call)."""
-        groups: dict = {}
-        for (step, directory, _), lines in self._kept():
-            groups.setdefault((step, directory), []).extend(lines)
-        return [(step, d, [_line(item) for item in sorted(lines, key=lambda item: item[0])])
-                for (step, d), lines in groups.items()]
-
-    def clear(self) -> None:
-        """Forget the history (it was written)."""
-        self.ring.clear()
-        self.current.clear()
-        self._step, self._step_bytes = None, 0
+    def keep(self, step: int, directory: str, lines: list, text) -> None:
+        """Keep a flushed batch of step ``step`` in the history: ``lines`` its journal lines
+        (resolved dicts, in journal order), ``text`` their encoding, one line each (checked when
+        the history is written: :func:`msprobe.engine.watch_history.split_lines`)."""
+        self.ring.keep(step, directory, lines, bytes(text))  # bytes: a bytearray may hold spare room
 
     def heartbeat(self, rank, step: int) -> None:
         """Tiny file saying the watch ran (rewritten at the end of every watched step)."""
@@ -273,7 +193,9 @@ class Watch:
                 "steps_watched": self.steps, "records_seen": self.records, "time": time.time(),
                 "anomaly": self.triggered}
         try:
-            os.makedirs(self.dump_path, exist_ok=True)
+            if not self._heartbeat_dir:
+                os.makedirs(self.dump_path, exist_ok=True)
+                self._heartbeat_dir = True
             who = layout.rank_dir_name(rank)
             atomic_write_json(os.path.join(self.dump_path, HEARTBEAT.format(who=who)), body, False)
         except OSError as exc:
@@ -326,7 +248,10 @@ class WatchWriter:
             self.real.append(records)
             return
         watch = self.watch
-        text, resolved, non_finite = _encode(records)
+        if watch.triggered is not None:  # once per run: what is kept now is never written
+            watch.ring.count(self.step, self.directory, records)
+            return
+        text, resolved, non_finite = encode_batch(records)
         found = None
         if non_finite or watch.checks_values:
             outputs, inputs = watch.checks_values, watch.checks_inputs
@@ -337,22 +262,20 @@ class WatchWriter:
                         producer = self._check(piece, bad)
                         if found is None:
                             found = producer
-        if watch.triggered is not None:
-            found = None
-        elif found is None and self._first_bad_input is not None:
+        if found is None and self._first_bad_input is not None and watch.triggered is None:
             # a non-finite value reached an input without any recorded call producing it: made by
             # code this level does not record (e.g. an API between Cells at L0)
-            watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
+            watch.keep(self.step, self.directory, resolved, text)
             self._trigger_unrecorded(*self._first_bad_input)
             return
         if found is not None and watch.settings.save_tensors:
             self._save_tensors(found, records)  # adds data_name to leaves: encoded again
-            text = _encode(resolved)[0]
-        watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
+            text = encode_batch(resolved)[0]
+        watch.keep(self.step, self.directory, resolved, text)
         if found is not None:
             self._trigger(found)
         else:
-            watch.bound_step()
+            watch.ring.bound_step()
 
     def _save_tensors(self, producer: str, records: list) -> None:
         """``save_tensors``: write the producer's tensors of this batch (its output, and its inputs
@@ -427,7 +350,7 @@ class WatchWriter:
         if self.real is not None:
             self.real.close()
         else:
-            self.watch.end_step()
+            self.watch.ring.end_step()
         self.watch.heartbeat(self.rank, self.step)
 
     # ------------------------------------------------------------------ detection
@@ -470,7 +393,7 @@ class WatchWriter:
     def _trigger(self, producer: str) -> None:
         kind = self._entries[producer][2]
         cell = None
-        for line in self.watch.lines_of(producer):
+        for line in self.watch.ring.lines_of(producer):
             found, parent = journal.parent_of(line, producer)
             if found:
                 cell = parent
@@ -511,12 +434,14 @@ class WatchWriter:
         watch = self.watch
         if watch.triggered is not None or self.closed:
             return
+        history = watch.ring.by_step()  # decoded first: a batch that cannot be read triggers nothing
         watch.triggered = dict(found)
         self.extras.anomaly_extra = dict(found) if found.get("kind") else None
         self.extras.changed = True
         kept = (f"watch mode keeps only the last {watch.settings.history} entries of the steps before "
                 "an anomaly's step; none of this step's data is among them")
-        for step, directory, lines in watch.history_by_step():
+        dropped = watch.ring.step_dropped
+        for step, directory, lines in history:
             writer = self.make_writer(directory)
             writer.append([journal.stack_frames(sid, watch.stack_frames[sid])
                            for sid in journal.stack_ids(lines) if sid in watch.stack_frames] + lines)
@@ -530,48 +455,22 @@ class WatchWriter:
         self.tensor_dir = self.real.tensor_dir
         for message in self._errors:
             self.real.error(message)
-        if watch.step_dropped:
-            self.real.error(f"watch mode keeps the latest {STEP_BYTES / 2 ** 20:g} MiB of encoded records of the "
-                            f"open step: its first {watch.step_dropped} entries before the anomaly are "
-                            "not in this dump")
+        if dropped:
+            self.real.error(f"watch mode keeps the latest {watch_history.STEP_BYTES / 2 ** 20:g} MiB of "
+                            f"encoded records of the open step: its first {dropped} entries before the "
+                            "anomaly are not in this dump")
         if write_current:  # the trigger's data is recorded: the step is not empty
             write_step(self.real, self.extras)
-        watch.clear()
+        watch.ring.clear()
 
 
-def _encode(records: list) -> tuple:
-    """``(text, resolved, non_finite)`` of journal records, as the step writer encodes them
-    (:func:`msprobe.engine.writer.encode_lines`, in C when :mod:`msprobe.tensors.hotpath` runs)."""
-    ext = hotpath.ext
-    if ext is not None:
-        return ext.encode_lines(records, journal.encode_json)
-    return encode_lines(records)
-
-
-def _split(text, resolved: list) -> tuple:
-    """``(text, offsets)``: the batch's encoded text (newline-terminated JSON, one line per resolved
-    line; JSON has no raw newline inside a line) as one bytes object, and where each line starts
-    (``offsets[i]:offsets[i + 1]``). One object per batch: the history's lines are not many small
-    allocations freed in another order than made.
+def _split(text, resolved) -> tuple:
+    """``(text, offsets)`` of an encoded batch of ``resolved`` journal lines (only their number is
+    read): see :func:`msprobe.engine.watch_history.split_lines`.
 
     Raises:
         ValueError: ``text`` is not one line per resolved line."""
-    text = bytes(text)
-    offsets, pos, find = [0], 0, text.find
-    for _ in resolved:
-        pos = find(b"\n", pos) + 1
-        if not pos:
-            break
-        offsets.append(pos)
-    if len(offsets) != len(resolved) + 1 or pos != len(text):  # the encoders write one line each
-        raise ValueError(f"an encoded batch of {len(resolved)} journal lines is not one line each")
-    return text, offsets
-
-
-def _line(item: tuple) -> dict:
-    """The journal line (dict) of a history item ``(order, text, start, end)``."""
-    _, text, start, end = item
-    return journal.decode_line(text[start:end])
+    return split_lines(text, len(resolved))
 
 
 def _has_non_finite(value) -> bool:
