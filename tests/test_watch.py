@@ -407,7 +407,10 @@ def test_history_files_equal_a_plain_dump_of_the_same_steps(tmp_path, monkeypatc
 def test_a_batch_not_encoded_one_line_per_record_is_refused():
     """The history finds each kept line by the newlines of its batch's text: a text with another
     number of lines than records is an error, never a misplaced line."""
-    from msprobe.engine.watch import _split
+    from msprobe.engine.watch_history import split_lines
+
+    def _split(text, lines):
+        return split_lines(text, len(lines))
 
     lines = [journal.construct_edge("a", None), journal.construct_edge("b", "a")]
     text = b"".join(journal.encode_json(line, False, line=True) for line in lines)

@@ -38,7 +38,7 @@ from msprobe.tensors import stats
 from msprobe.engine import layout, watch_history
 from msprobe.engine.flush import encode_batch
 from msprobe.engine.step_files import StepExtras, write_step
-from msprobe.engine.watch_history import History, split_lines
+from msprobe.engine.watch_history import History
 from msprobe.engine.writer import StepWriter
 from msprobe.format import journal, naming
 from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
@@ -462,15 +462,6 @@ class WatchWriter:
         if write_current:  # the trigger's data is recorded: the step is not empty
             write_step(self.real, self.extras)
         watch.ring.clear()
-
-
-def _split(text, resolved) -> tuple:
-    """``(text, offsets)`` of an encoded batch of ``resolved`` journal lines (only their number is
-    read): see :func:`msprobe.engine.watch_history.split_lines`.
-
-    Raises:
-        ValueError: ``text`` is not one line per resolved line."""
-    return split_lines(text, len(resolved))
 
 
 def _has_non_finite(value) -> bool:
