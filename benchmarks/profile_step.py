@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/profile_step.py [--level L1] [--steps 3] [--top 25] [--out prof.pstats]
     .venv/bin/python benchmarks/profile_step.py --pyinstrument   # sampling profiler (pip install pyinstrument)
+    .venv/bin/python benchmarks/profile_step.py --watch          # watch mode (history 1024) at --level
 
 Runs with ``ms.set_device("CPU"); ms.runtime.launch_blocking()``. After 2 warm-up steps, profiles
 ``--steps`` full steps (``start(net)`` / train step / ``stop()`` / ``step()``) and prints
@@ -39,13 +40,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out")
+    p.add_argument("--watch", action="store_true", help="watch mode (default settings) at --level")
     p.add_argument("--pyinstrument", action="store_true",
                    help="sampling profile (pyinstrument, less distortion than cProfile); prints its tree")
     args = p.parse_args(argv)
 
     net, batches, train_step = overhead._setup()
     tmp = tempfile.mkdtemp(prefix="msprobe_prof_")
-    cfg_path = overhead.write_config(tmp, {"task": args.task, "level": args.level})
+    spec = {"task": args.task, "level": args.level}
+    if args.watch:
+        spec["watch"] = {}
+    cfg_path = overhead.write_config(tmp, spec)
     from msprobe.mindspore import PrecisionDebugger
 
     dbg = PrecisionDebugger(config_path=cfg_path)
@@ -87,7 +92,7 @@ def main(argv=None) -> int:
     st = pstats.Stats(prof)
     total = wall
     print(overhead.HEADER)
-    print(f"level {args.level}, task {args.task}, start({'' if args.no_model else 'net'}); "
+    print(f"level {args.level}{' watch' if args.watch else ''}, task {args.task}, start({'' if args.no_model else 'net'}); "
           f"{args.steps} profiled steps, {1000 * wall / args.steps:.0f} ms/step under cProfile")
     rows = []
     for (fname, line, func), (cc, nc, tt, ct, _callers) in st.stats.items():

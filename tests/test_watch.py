@@ -407,7 +407,10 @@ def test_history_files_equal_a_plain_dump_of_the_same_steps(tmp_path, monkeypatc
 def test_a_batch_not_encoded_one_line_per_record_is_refused():
     """The history finds each kept line by the newlines of its batch's text: a text with another
     number of lines than records is an error, never a misplaced line."""
-    from msprobe.engine.watch import _split
+    from msprobe.engine.watch_history import split_lines
+
+    def _split(text, lines):
+        return split_lines(text, len(lines))
 
     lines = [journal.construct_edge("a", None), journal.construct_edge("b", "a")]
     text = b"".join(journal.encode_json(line, False, line=True) for line in lines)
@@ -415,3 +418,176 @@ def test_a_batch_not_encoded_one_line_per_record_is_refused():
     for bad in (text[:-1], text + b"\n", text.replace(b"\n", b" ", 1)):
         with pytest.raises(ValueError, match="not one line each"):
             _split(bad, lines)
+
+
+def _files(dump_path, step):
+    """dump.json data, stack.json and construct.json of one step directory."""
+    (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
+    out = {}
+    for name in ("dump.json", "stack.json", "construct.json"):
+        with open(os.path.join(d, name)) as f:
+            out[name] = json.load(f)
+    out["dump.json"] = out["dump.json"]["data"]
+    return out
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_a_short_history_still_writes_the_anomalys_step_whole(tmp_path, level):
+    """``history`` bounds the entries kept from earlier steps; the anomaly's step is written from its
+    first record up to the producer (and on to its end) whatever ``history`` is: the same files as a
+    plain dump of that step."""
+    paths = []
+    for name, watch in (("watched", {"history": 2}), ("plain", None)):   # one call site: same stacks
+        debugger, path = _debugger(tmp_path, level, watch, name=name)
+        ms.set_seed(0)
+        _train(Net(), debugger, 5, at=3, poison=_forward_nan)
+        debugger.service.close()
+        paths.append(path)
+    dump_path, plain_path = paths
+    d, found = _anomaly(dump_path, 3)
+    assert found["producer"] == found["first_producer"] == "Functional.log.0.forward"
+    watched, plain = _files(dump_path, 3), _files(plain_path, 3)
+    assert len(watched["dump.json"]) > 2 and watched == plain
+    earlier = [msprobe.dump.load(p).data for p in glob.glob(os.path.join(dump_path, "step[0-2]", "*"))]
+    assert sum(len(data) for data in earlier) == 2       # the last 2 entries before the step
+    assert not os.path.exists(os.path.join(d, "dump_error_info.log"))
+
+
+def test_a_step_beyond_the_step_bound_keeps_its_latest_entries_and_says_so(tmp_path, monkeypatch):
+    """The open step is kept whole up to STEP_BYTES of encoded records, so memory stays bounded in a
+    run that never calls step(); beyond it its oldest entries go, the producer and its batch stay,
+    and the step's dump_error_info.log says how many entries are missing."""
+    from msprobe.engine import watch_history as watch_module
+
+    monkeypatch.setattr(watch_module, "STEP_BYTES", 20000)
+    debugger, dump_path = _debugger(tmp_path, "L1", {"history": 4})
+    ms.set_seed(0)
+    net = Net()
+    opt = nn.SGD(net.trainable_params(), 0.001)
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    x = Tensor(np.full((2, 4), 0.5, np.float32))
+    for i in range(8):                       # start()/stop() without step(): all of it is step 0
+        _forward_nan(net, i == 7)
+        debugger.start(net)
+        _, grads = grad_fn(x)
+        opt(grads)
+        debugger.stop()
+        if i == 0:
+            first = len(debugger.service.runtime.watch.ring.current)
+    d, found = _anomaly(dump_path, 0)
+    assert found["producer"] == found["first_producer"] == "Functional.log.7.forward"
+    data = msprobe.dump.load(d).data
+    assert "Functional.log.7.forward" in data and "Functional.log.6.forward" in data
+    assert "Functional.linear.0.forward" not in data     # the step's first call: dropped
+    with open(os.path.join(d, "dump_error_info.log")) as f:
+        log = f.read()
+    dropped = int(log.split("its first ")[1].split()[0])
+    assert dropped >= first and "MiB of encoded records of the open step" in log
+    debugger.step()
+
+
+class Tokens(nn.Cell):
+    """Token ids beyond the bound pass through reshape/cast/sum every step (propagators: their inputs
+    are beyond it already); ``exp(x * scale)`` makes a value beyond it when ``scale`` is 40."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 4, weight_init="ones", bias_init="zeros")
+        self.scale = 1.0
+
+    def construct(self, x, ids):
+        flat = ops.cast(ops.reshape(ids, (-1,)), ms.float32)
+        return ops.exp(self.fc(x) * self.scale).sum() + flat.sum() * 0.0
+
+
+@pytest.mark.parametrize("level, producer", [("L1", "Functional.exp.0.forward"),
+                                             ("mix", "Functional.exp.0.forward")])
+def test_max_abs_names_the_call_that_made_the_value_not_one_passing_it_on(tmp_path, level, producer):
+    debugger, dump_path = _debugger(tmp_path, level, {"max_abs": 1e4})
+    ms.set_seed(0)
+    net = Tokens()
+    grad_fn = ms.value_and_grad(net, None, net.trainable_params())
+    x = Tensor(np.full((2, 4), 0.1, np.float32))
+    ids = Tensor(np.array([[50000, 7], [31999, 60000]], np.int32))   # beyond 1e4 in every step
+    for step in range(4):
+        net.scale = 40.0 if step == 2 else 1.0
+        debugger.start(net)
+        grad_fn(x, ids)
+        debugger.stop()
+        debugger.step()
+    assert not glob.glob(os.path.join(dump_path, "step[01]", "*", "anomalies.json"))  # none before
+    d, found = _anomaly(dump_path, 2)
+    assert (found["kind"], found["producer"], found["step"]) == ("max_abs", producer, 2)
+    data = msprobe.dump.load(d).data
+    passing = [name for name in data if name.startswith(("Functional.reshape", "Tensor.reshape",
+                                                         "Functional.cast", "Tensor.astype"))]
+    assert passing and all(data[name]["input_args"][0]["Max"] > 1e4 for name in passing)
+
+
+def _inputs_finite(body: dict) -> bool:
+    return all(math.isfinite(v) for key, value in body.items() if key != "output"
+               for leaf in msprobe.read.report.leaves(value) for k, v in leaf.items()
+               if k in ("Max", "Min", "Mean", "Norm") and isinstance(v, float))
+
+
+@pytest.mark.parametrize("level, case", [("mix", "forward"), ("L1", "forward"), ("L1", "backward"),
+                                         ("mix", "data"), ("L0", "data")])
+def test_online_and_offline_producers_agree(tmp_path, level, case):
+    """The same dump, read online (watch's ``producer``, ``anomalies.json``) and offline
+    (``msprobe.compare.nan_producer``): the same first producer, and no listed producer is the
+    gradient of a call fed a non-finite value in its forward (a propagator)."""
+    from msprobe.compare import nan_producer
+    from msprobe.format import naming
+
+    debugger, dump_path = _debugger(tmp_path, level, {"history": 200})
+    ms.set_seed(0)
+    net = Net()
+    opt = nn.SGD(net.trainable_params(), 0.001)
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    for step in range(3):
+        x = np.full((2, 4), 0.5, np.float32)
+        if case == "data" and step == 1:
+            x[0, 0] = np.nan                        # a NaN in the step's input data: nothing made it
+        _forward_nan(net, case == "forward" and step == 1)
+        _backward_inf(net, case == "backward" and step == 1)
+        debugger.start(net)
+        _, grads = grad_fn(Tensor(x))
+        opt(grads)
+        debugger.stop()
+        debugger.step()
+        _forward_nan(net, False)
+        _backward_inf(net, False)
+    d, found = _anomaly(dump_path, 1)
+    data = msprobe.dump.load(d).data
+    offline = nan_producer(dump_path, step=[1])
+    assert found["first_producer"] == (offline[0].entry if offline else None)
+    assert found["producer"] == found["first_producer"]
+    assert (found["producer"] is None) == (case == "data")
+    for name in found["producers"]:
+        forward = naming.forward_of(name)
+        assert forward is None or _inputs_finite(data[forward]), name
+    if case == "forward" and level == "mix":   # the NaN reaches the head's weight gradient
+        assert any(name.endswith(".backward") and not _inputs_finite(data[naming.forward_of(name)])
+                   for name in data if naming.forward_of(name) in data)
+
+
+def test_steps_after_the_anomaly_stay_in_memory_while_the_nan_goes_on(tmp_path):
+    """One anomaly per run: later steps that still compute NaN (the weights are NaN now) are not
+    checked nor written again; the heartbeat keeps counting them and names the first anomaly."""
+    debugger, dump_path = _debugger(tmp_path, "L1", {"history": 16})
+    ms.set_seed(0)
+    net = Net()
+    _train(net, debugger, 5, at=2, poison=lambda n, on: _forward_nan(n, on or n.poison.shift > 0))
+    assert net.poison.shift > 0                  # NaN in steps 2, 3 and 4
+    clean, clean_path = _debugger(tmp_path, "L1", {"history": 16}, name="clean")
+    ms.set_seed(0)
+    _train(Net(), clean, 5)
+    _, found = _anomaly(dump_path, 2)
+    assert sorted(n for n in os.listdir(dump_path) if n.startswith("step")) == ["step1", "step2"]
+    beats = []
+    for path in (dump_path, clean_path):
+        (beat,) = glob.glob(os.path.join(path, "watch_heartbeat.*"))
+        with open(beat) as f:
+            beats.append(json.load(f))
+    assert beats[0]["steps_watched"] == 5 and beats[0]["anomaly"]["producer"] == found["producer"]
+    assert beats[0]["records_seen"] == beats[1]["records_seen"]   # the same calls as a clean run's

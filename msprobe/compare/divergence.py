@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from msprobe.compare import judge as J
-from msprobe.compare.engine import EntryResult, StepComparison, upstream_names
+from msprobe.compare.engine import EntryResult, StepComparison
 from msprobe.compare.records import TENSOR_TYPES, Side
 from msprobe.dump import load_construct, load_stacks
 from msprobe.format import naming
@@ -192,7 +192,7 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
     """The first producer of a NaN/Inf in one step/rank directory: in execution order, forward
     first, the first entry whose input records are all finite and one of whose outputs is not
     (innermost, as for divergences). The inputs of the entries that also feed an entry count as its
-    inputs (:func:`msprobe.compare.engine.upstream_names`: a backward entry's forward call, a Cell's
+    inputs (:func:`msprobe.format.naming.upstream_names`: a backward entry's forward call, a Cell's
     parameter gradients' forward and backward calls), so the gradient of a call whose forward input
     was already NaN is not a producer. None when no output is NaN/Inf."""
     side = side or Side(directory)
@@ -203,7 +203,7 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
         recs = side.records(i)
         own = all(_finite(r) for r in recs if r.flow == "in")
         finite_inputs[name] = own
-        fed = own and all(finite_inputs.get(n, True) for n in upstream_names(name))
+        fed = own and all(finite_inputs.get(n, True) for n in naming.upstream_names(name))
         if fed and not all(_finite(r) for r in recs if r.flow == "out"):
             found[naming.direction_of(name)].append(name)
     for want in ("forward", "backward"):

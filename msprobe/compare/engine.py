@@ -21,6 +21,7 @@ from msprobe.compare.matching import UNMATCHED, match
 from msprobe.compare.records import Side, load_sides
 from msprobe.compare.thresholds import Thresholds
 from msprobe.format import naming
+from msprobe.format.naming import upstream_names
 
 HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape"]
 STAT_SIDES = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
@@ -206,16 +207,6 @@ class StepComparison:
         ``stack``: target entry name -> frames, for the ``NPU_Stack_Info`` column."""
         for entry in self.entries():
             yield from entry_rows(entry, self.mode, stack)
-
-
-def upstream_names(entry: str) -> list:
-    """Entries whose tensor inputs also feed ``entry``: a backward entry's forward call; a Cell's
-    parameter gradients' forward call and backward call."""
-    calls = naming.param_grad_calls(entry)
-    if calls is not None:
-        return list(calls)
-    fwd = naming.forward_of(entry)
-    return [fwd] if fwd else []
 
 
 def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> EntryResult:

@@ -93,7 +93,7 @@ ALLOWED: Dict[str, str] = {
     "tensor_budget_mb": "a number > 0 (megabytes of .npy data), or null for no limit",
     "watch": f"a JSON object with keys among {_quoted(WATCH_KEYS)}, or null",
     "watch.anomaly": f"a non-empty list of {_quoted(WATCH_KINDS)}",
-    "watch.history": f"an integer in [1, {INDEX_MAX}] (recorded calls kept in memory)",
+    "watch.history": f"an integer in [1, {INDEX_MAX}] (entries of earlier steps kept in memory)",
     "watch.on_anomaly": _quoted(WATCH_ACTIONS),
     "watch.save_tensors": _BOOL_FORM,
     "watch.max_abs": "a number > 0 (an output whose largest |value| exceeds it is an anomaly), or null",
@@ -268,15 +268,17 @@ def _is_md5(summary_mode: Union[str, Tuple[str, ...]]) -> bool:
 @dataclasses.dataclass(frozen=True)
 class WatchSettings:
     """The ``watch`` section of config.json (README "Watch mode"): statistics of every call are kept
-    in memory (the last ``history`` calls) and written out when an anomaly is found.
+    in memory (the open step and the last ``history`` entries before it) and written out when an
+    anomaly is found.
 
     Attributes:
         anomaly: which non-finite values count: ``("nan", "inf")`` or one of them.
-        history: recorded calls (entries) kept in memory, across steps.
+        history: entries of earlier steps kept in memory (the open step is kept whole).
         on_anomaly: ``"record"`` (write and go on) or ``"raise"`` (write, then raise
             :class:`msprobe.engine.watch.WatchAnomaly` in the training thread).
         save_tensors: also save the producing call's tensors (``.npy`` beside its dump.json).
-        max_abs: an output whose largest absolute value exceeds this is an anomaly too (``None``: off).
+        max_abs: an output whose largest absolute value exceeds this is an anomaly too, when no input
+            of its call already exceeds it (``None``: off).
         norm_jump: an output whose Norm exceeds this many times the same entry's running Norm (mean of
             earlier steps) is an anomaly too (``None``: off).
     """

@@ -19,8 +19,20 @@ import weakref
 
 import numpy as np
 
+from msprobe.engine.writer import encode_lines
+from msprobe.format.journal import encode_json
 from msprobe.format.npy import check_saveable
 from msprobe.tensors import hotpath, stats
+
+def encode_batch(records: list) -> tuple:
+    """``(text, resolved, non_finite)`` of journal lines, as every writer of the run encodes a
+    flushed batch (the contract of :func:`msprobe.engine.writer.encode_lines`): in C when
+    :mod:`msprobe.tensors.hotpath` runs (``hotpath.ext``, read at each call), else that function."""
+    ext = hotpath.ext
+    if ext is not None:
+        return ext.encode_lines(records, encode_json)
+    return encode_lines(records)
+
 
 #: how often one synchronisation is retried after it raised (MindSpore reports a failure once)
 _SYNC_RETRIES = 3

@@ -27,14 +27,13 @@ from collections import defaultdict
 from mindspore import Parameter, Tensor, ops
 
 from msprobe.format import journal, naming
-from msprobe.format.journal import encode_json
 from msprobe.read import report
 from msprobe.tensors import hotpath, stats
 from msprobe.engine import layout
 from msprobe.engine.budget import TensorBudget
 from msprobe.engine.deferred import DeferredOutputs
 from msprobe.engine.filters import Selector
-from msprobe.engine.flush import release_tensors, FlushTimer, materialize, raised_by_mindspore
+from msprobe.engine.flush import release_tensors, FlushTimer, encode_batch, materialize, raised_by_mindspore
 from msprobe.tensors.records import Describer, describe_other
 from msprobe.engine.stacks import StackTable
 from msprobe.engine.step_files import StepExtras, write_step
@@ -541,13 +540,11 @@ class Runtime:
         collects what its files say beyond the records."""
         header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
         debug = self.config.level == "debug"
-        ext = hotpath.ext
-        encoder = None if ext is None else (lambda records: ext.encode_lines(records, encode_json))
 
         def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
             return StepWriter(path, header, tensor_data=tensor_data,
                               extra_info=self.config.extra_info and not debug,
-                              data_file="debug.json" if debug else "dump.json", line_encoder=encoder)
+                              data_file="debug.json" if debug else "dump.json", line_encoder=encode_batch)
 
         if self.watch is not None:  # memory only until an anomaly (engine/watch.py)
             rooms = self.watch.rooms  # directories this run has made room for (once each)

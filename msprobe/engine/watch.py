@@ -1,15 +1,18 @@
 """Watch mode: statistics of every recorded call are computed as usual, but kept in memory only (the
-last ``history`` calls), and written out as normal step directories the moment a *producer* of a
-non-finite value is seen (README "Watch mode").
+open step, and the last ``history`` entries of the steps before it), and written out as normal step
+directories the moment a *producer* of an anomaly is seen (README "Watch mode").
 
-A producer is the first record, in execution order, whose inputs are finite and whose output is not
-(forward: ``input_args``/``input_kwargs``/``parameters`` -> ``output``; backward: ``input``, the
-gradient w.r.t. the call's outputs -> ``output``, the gradient w.r.t. its inputs). At mix level the
-API inside a Cell finishes before the Cell, so the innermost producer comes first.
+A producer is the first record, in execution order, whose inputs hold no anomaly and whose output
+does (forward: ``input_args``/``input_kwargs``/``parameters`` -> ``output``; backward: ``input``, the
+gradient w.r.t. the call's outputs, and its forward call's inputs -> ``output``, the gradient w.r.t.
+its inputs). An input anomaly is a watched NaN/Inf, or with ``max_abs`` a value beyond the bound: a
+call passing such a value on is a propagator. At mix level the API inside a Cell finishes before the
+Cell, so the innermost producer comes first.
 
 Objects:
 
-* :class:`Watch` — one per runtime, lives for the whole run: the history ring, stack definitions,
+* :class:`Watch` — one per runtime, lives for the whole run: the history (the open step's entries
+  and the ring of earlier ones), stack definitions,
   whether (and where) the anomaly was found, the heartbeat file.
 * :class:`WatchWriter` — one per step, with the interface of :class:`msprobe.engine.writer.StepWriter`
   that the runtime uses; memory only until the trigger (its ``target``, the writer of the step's files,
@@ -17,28 +20,27 @@ Objects:
   directory is complete when the step ends. Journal lines are read through the accessors of
   :mod:`msprobe.format.journal`.
 
-Cost: a flushed batch is resolved and encoded in one call (the compiled ``encode_lines`` of
-:mod:`msprobe.tensors.hotpath`, what the writer of a dumped step uses), and the history keeps each
-line as its encoded bytes: no per-record Python containers live across steps (the garbage collector
-never walks them), and lines are decoded only when the history is written. The pieces of a batch are
-checked one by one only when the batch holds a non-finite float (or ``max_abs``/``norm_jump`` asks
-for every output): statistics show NaN/Inf in their own floats, so a batch without one has no
-anomaly of those kinds.
+Cost: a flushed batch is resolved and encoded in one call (:func:`msprobe.engine.flush.encode_batch`,
+what the writer of a dumped step uses) and kept as that text (:mod:`msprobe.engine.watch_history`);
+nothing is written in a clean step but the heartbeat. The pieces of a batch are checked one by one
+only when the batch holds a non-finite float (or ``max_abs``/``norm_jump`` asks for every output):
+statistics show NaN/Inf in their own floats, so a batch without one has no anomaly of those kinds.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import os
 import time
 
 from msprobe.read import report
-from msprobe.tensors import hotpath, stats
-from msprobe.engine import layout
+from msprobe.tensors import stats
+from msprobe.engine import layout, watch_history
+from msprobe.engine.flush import encode_batch
 from msprobe.engine.step_files import StepExtras, write_step
-from msprobe.engine.writer import StepWriter, encode_lines
-from msprobe.format import journal
+from msprobe.engine.watch_history import History
+from msprobe.engine.writer import StepWriter
+from msprobe.format import journal, naming
 from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
 
 logger = logging.getLogger("msprobe")
@@ -97,6 +99,13 @@ def _non_finite_kind(leaf: dict, kinds) -> str | None:
 
 
 _INF = float("inf")
+_NON_FINITE = ("nan", "inf")
+
+
+def _beyond(leaf: dict, bound: float) -> bool:
+    """Whether ``leaf``'s largest absolute value (from its Max and Min) exceeds ``bound``."""
+    top, low = leaf.get("Max"), leaf.get("Min")
+    return isinstance(top, (int, float)) and isinstance(low, (int, float)) and max(abs(top), abs(low)) > bound
 _WHAT = {"nan": "NaN", "inf": "Inf", "max_abs": "a value beyond max_abs", "norm_jump": "a Norm jump beyond norm_jump"}
 
 
@@ -111,19 +120,19 @@ class Watch:
     def __init__(self, settings, dump_path: str):
         self.settings = settings
         self.dump_path = dump_path
-        #: last ``history`` entries: entry key (step, directory, name) -> ``[(order, text, start, end)]``,
-        #: oldest entry first: each line is ``text[start:end]``, as :func:`msprobe.format.journal.encode_json`
-        #: wrote it, ``text`` the encoded batch it came in (shared by the batch's lines)
-        self.ring: collections.OrderedDict = collections.OrderedDict()
-        self.stack_frames: dict = {}   # stack id -> frames (definitions are never evicted)
+        #: the lines kept: the open step whole, the last ``history`` entries before it (``len``: those)
+        self.ring = History(settings.history)
+        self.stack_frames = self.ring.stack_frames  # stack id -> frames (definitions are never dropped)
         self.triggered = None          # the anomaly found (dict), once
         self.rooms: set = set()        # step directories made room for (an earlier run's moved aside)
-        self.records = 0
         self.steps = 0
-        self._seq = 0  # journal order of the lines kept
+        self._heartbeat_dir = False    # dump_path exists (made once)
         #: (entry, output leaf ordinal) -> [sum of Norms, count] over earlier records (norm_jump)
         self.norms: dict = {}
+        #: every output is checked (not only a batch's non-finite pieces): a bound or a Norm jump
         self.checks_values = settings.max_abs is not None or settings.norm_jump is not None
+        #: every input is checked too: one beyond the bound makes its call a propagator
+        self.checks_inputs = settings.max_abs is not None
 
     def output_kind(self, name: str, leaves: list, non_finite: bool) -> str | None:
         """What makes these output leaves of ``name`` an anomaly (``"nan"``, ``"inf"``,
@@ -136,9 +145,8 @@ class Watch:
                     return kind
         found = None
         for ordinal, leaf in enumerate(leaves):
-            top, low, norm = leaf.get("Max"), leaf.get("Min"), leaf.get("Norm")
-            if settings.max_abs is not None and isinstance(top, (int, float)) and isinstance(low, (int, float)) \
-                    and max(abs(top), abs(low)) > settings.max_abs and found is None:
+            norm = leaf.get("Norm")
+            if settings.max_abs is not None and found is None and _beyond(leaf, settings.max_abs):
                 found = "max_abs"
             if settings.norm_jump is not None and isinstance(norm, float) and norm == norm and norm != _INF:
                 key = (name, ordinal)
@@ -152,44 +160,31 @@ class Watch:
                     seen[1] += 1
         return found
 
+    def input_kind(self, leaves, non_finite: bool) -> str | None:
+        """What makes these input leaves hold an anomaly (``"nan"``, ``"inf"``, ``"max_abs"``), or
+        None: a call whose input already holds one passes it on (a propagator, never a producer)."""
+        settings = self.settings
+        bound = settings.max_abs
+        for leaf in leaves:
+            if non_finite:
+                kind = _non_finite_kind(leaf, settings.anomaly)
+                if kind:
+                    return kind
+            if bound is not None and _beyond(leaf, bound):
+                return "max_abs"
+        return None
+
     # ------------------------------------------------------------------ history
-    def keep(self, step: int, directory: str, lines: list, text: bytes, offsets: list) -> None:
-        """Add journal lines (resolved dicts, in journal order) to the history, kept as their
-        encoding: line ``i`` is ``text[offsets[i]:offsets[i + 1]]``. The oldest entries beyond
-        ``history`` are dropped whole."""
-        ring, limit = self.ring, self.settings.history
-        seq = self._seq
-        for i, line in enumerate(lines):
-            name = journal.subject(line)
-            if name is None:
-                definition = journal.stack_definition(line)
-                if definition is not None:
-                    self.stack_frames[definition[0]] = definition[1]
-                continue
-            key = (step, directory, name)
-            got = ring.get(key)
-            if got is None:
-                got = ring[key] = []
-                self.records += 1
-                if len(ring) > limit:
-                    ring.popitem(last=False)
-            seq += 1
-            got.append((seq, text, offsets[i], offsets[i + 1]))
-        self._seq = seq
+    @property
+    def records(self) -> int:
+        """Entries seen so far (the heartbeat's ``records_seen``)."""
+        return self.ring.entries_seen
 
-    def lines_of(self, name: str) -> list:
-        """The kept journal lines (dicts) of the entries named ``name`` (any step), oldest first."""
-        return [_line(item) for key, lines in self.ring.items() if key[2] == name for item in lines]
-
-    def history_by_step(self):
-        """``[(step, directory, lines)]`` of what the ring holds, by step, each step's lines (dicts)
-        in the order they were journaled (execution order: a backward entry after every forward
-        before it, although its construct.json line was made with its forward call)."""
-        groups: dict = {}
-        for (step, directory, _), lines in self.ring.items():
-            groups.setdefault((step, directory), []).extend(lines)
-        return [(step, d, [_line(item) for item in sorted(lines, key=lambda item: item[0])])
-                for (step, d), lines in groups.items()]
+    def keep(self, step: int, directory: str, lines: list, text) -> None:
+        """Keep a flushed batch of step ``step`` in the history: ``lines`` its journal lines
+        (resolved dicts, in journal order), ``text`` their encoding, one line each (checked when
+        the history is written: :func:`msprobe.engine.watch_history.split_lines`)."""
+        self.ring.keep(step, directory, lines, bytes(text))  # bytes: a bytearray may hold spare room
 
     def heartbeat(self, rank, step: int) -> None:
         """Tiny file saying the watch ran (rewritten at the end of every watched step)."""
@@ -198,7 +193,9 @@ class Watch:
                 "steps_watched": self.steps, "records_seen": self.records, "time": time.time(),
                 "anomaly": self.triggered}
         try:
-            os.makedirs(self.dump_path, exist_ok=True)
+            if not self._heartbeat_dir:
+                os.makedirs(self.dump_path, exist_ok=True)
+                self._heartbeat_dir = True
             who = layout.rank_dir_name(rank)
             atomic_write_json(os.path.join(self.dump_path, HEARTBEAT.format(who=who)), body, False)
         except OSError as exc:
@@ -251,29 +248,34 @@ class WatchWriter:
             self.real.append(records)
             return
         watch = self.watch
-        text, resolved, non_finite = _encode(records)
+        if watch.triggered is not None:  # once per run: what is kept now is never written
+            watch.ring.count(self.step, self.directory, records)
+            return
+        text, resolved, non_finite = encode_batch(records)
         found = None
         if non_finite or watch.checks_values:
+            outputs, inputs = watch.checks_values, watch.checks_inputs
             for rec in resolved:
                 for piece, bad in _pieces(rec):
-                    if piece.key is not None and (bad or piece.key == "output"):
+                    key = piece.key
+                    if key is not None and (bad or (outputs if key == "output" else inputs)):
                         producer = self._check(piece, bad)
                         if found is None:
                             found = producer
-        if watch.triggered is not None:
-            found = None
-        elif found is None and self._first_bad_input is not None:
+        if found is None and self._first_bad_input is not None and watch.triggered is None:
             # a non-finite value reached an input without any recorded call producing it: made by
             # code this level does not record (e.g. an API between Cells at L0)
-            watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
+            watch.keep(self.step, self.directory, resolved, text)
             self._trigger_unrecorded(*self._first_bad_input)
             return
         if found is not None and watch.settings.save_tensors:
             self._save_tensors(found, records)  # adds data_name to leaves: encoded again
-            text = _encode(resolved)[0]
-        watch.keep(self.step, self.directory, resolved, *_split(text, resolved))
+            text = encode_batch(resolved)[0]
+        watch.keep(self.step, self.directory, resolved, text)
         if found is not None:
             self._trigger(found)
+        else:
+            watch.ring.bound_step()
 
     def _save_tensors(self, producer: str, records: list) -> None:
         """``save_tensors``: write the producer's tensors of this batch (its output, and its inputs
@@ -347,40 +349,51 @@ class WatchWriter:
         self.closed = True
         if self.real is not None:
             self.real.close()
+        else:
+            self.watch.ring.end_step()
         self.watch.heartbeat(self.rank, self.step)
 
     # ------------------------------------------------------------------ detection
     def _check(self, piece: journal.Piece, non_finite: bool):
         """Update the entry's input/output state (``non_finite``: the piece holds a non-finite
-        value); the entry name when it just became a producer."""
+        value); the entry name when it just became a producer: its output holds an anomaly, and
+        neither its own inputs nor those of the entries that feed it too
+        (:func:`msprobe.format.naming.upstream_names`: a backward entry's forward call) do."""
         name, key = piece.entry, piece.key
         state = self._entries.get(name)
         if state is None:
             state = self._entries[name] = [False, False, None]
-        bad = None
         watch = self.watch
         if key == "output":
-            if non_finite or watch.checks_values:
-                base = name if piece.index is None else f"{name}[{piece.index}]"
-                bad = watch.output_kind(base, list(report.leaves(piece.value)), non_finite)
-        elif non_finite:
-            for leaf in report.leaves(piece.value):
-                bad = bad or _non_finite_kind(leaf, watch.settings.anomaly)
-        if key == "output":
-            if bad and not state[0] and not state[1]:
+            base = name if piece.index is None else f"{name}[{piece.index}]"
+            bad = watch.output_kind(base, list(report.leaves(piece.value)), non_finite)
+            if bad and not state[0] and not state[1] and not self._fed_bad(name):
                 state[1], state[2] = True, bad
                 return name
             state[1] = state[1] or bool(bad)
-        elif bad:
-            if not state[0] and self._first_bad_input is None:
+            return None
+        bad = watch.input_kind(report.leaves(piece.value), non_finite)
+        if bad:
+            # a NaN/Inf reached an input first: made by code the level does not record. A value
+            # beyond max_abs first seen in an input (the step's data, e.g. token ids) is no anomaly:
+            # the bound applies where a recorded call makes the value
+            if not state[0] and self._first_bad_input is None and bad in _NON_FINITE:
                 self._first_bad_input = (name, bad)
             state[0] = True
         return None
 
+    def _fed_bad(self, name: str) -> bool:
+        """Whether an entry that also feeds ``name`` (its forward call) had an anomaly in its inputs."""
+        for other in naming.upstream_names(name):
+            state = self._entries.get(other)
+            if state is not None and state[0]:
+                return True
+        return False
+
     def _trigger(self, producer: str) -> None:
         kind = self._entries[producer][2]
         cell = None
-        for line in self.watch.lines_of(producer):
+        for line in self.watch.ring.lines_of(producer):
             found, parent = journal.parent_of(line, producer)
             if found:
                 cell = parent
@@ -421,12 +434,14 @@ class WatchWriter:
         watch = self.watch
         if watch.triggered is not None or self.closed:
             return
+        history = watch.ring.by_step()  # decoded first: a batch that cannot be read triggers nothing
         watch.triggered = dict(found)
         self.extras.anomaly_extra = dict(found) if found.get("kind") else None
         self.extras.changed = True
-        kept = (f"watch mode keeps only the last {watch.settings.history} records before an anomaly; "
-                "none of this step's data is among them")
-        for step, directory, lines in watch.history_by_step():
+        kept = (f"watch mode keeps only the last {watch.settings.history} entries of the steps before "
+                "an anomaly's step; none of this step's data is among them")
+        dropped = watch.ring.step_dropped
+        for step, directory, lines in history:
             writer = self.make_writer(directory)
             writer.append([journal.stack_frames(sid, watch.stack_frames[sid])
                            for sid in journal.stack_ids(lines) if sid in watch.stack_frames] + lines)
@@ -440,44 +455,13 @@ class WatchWriter:
         self.tensor_dir = self.real.tensor_dir
         for message in self._errors:
             self.real.error(message)
+        if dropped:
+            self.real.error(f"watch mode keeps the latest {watch_history.STEP_BYTES / 2 ** 20:g} MiB of "
+                            f"encoded records of the open step: its first {dropped} entries before the "
+                            "anomaly are not in this dump")
         if write_current:  # the trigger's data is recorded: the step is not empty
             write_step(self.real, self.extras)
         watch.ring.clear()
-
-
-def _encode(records: list) -> tuple:
-    """``(text, resolved, non_finite)`` of journal records, as the step writer encodes them
-    (:func:`msprobe.engine.writer.encode_lines`, in C when :mod:`msprobe.tensors.hotpath` runs)."""
-    ext = hotpath.ext
-    if ext is not None:
-        return ext.encode_lines(records, journal.encode_json)
-    return encode_lines(records)
-
-
-def _split(text, resolved: list) -> tuple:
-    """``(text, offsets)``: the batch's encoded text (newline-terminated JSON, one line per resolved
-    line; JSON has no raw newline inside a line) as one bytes object, and where each line starts
-    (``offsets[i]:offsets[i + 1]``). One object per batch: the history's lines are not many small
-    allocations freed in another order than made.
-
-    Raises:
-        ValueError: ``text`` is not one line per resolved line."""
-    text = bytes(text)
-    offsets, pos, find = [0], 0, text.find
-    for _ in resolved:
-        pos = find(b"\n", pos) + 1
-        if not pos:
-            break
-        offsets.append(pos)
-    if len(offsets) != len(resolved) + 1 or pos != len(text):  # the encoders write one line each
-        raise ValueError(f"an encoded batch of {len(resolved)} journal lines is not one line each")
-    return text, offsets
-
-
-def _line(item: tuple) -> dict:
-    """The journal line (dict) of a history item ``(order, text, start, end)``."""
-    _, text, start, end = item
-    return journal.decode_line(text[start:end])
 
 
 def _has_non_finite(value) -> bool:

@@ -86,6 +86,17 @@ def param_grad_calls(entry: str) -> tuple | None:
     return f"{prefix}.{FORWARD}.{count}", f"{prefix}.{BACKWARD}.{count}"
 
 
+def upstream_names(entry: str) -> list:
+    """Entries whose tensor inputs also feed ``entry``: a backward entry's forward call (the
+    gradient is computed from the forward's inputs too); a Cell's parameter gradients' forward call
+    and backward call. Empty for any other name."""
+    calls = param_grad_calls(entry)
+    if calls is not None:
+        return list(calls)
+    fwd = forward_of(entry)
+    return [fwd] if fwd else []
+
+
 def cell_counter(cell_prefix: str) -> str:
     """Counter key numbering a Cell's forward calls (``k`` of :func:`cell_entry`)."""
     return f"{cell_prefix}.{FORWARD}"

@@ -1,7 +1,8 @@
 """Per-step reports written next to ``dump.json``.
 
 * ``anomalies.json`` — only when some recorded value is non-finite (NaN/±Inf): every *producer* in
-  execution order (an entry whose recorded inputs are all finite and whose output is not), the
+  execution order (an entry whose recorded inputs are all finite and whose output is not; a
+  backward entry's inputs include its forward call's), the
   first of them as ``first_producer`` with its call stack, and the first entry holding any
   non-finite value. Computed from the statistics already in ``dump.json``: no extra tensor reads.
   A ``Jit.*`` entry is a compiled region: its inside is not hooked, so the region is what is named.
@@ -62,21 +63,24 @@ def find_anomalies(data: dict, construct: dict | None = None) -> dict | None:
     """``{"first_producer", "producers", "first_non_finite"}`` for one step's ``data``, or ``None``
     when every recorded value is finite.
 
+    A producer's recorded inputs are finite and its output is not; the inputs of the entries that
+    also feed an entry (:func:`msprobe.format.naming.upstream_names`: a backward entry's forward
+    call) count as its inputs, so the gradient of a call fed a NaN in its forward is a propagator.
     ``construct`` (``construct.json``: entry -> parent Cell entry) makes ``first_producer`` the
     innermost one: a Cell whose output turned NaN is a producer, and so is the API inside it that
     made the NaN (mix level); the first producer with no other producer inside it is named.
     """
-    producers, first_bad = [], None
+    producers, first_bad, fed_bad = [], None, {}
     for name, body in data.items():
         if not isinstance(body, dict):
             if first_bad is None and _any_non_finite(body):
                 first_bad = name
             continue
         out_bad = _any_non_finite(body.get("output"))
-        in_bad = any(_any_non_finite(v) for k, v in body.items() if k != "output")
+        in_bad = fed_bad[name] = any(_any_non_finite(v) for k, v in body.items() if k != "output")
         if first_bad is None and (out_bad or in_bad):
             first_bad = name
-        if out_bad and not in_bad:
+        if out_bad and not in_bad and not any(fed_bad.get(n) for n in naming.upstream_names(name)):
             producers.append(name)
     if first_bad is None:
         return None
@@ -143,7 +147,8 @@ def step_reports(directory: str, data: dict, stacks: dict, notes: dict, scan: bo
     if found is not None:
         first = found["first_producer"]
         found = dict(found, step=step_of(directory),
-                     rule="producer = inputs finite, output NaN/Inf; entries in execution order; "
+                     rule="producer = inputs finite, output NaN/Inf (a backward entry's inputs include "
+                          "its forward call's); entries in execution order; "
                           "first_producer = the first that encloses no other producer",
                      stack=_stack_of(stacks, first) if first else None)
         if first and first.startswith("Jit."):
