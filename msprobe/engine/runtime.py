@@ -836,11 +836,13 @@ class Runtime:
         if failure is not None:
             raise failure
 
-    def queue_cell_lines(self, entry: str, values: tuple, edges: tuple = (), stack: bool = False) -> bool:
+    def queue_cell_lines(self, entry: str, values: tuple, edges: tuple = (), stack: bool = False,
+                         after: tuple = ()) -> bool:
         """The records of one Cell hook added to the batch at once (the Cell hooks take this when
         :meth:`takes_whole_calls`): the ``construct.json`` ``edges`` (``(name, parent)`` pairs), the
         caller's stack for ``entry`` when ``stack``, then ``data[entry][key]`` for each ``(key,
-        value)`` of ``values``, described as :meth:`record` describes them. The same journal lines,
+        value)`` of ``values``, described as :meth:`record` describes them, then the ``after``
+        edges (a Cell's backward entry under its parent's). The same journal lines,
         in the same order, as :meth:`record_parent`, :meth:`record_stack` and :meth:`record` make
         one by one, under one lock and one batch-size check.
 
@@ -875,6 +877,9 @@ class Runtime:
                         pending.append((writer, journal.stack_frames(sid, self.stacks.rendered[sid])))
                     pending.append((writer, journal.stack_ref(entry, sid)))
             pending.extend([(writer, line) for line in lines])
+            if self.config.extra_info:
+                for name, parent in after:
+                    pending.append((writer, journal.construct_edge(name, parent)))
             full = self._added_to_batch(slots)
         self._asked += len(values)
         if full:

@@ -175,9 +175,12 @@ class CellCapture:
                 selected = not replay and rt.selector.selects(fwd)
                 rt.selector.enter_cell(fwd)
                 entered = fwd
-                if not (selected and self._whole and rt.queue_cell_lines(
-                        fwd, (("input_args", args), ("input_kwargs", kwargs)) if self.fwd_in else (),
-                        ((fwd, parent),), stack=True)):
+                grad = (self.bwd_in or self.bwd_out) and grad_enabled()
+                bwd = naming.cell_entry(prefix, naming.BACKWARD, k) if grad else None
+                queued = selected and self._whole and rt.queue_cell_lines(
+                    fwd, (("input_args", args), ("input_kwargs", kwargs)) if self.fwd_in else (),
+                    ((fwd, parent),), stack=True, after=((bwd, naming.backward_of(parent)),) if grad else ())
+                if not queued:
                     if not replay:
                         rt.record_parent(fwd, parent)
                     if selected:
@@ -186,11 +189,11 @@ class CellCapture:
                             rt.record(fwd, "input_args", args, "input")
                             rt.record(fwd, "input_kwargs", kwargs, "kwargs")
                 probe = mark = None
-                if (self.bwd_in or self.bwd_out) and grad_enabled():
+                if grad:
                     if self.param_grads and self._param_token != rt.step_token:
                         self._hook_parameters()
-                    bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
-                    rt.record_parent(bwd, naming.backward_of(parent))
+                    if not queued:
+                        rt.record_parent(bwd, naming.backward_of(parent))
                     if rt.selector.selects(bwd):
                         rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
