@@ -45,7 +45,8 @@ def _net():
     return Net()
 
 
-def _run(tmp_path, monkeypatch, make_debugger, name: str, whole: bool, use_c: bool, fields: dict):
+def _run(tmp_path, monkeypatch, make_debugger, name: str, whole: bool, use_c: bool, fields: dict,
+         make_net=None):
     monkeypatch.setattr(hotpath, "ext", hotpath.ext if use_c else None)
     if not whole:
         monkeypatch.setattr(Runtime, "takes_whole_calls", lambda self: False)
@@ -53,7 +54,7 @@ def _run(tmp_path, monkeypatch, make_debugger, name: str, whole: bool, use_c: bo
     debugger = make_debugger(dump_path=dump, **fields)
     recorder = debugger.service.recorder
     assert recorder.has_fast_path("Functional.relu", False) == whole
-    net = _net()
+    net = (make_net or _net)()
     losses, grads = run_steps(net, debugger, steps=2, batch=mlp_batch(1))
     # a third step left open after stop(): its journal is what msprobe.dump reads
     debugger.start(net)
@@ -222,3 +223,71 @@ def test_node_hook_items_write_the_files_of_one_by_one_items(tmp_path, monkeypat
     assert runs["items"][3] == reference[3]  # the open step read back from its journal
     if hotpath.ext is not None:
         assert singles["items"] < singles["one_by_one"] / 2
+
+
+class _Block(nn.Cell):
+    """A Cell with sub-Cells, a keyword argument, a tuple output and no parameters of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(8, 8)
+        self.act = nn.ReLU()
+
+    def construct(self, x, scale=1.0):
+        h = self.act(self.fc(x)) * scale
+        return h, x
+
+
+class _CellNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.block = _Block()
+        self.head = nn.Dense(8, 4)
+
+    def construct(self, x):
+        h, skip = self.block(x, scale=0.5)
+        h, _ = self.block(h + skip)  # the same Cell twice: forward 0 and 1
+        return self.head(h)
+
+
+@pytest.mark.parametrize("fields", [{"level": "L0"}, {"level": "mix"}, {"level": "L0", "extra_info": False},
+                                    {"level": "L0", "section": {"data_mode": ["forward"]}}],
+                         ids=["L0", "mix", "no_extra_info", "forward_only"])
+def test_cell_hook_records_queued_at_once_write_the_files_of_one_by_one_records(
+        tmp_path, monkeypatch, make_debugger, fields):
+    """A Cell hook's records queued at once (``Runtime.queue_cell_lines``: construct edge, stack,
+    inputs; parameters and output) write the files that queuing them one by one (``record_parent``,
+    ``record_stack``, ``record``) writes, byte for byte, with the same losses and gradients and the
+    same journal read back; with the compiled extension every Cell call takes the grouped path."""
+    runs, added = {}, {}
+    real_added = Runtime._added_to_batch
+
+    def net():
+        ms.set_seed(3)
+        np.random.seed(3)
+        return _CellNet()
+
+    for name in ("one_by_one", "at_once"):
+        calls = []
+
+        def counting(self, slots, _calls=calls):  # runs after the stack is read: not in any stack
+            _calls.append(len(slots))
+            return real_added(self, slots)
+
+        monkeypatch.setattr(Runtime, "_added_to_batch", counting)
+        if name == "one_by_one":
+            monkeypatch.setattr(Runtime, "queue_cell_lines", lambda self, *args, **kwargs: False)
+        runs[name] = _run(tmp_path, monkeypatch, make_debugger, name, True, True, fields, make_net=net)
+        added[name] = len(calls)
+    reference = runs["one_by_one"]
+    data = json.loads(reference[0]["dump.json"])["data"]
+    assert any(entry.startswith("Cell.block._Block.forward.1") for entry in data)
+    assert runs["at_once"][0] == reference[0]  # dump.json, stack.json, construct.json byte for byte
+    assert runs["at_once"][1] == reference[1]  # losses and gradients
+    assert runs["at_once"][3] == reference[3]  # the open step read back from its journal
+    assert runs["at_once"][2] == reference[2]  # the same journal lines, in the same order
+    if hotpath.ext is not None:
+        # two steps of 7 Cell calls (block, block.fc, block.act twice, head; the open step calls
+        # none): one batch addition instead of two in the pre-hook (input_args, input_kwargs) and
+        # in the forward hook (parameters, output)
+        assert added["one_by_one"] - added["at_once"] == 2 * 7 * 2

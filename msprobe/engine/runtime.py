@@ -836,6 +836,56 @@ class Runtime:
         if failure is not None:
             raise failure
 
+    def queue_cell_lines(self, entry: str, values: tuple, edges: tuple = (), stack: bool = False,
+                         after: tuple = ()) -> bool:
+        """The records of one Cell hook added to the batch at once (the Cell hooks take this when
+        :meth:`takes_whole_calls`): the ``construct.json`` ``edges`` (``(name, parent)`` pairs), the
+        caller's stack for ``entry`` when ``stack``, then ``data[entry][key]`` for each ``(key,
+        value)`` of ``values``, described as :meth:`record` describes them, then the ``after``
+        edges (a Cell's backward entry under its parent's). The same journal lines,
+        in the same order, as :meth:`record_parent`, :meth:`record_stack` and :meth:`record` make
+        one by one, under one lock and one batch-size check.
+
+        Returns:
+            False, with nothing queued, when there is no compiled extension or a value cannot be
+            described this way (the user's failed operation, or the tool's failure): the caller
+            then makes the same records through those methods, which decide each case.
+        """
+        ext = hotpath.ext
+        if ext is None or self.failed or self.forked():
+            return False
+        snapshot, key_line, slots, lines = self.snapshot, journal.key_line, [], []
+        try:
+            for key, value in values:
+                kind = type(value)
+                if (kind is dict or kind is tuple or kind is list) and not value:
+                    lines.append(key_line(entry, key, {} if kind is dict else []))
+                else:
+                    lines.append(key_line(entry, key, ext.describe(value, snapshot, slots, describe_other)))
+        except Exception:
+            return False
+        writer = self.writer
+        with self._lock:
+            pending = self._pending
+            if self.config.extra_info:
+                for name, parent in edges:
+                    pending.append((writer, journal.construct_edge(name, parent)))
+                if stack:
+                    sid = self.stacks.current()
+                    if sid not in self._emitted_stacks:
+                        self._emitted_stacks.add(sid)
+                        pending.append((writer, journal.stack_frames(sid, self.stacks.rendered[sid])))
+                    pending.append((writer, journal.stack_ref(entry, sid)))
+            pending.extend([(writer, line) for line in lines])
+            if self.config.extra_info:
+                for name, parent in after:
+                    pending.append((writer, journal.construct_edge(name, parent)))
+            full = self._added_to_batch(slots)
+        self._asked += len(values)
+        if full:
+            self.flush(wait=False)
+        return True
+
     @contextlib.contextmanager
     def bulk(self):
         """``with runtime.bulk():`` — many records made at once on this thread (what the probes of a

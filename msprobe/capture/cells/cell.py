@@ -87,6 +87,9 @@ class CellCapture:
         #: hook)])]): user objects are held weakly, so the plan never keeps a network alive
         self._plan = None
         self._param_token = None  # step token of the step whose parameter hooks are registered
+        #: every entry recorded, statistics only (:meth:`Runtime.takes_whole_calls`): a hook's records
+        #: are queued at once (:meth:`Runtime.queue_cell_lines`); set at each install
+        self._whole = False
 
     def install(self, models) -> HandleSet:
         """Register the hooks on every descendant Cell of ``models`` (``list[(index or None, Cell)]``).
@@ -97,6 +100,7 @@ class CellCapture:
         key = [(index, id(root)) for index, root in models]
         if self._plan is None or self._plan[0] != key:
             self._plan = (key, self._build_plan(models))
+        self._whole = self.rt.takes_whole_calls()
         handles = HandleSet()
         for prefix, cell_ref, pre, post, param_hooks in self._plan[1]:
             cell = cell_ref()
@@ -152,6 +156,7 @@ class CellCapture:
     def _pre_hook(self, prefix: str, bprop_probes: list | None = None):
         rt = self.rt
         frames = rt.cell_frames
+        counter = naming.cell_counter(prefix)
 
         def pre_hook(cell, args, kwargs):
             if not rt.capturing():
@@ -160,29 +165,35 @@ class CellCapture:
             rt.enter()
             fwd = entered = None
             try:
-                k = rt.next_count(naming.cell_counter(prefix))
+                k = rt.next_count(counter)
                 fwd = naming.cell_entry(prefix, naming.FORWARD, k)
                 stack = rt.cell_stack
                 parent = stack[-1] if stack else None
                 # construct.json has every Cell call (a selected Cell keeps its ancestors);
                 # stack.json only the dumped entries; a recomputed forward was recorded the first time
                 replay = rt.recomputing
-                if not replay:
-                    rt.record_parent(fwd, parent)
                 selected = not replay and rt.selector.selects(fwd)
                 rt.selector.enter_cell(fwd)
                 entered = fwd
-                if selected:
-                    rt.record_stack(fwd)
-                    if self.fwd_in:
-                        rt.record(fwd, "input_args", args, "input")
-                        rt.record(fwd, "input_kwargs", kwargs, "kwargs")
+                grad = (self.bwd_in or self.bwd_out) and grad_enabled()
+                bwd = naming.cell_entry(prefix, naming.BACKWARD, k) if grad else None
+                queued = selected and self._whole and rt.queue_cell_lines(
+                    fwd, (("input_args", args), ("input_kwargs", kwargs)) if self.fwd_in else (),
+                    ((fwd, parent),), stack=True, after=((bwd, naming.backward_of(parent)),) if grad else ())
+                if not queued:
+                    if not replay:
+                        rt.record_parent(fwd, parent)
+                    if selected:
+                        rt.record_stack(fwd)
+                        if self.fwd_in:
+                            rt.record(fwd, "input_args", args, "input")
+                            rt.record(fwd, "input_kwargs", kwargs, "kwargs")
                 probe = mark = None
-                if (self.bwd_in or self.bwd_out) and grad_enabled():
+                if grad:
                     if self.param_grads and self._param_token != rt.step_token:
                         self._hook_parameters()
-                    bwd = naming.cell_entry(prefix, naming.BACKWARD, k)
-                    rt.record_parent(bwd, naming.backward_of(parent))
+                    if not queued:
+                        rt.record_parent(bwd, naming.backward_of(parent))
                     if rt.selector.selects(bwd):
                         rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
@@ -228,8 +239,11 @@ class CellCapture:
                 if selected and self.fwd_out:
                     # parameters are inputs of the call: journaled before the output, so a reader
                     # (watch mode) deciding at the output whether the inputs were finite has them
-                    rt.record(fwd, "parameters", _own_parameters(cell), "parameters")
-                    rt.record(fwd, "output", as_output_list(output), "output")
+                    params, outs = _own_parameters(cell), as_output_list(output)
+                    if not (self._whole and rt.queue_cell_lines(
+                            fwd, (("parameters", params), ("output", outs)))):
+                        rt.record(fwd, "parameters", params, "parameters")
+                        rt.record(fwd, "output", outs, "output")
                 if probe is not None:
                     probe.observe(args, output, mark)
             except Exception as exc:  # tool failure: reported once, the Cell's output goes on
@@ -416,7 +430,20 @@ def _own_parameter_items(cell):
 
 
 def _own_parameters(cell) -> dict:
-    return dict(_own_parameter_items(cell))
+    """``{short name: Parameter}`` of :func:`_own_parameter_items`, read from ``Cell._params`` as
+    ``Cell.parameters_and_names(expand=False)`` reads it (an initialised Parameter's
+    ``inited_param`` stands for it, each Parameter once), without its generator (per Cell call)."""
+    params = cell._params
+    if not params:
+        return {}
+    own, seen = {}, set()
+    for name, param in params.items():
+        if param is not None and param.inited_param is not None:
+            param = param.inited_param
+        if param is not None and id(param) not in seen:
+            seen.add(id(param))
+            own[name.rsplit(".", 1)[-1]] = param
+    return own
 
 
 def _hook_handle(ms_handle) -> Handle:
