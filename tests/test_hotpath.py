@@ -371,3 +371,42 @@ def test_slots_nbytes_matches_python_sum():
     mixed = slots + [py_slot]
     assert ext.slots_nbytes(mixed) == sum(s.nbytes() for s in mixed) == (6 + 5 + 1 + 16) * 4
     assert ext.slots_nbytes([]) == 0
+
+
+def test_tensor_checks_follow_isinstance():
+    """The compiled path's ``isinstance(v, Tensor)`` (kept per type) answers as Python's does: for
+    subclasses, for types MindSpore's ``Tensor.__subclasshook__`` accepts (a ``stub_sync``
+    attribute), and for objects that claim another ``__class__``, each asked repeatedly."""
+    from msprobe.capture import backward
+
+    class Node:
+        dtype = ms.float32
+        _requires_grad = True
+
+    class Stub(Node):
+        stub_sync = None
+        _grad_node = "stub node"
+
+    claimed = [Tensor]
+
+    class Claims(Node):
+        _grad_node = "claims node"
+
+        @property
+        def __class__(self):
+            return claimed[0]
+
+    class Plain(Node):
+        _grad_node = "plain node"
+
+    def ident(node):  # a BackwardNode object is made at each read
+        return node if node is None or isinstance(node, str) else node._unique_id()
+
+    claims = Claims()
+    for value in (Stub(), claims, Plain(), Parameter(Tensor(np.ones(2, np.float32)), name="p_checks")):
+        for _ in range(3):
+            assert ident(ext.grad_node(value)) == ident(backward._node_of(value)), value
+    assert isinstance(claims, Tensor) and ext.grad_node(claims) == "claims node"
+    claimed[0] = Plain  # what it claims may change: not kept per type
+    assert not isinstance(claims, Tensor) and ext.grad_node(claims) is None is backward._node_of(claims)
+    assert ext.grad_node(Plain()) is None and ext.grad_node(Stub()) == "stub node"

@@ -62,7 +62,7 @@ static PyObject *S_a_dtype, *S_a_shape, *S_a_init, *S_empty_tuple;
 /* set by setup_calls() (NULL until then: those paths are not taken) */
 static PyObject *DtypeBase;      /* mindspore.common.dtype.Type: dtype objects described in C */
 static PyObject *FloatDtypes;    /* frozenset of the floating-point dtypes that take gradients */
-static PyObject *S_ms_dtype, *S_grad_node, *S_requires_grad, *S_output_index, *S_unique_id;
+static PyObject *S_ms_dtype, *S_grad_node, *S_requires_grad, *S_output_index, *S_unique_id, *S_class;
 
 /* ------------------------------------------------------------------ TensorSlot */
 typedef struct {
@@ -164,8 +164,29 @@ static PyTypeObject SlotType = {
 };
 
 /* ------------------------------------------------------------------ describe */
+static PyObject *TensorKinds;    /* dict: type -> isinstance(value of that type, mindspore.Tensor) */
+static PyObject *ObjectClass;    /* object.__class__ (the descriptor) */
+
+/* isinstance(v, Tensor). mindspore.Tensor is an ABC whose __subclasshook__ looks at the type's MRO, so
+ * the answer is a function of the type as long as the type does not redefine __class__ (which
+ * ABCMeta.__instancecheck__ also consults): kept per such type, saving the ABC machinery (~0.6 us). */
+static int is_tensor(PyObject *v) {
+    PyTypeObject *tp = Py_TYPE(v);
+    if ((PyObject *)tp == TensorType) return 1;
+    PyObject *hit = PyDict_GetItemWithError(TensorKinds, (PyObject *)tp);
+    if (hit != NULL) return hit == Py_True;
+    if (PyErr_Occurred()) return -1;
+    int r = PyObject_IsInstance(v, TensorType);
+    if (r < 0) return -1;
+    if (_PyType_Lookup(tp, S_class) == ObjectClass &&
+        PyDict_SetItem(TensorKinds, (PyObject *)tp, r ? Py_True : Py_False) < 0)
+        return -1;
+    return r;
+}
+
 static int is_instance(PyObject *v, PyObject *cls) {
     if ((PyObject *)Py_TYPE(v) == cls) return 1;
+    if (cls == TensorType) return is_tensor(v);
     return PyObject_IsInstance(v, cls);
 }
 
@@ -838,8 +859,8 @@ static PyObject *node_of(PyObject *t) {
 
 static PyObject *grad_node(PyObject *self, PyObject *t) {
     (void)self;
-    if (FloatDtypes == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup_calls() was not called");
+    if (FloatDtypes == NULL || TensorKinds == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() and setup_calls() were not called");
         return NULL;
     }
     return node_of(t);
@@ -865,8 +886,8 @@ static int add_target(PyObject *found, Py_ssize_t i, PyObject *k, PyObject *t) {
 /* backward._targets: [(position, element or None, tensor, node, (node id, output index))] */
 static PyObject *grad_targets(PyObject *self, PyObject *args) {
     (void)self;
-    if (FloatDtypes == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup_calls() was not called");
+    if (FloatDtypes == NULL || TensorKinds == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() and setup_calls() were not called");
         return NULL;
     }
     PyObject *seq = PySequence_Fast(args, "grad_targets(args): a sequence"), *found = NULL;
@@ -949,6 +970,9 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_INCREF(ptr); Py_XSETREF(PtrFunc, ptr);
     Py_INCREF(dumps); Py_XSETREF(EncodeFunc, dumps);
     Py_INCREF(tensor); Py_XSETREF(TensorType, tensor);
+    PyObject *kinds_by_type = PyDict_New();
+    if (kinds_by_type == NULL) return NULL;
+    Py_XSETREF(TensorKinds, kinds_by_type);
     Py_INCREF(parameter); Py_XSETREF(ParameterType, parameter);
     Py_INCREF(names); Py_XSETREF(DtypeNames, names);
     Py_INCREF(kinds); Py_XSETREF(Kinds, kinds);
@@ -1011,7 +1035,9 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_str, "str"); INTERN(S_bool, "bool"); INTERN(S_leaf, "leaf");
     INTERN(S_a_dtype, "_dtype"); INTERN(S_a_shape, "_shape"); INTERN(S_a_init, "init");
     INTERN(S_ms_dtype, "mindspore.dtype"); INTERN(S_grad_node, "_grad_node"); INTERN(S_requires_grad, "_requires_grad");
-    INTERN(S_output_index, "_output_index"); INTERN(S_unique_id, "_unique_id");
+    INTERN(S_output_index, "_output_index"); INTERN(S_unique_id, "_unique_id"); INTERN(S_class, "__class__");
+    if ((ObjectClass = _PyType_Lookup(&PyBaseObject_Type, S_class)) == NULL) return NULL;
+    Py_INCREF(ObjectClass);
     if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;
     Tiny = 2.2250738585072014e-308;
     if (PyType_Ready(&SlotType) < 0) return NULL;
