@@ -165,6 +165,7 @@ static PyTypeObject SlotType = {
 
 /* ------------------------------------------------------------------ describe */
 static PyObject *TensorKinds;    /* dict: type -> isinstance(value of that type, mindspore.Tensor) */
+#define MAX_KEPT_TYPES 4096      /* types kept at most (each is kept alive): classes made at run time */
 static PyObject *ObjectClass;    /* object.__class__ (the descriptor) */
 
 /* isinstance(v, Tensor). mindspore.Tensor is an ABC whose __subclasshook__ looks at the type's MRO, so
@@ -178,7 +179,7 @@ static int is_tensor(PyObject *v) {
     if (PyErr_Occurred()) return -1;
     int r = PyObject_IsInstance(v, TensorType);
     if (r < 0) return -1;
-    if (_PyType_Lookup(tp, S_class) == ObjectClass &&
+    if (PyDict_GET_SIZE(TensorKinds) < MAX_KEPT_TYPES && _PyType_Lookup(tp, S_class) == ObjectClass &&
         PyDict_SetItem(TensorKinds, (PyObject *)tp, r ? Py_True : Py_False) < 0)
         return -1;
     return r;
