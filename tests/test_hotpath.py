@@ -272,3 +272,141 @@ def _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fiel
         outputs.append((files, [l.tobytes() for l in losses], [[g.tobytes() for g in s] for s in grads]))
     monkeypatch.setattr(hotpath, "ext", ext)
     return outputs
+
+
+def test_dtype_objects_described_as_python_describes_them():
+    """MindSpore dtype objects (``ops.cast``'s argument) are described in C: the Python describer's leaf."""
+    dtypes = [ms.float16, ms.float32, ms.float64, ms.bfloat16, ms.int8, ms.int32, ms.int64, ms.uint8,
+              ms.bool_, ms.complex64, ms.string, ms.tensor_type]
+    for value in dtypes + [dtypes, {"dtype": ms.float32, "n": 2}]:
+        py_desc, _ = _python_describe(value)
+        c_desc, _ = _c_describe(value)
+        assert c_desc == py_desc, value
+    assert _c_describe(ms.float32)[0] == {"type": "mindspore.dtype", "value": "Float32"}
+
+
+def _grad_values():
+    """Tensors inside and outside a gradient: floating and integer, constants, a Parameter, lists."""
+    from msprobe.capture import backward
+
+    w = Parameter(Tensor(np.ones((3, 3), np.float32)), name="w_grad_values")
+    seen = {}
+
+    def forward(x, w):
+        h = ops.matmul(x, w)
+        pair = ops.split(h, 1, axis=1)
+        seen["args"] = [
+            (h,), (x, w), (pair,), (list(pair) + [3, None],), (h, ops.cast(h, ms.int32), Tensor(np.ones(2))),
+            (ops.cast(h, ms.float16), ops.cast(h, ms.float64), ops.cast(h, ms.bfloat16)),
+            ((h, ops.stop_gradient(h)), "text", [w]), (), (Point(h, 1),),
+        ]
+        constant = Tensor(np.ones(3, np.float32))
+        seen["nodes"] = [(v, ext.grad_node(v), backward._node_of(v)) for v in (h, x, w, pair[0], constant, 3, None)]
+        seen["targets"] = [(ext.grad_targets(a), _python_targets(a)) for a in seen["args"]]
+        return h.sum()
+
+    ms.grad(forward, grad_position=(0, 1))(Tensor(np.ones((2, 3), np.float32)), w)
+    return seen
+
+
+def _python_targets(args):
+    from msprobe.capture import backward
+
+    saved = hotpath.ext
+    hotpath.ext = None
+    try:
+        return backward._targets(args)
+    finally:
+        hotpath.ext = saved
+
+
+def _plain_targets(found):
+    return [(i, k, id(t), node._unique_id(), key) for i, k, t, node, key in found]
+
+
+def test_grad_node_and_targets_match_python():
+    """``grad_node``/``grad_targets`` in C find the nodes and argument slots the Python code finds."""
+    seen = _grad_values()
+    for value, c_node, py_node in seen["nodes"]:
+        assert (c_node is None) == (py_node is None), value
+        if c_node is not None:
+            assert c_node._unique_id() == py_node._unique_id()
+    assert [node is not None for _, node, _ in seen["nodes"]] == [True, True, True, True, False, False, False]
+    found_any = False
+    for c_found, py_found in seen["targets"]:
+        assert _plain_targets(c_found) == _plain_targets(py_found)
+        found_any = found_any or bool(c_found)
+    assert found_any
+    assert [(i, k) for i, k, *_ in seen["targets"][3][0]] == [(0, 0), (0, 1), (0, 2)]  # split into 3, then 3, None
+
+
+def test_grad_node_raises_what_python_raises():
+    """A tensor whose dtype cannot be read (a failed operation's output) raises the same from both."""
+    from msprobe.capture import backward
+
+    class Broken(Tensor):
+        _grad_node = property(lambda self: "a node")
+
+        @property
+        def dtype(self):
+            raise RuntimeError("failed operation")
+
+    class Constant(Tensor):
+        _grad_node = property(lambda self: "a node")
+        _requires_grad = property(lambda self: False)
+
+    bad = Broken(np.ones(2, np.float32))
+    for find in (backward._node_of, ext.grad_node, lambda t: ext.grad_targets((1, [t]))):
+        with pytest.raises(RuntimeError, match="failed operation"):
+            find(bad)
+    constant = Constant(np.ones(2, np.float32))
+    assert backward._node_of(constant) is None and ext.grad_node(constant) is None
+    assert ext.grad_targets((constant, [constant])) == []
+
+
+def test_slots_nbytes_matches_python_sum():
+    f32 = Tensor(np.ones((2, 3), np.float32))
+    _, slots = _c_describe([f32, Tensor(np.ones(5, np.int8)), Tensor(np.ones((), np.float32))])
+    py_slot = records.PyTensorSlot(None, None, "Float32", [4, 4], "mindspore.Tensor")
+    mixed = slots + [py_slot]
+    assert ext.slots_nbytes(mixed) == sum(s.nbytes() for s in mixed) == (6 + 5 + 1 + 16) * 4
+    assert ext.slots_nbytes([]) == 0
+
+
+def test_tensor_checks_follow_isinstance():
+    """The compiled path's ``isinstance(v, Tensor)`` (kept per type) answers as Python's does: for
+    subclasses, for types MindSpore's ``Tensor.__subclasshook__`` accepts (a ``stub_sync``
+    attribute), and for objects that claim another ``__class__``, each asked repeatedly."""
+    from msprobe.capture import backward
+
+    class Node:
+        dtype = ms.float32
+        _requires_grad = True
+
+    class Stub(Node):
+        stub_sync = None
+        _grad_node = "stub node"
+
+    claimed = [Tensor]
+
+    class Claims(Node):
+        _grad_node = "claims node"
+
+        @property
+        def __class__(self):
+            return claimed[0]
+
+    class Plain(Node):
+        _grad_node = "plain node"
+
+    def ident(node):  # a BackwardNode object is made at each read
+        return node if node is None or isinstance(node, str) else node._unique_id()
+
+    claims = Claims()
+    for value in (Stub(), claims, Plain(), Parameter(Tensor(np.ones(2, np.float32)), name="p_checks")):
+        for _ in range(3):
+            assert ident(ext.grad_node(value)) == ident(backward._node_of(value)), value
+    assert isinstance(claims, Tensor) and ext.grad_node(claims) == "claims node"
+    claimed[0] = Plain  # what it claims may change: not kept per type
+    assert not isinstance(claims, Tensor) and ext.grad_node(claims) is None is backward._node_of(claims)
+    assert ext.grad_node(Plain()) is None and ext.grad_node(Stub()) == "stub node"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from mindspore import Tensor, ops
 
+from msprobe.tensors import hotpath
 from msprobe.tensors.stats import pynative_executor
 
 _pynative_executor = pynative_executor()
@@ -39,7 +40,7 @@ def _float_dtypes() -> frozenset:
     global _FLOAT_DTYPES, _F32
     import mindspore as ms
 
-    _FLOAT_DTYPES = frozenset((ms.float16, ms.float32, ms.float64, ms.bfloat16))
+    _FLOAT_DTYPES = hotpath.float_dtypes()
     _F32 = ms.float32
     return _FLOAT_DTYPES
 
@@ -81,7 +82,12 @@ def _flatten_tensors(value, out: list) -> list:
 def _targets(args: tuple) -> list:
     """The positional arguments, and the tensors directly inside list/tuple arguments
     (``ops.concat([a, b])``), that take part in the gradient, each with its node and key
-    ``(node id, output index)``: ``[(position, element or None, tensor, node, key)]``."""
+    ``(node id, output index)``: ``[(position, element or None, tensor, node, key)]`` (walked in C
+    when :mod:`msprobe.tensors.hotpath` is built: ``grad_targets``, the same attributes read in the
+    same order)."""
+    ext = hotpath.ext
+    if ext is not None:
+        return ext.grad_targets(args)
     found = []
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
@@ -144,14 +150,16 @@ class BackwardProbe:
 
         Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
         tool failure."""
+        ext = hotpath.ext
+        node_of = _node_of if ext is None else ext.grad_node  # the same function in C
         if isinstance(out, Tensor):
             outs = [out]
-            nodes = [_node_of(out)]
+            nodes = [node_of(out)]
             if nodes[0] is None:  # nothing this call made takes a gradient: no backward entry exists
                 return
         else:
             outs = _flatten_tensors(out, [])
-            nodes = [_node_of(t) for t in outs]
+            nodes = [node_of(t) for t in outs]
             if nodes.count(None) == len(nodes):
                 return
         targets = _targets(args)

@@ -915,7 +915,8 @@ class Runtime:
         now = self._started_pending()
         if slots:
             self._pending_slots.extend(slots)
-            self._pending_bytes += sum([s.nbytes() for s in slots])
+            ext = hotpath.ext
+            self._pending_bytes += sum([s.nbytes() for s in slots]) if ext is None else ext.slots_nbytes(slots)
         return not self.config.async_dump and not self._bulk and (
             len(self._pending_slots) >= FLUSH_SLOTS or self._pending_bytes >= FLUSH_BYTES
             or now - self._oldest >= FLUSH_SECONDS)

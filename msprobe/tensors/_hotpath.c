@@ -7,8 +7,8 @@
  * Python API (configured once by msprobe.tensors.hotpath through setup()):
  *   TensorSlot(tensor, data_name, dtype, shape, type_name)   the pending slot type (records.py)
  *   describe(value, snapshot, slots, fallback) -> record structure
- *       exact None/bool/int/float/str, Tensor, exact list/tuple/dict here; anything else is
- *       fallback(value, depth, slots, snapshot). A Tensor becomes a TensorSlot appended to `slots`, its tensor
+ *       exact None/bool/int/float/str, Tensor, exact list/tuple/dict, MindSpore dtype objects (after
+ *       setup_calls()) here; anything else is fallback(value, depth, slots, snapshot). A Tensor becomes a TensorSlot appended to `slots`, its tensor
  *       snapshot(t) when it is a Parameter, no file name.
  *   fill(slots, md5=False) -> None
  *       leaves of CPU tensors read in place (native dtype, at least one element, no file name;
@@ -20,6 +20,8 @@
  *   resolve(record) -> (record with slots replaced by their leaves, holds a non-finite float)
  *   encode_lines(records, encode) -> (journal text (bytearray), resolved records, any non-finite float)
  *   stack_key(skip, limit) -> (id(code), f_lasti, ...) of the calling frames (stacks.py)
+ *   grad_node(value), grad_targets(args)   backward.py's _node_of and _targets (after setup_calls())
+ *   slots_nbytes(slots) -> sum of slot.nbytes()
  *
  * Plain CPython C API: nothing to build it but a C compiler.
  */
@@ -57,6 +59,10 @@ static double Tiny;              /* smallest normal float64 */
 static PyObject *S_md5, *S_type, *S_value, *S_dtype, *S_shape, *S_Max, *S_Min, *S_Mean, *S_Norm;
 static PyObject *S_tensor_type, *S_int, *S_float, *S_str, *S_bool, *S_leaf;
 static PyObject *S_a_dtype, *S_a_shape, *S_a_init, *S_empty_tuple;
+/* set by setup_calls() (NULL until then: those paths are not taken) */
+static PyObject *DtypeBase;      /* mindspore.common.dtype.Type: dtype objects described in C */
+static PyObject *FloatDtypes;    /* frozenset of the floating-point dtypes that take gradients */
+static PyObject *S_ms_dtype, *S_grad_node, *S_requires_grad, *S_output_index, *S_unique_id, *S_class;
 
 /* ------------------------------------------------------------------ TensorSlot */
 typedef struct {
@@ -158,8 +164,30 @@ static PyTypeObject SlotType = {
 };
 
 /* ------------------------------------------------------------------ describe */
+static PyObject *TensorKinds;    /* dict: type -> isinstance(value of that type, mindspore.Tensor) */
+#define MAX_KEPT_TYPES 4096      /* types kept at most (each is kept alive): classes made at run time */
+static PyObject *ObjectClass;    /* object.__class__ (the descriptor) */
+
+/* isinstance(v, Tensor). mindspore.Tensor is an ABC whose __subclasshook__ looks at the type's MRO, so
+ * the answer is a function of the type as long as the type does not redefine __class__ (which
+ * ABCMeta.__instancecheck__ also consults): kept per such type, saving the ABC machinery (~0.6 us). */
+static int is_tensor(PyObject *v) {
+    PyTypeObject *tp = Py_TYPE(v);
+    if ((PyObject *)tp == TensorType) return 1;
+    PyObject *hit = PyDict_GetItemWithError(TensorKinds, (PyObject *)tp);
+    if (hit != NULL) return hit == Py_True;
+    if (PyErr_Occurred()) return -1;
+    int r = PyObject_IsInstance(v, TensorType);
+    if (r < 0) return -1;
+    if (PyDict_GET_SIZE(TensorKinds) < MAX_KEPT_TYPES && _PyType_Lookup(tp, S_class) == ObjectClass &&
+        PyDict_SetItem(TensorKinds, (PyObject *)tp, r ? Py_True : Py_False) < 0)
+        return -1;
+    return r;
+}
+
 static int is_instance(PyObject *v, PyObject *cls) {
     if ((PyObject *)Py_TYPE(v) == cls) return 1;
+    if (cls == TensorType) return is_tensor(v);
     return PyObject_IsInstance(v, cls);
 }
 
@@ -256,6 +284,17 @@ static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyOb
     int t = is_instance(v, TensorType);
     if (t < 0) return NULL;
     if (t) return tensor_slot(v, snapshot, slots);
+    if (DtypeBase != NULL) {  /* a MindSpore dtype (Cast's argument): {"type": "mindspore.dtype", "value": str} */
+        int is_dtype = is_instance(v, DtypeBase);
+        if (is_dtype < 0) return NULL;
+        if (is_dtype) {
+            PyObject *text = PyObject_Str(v), *leaf;
+            if (text == NULL) return NULL;
+            leaf = scalar_leaf(S_ms_dtype, text);
+            Py_DECREF(text);
+            return leaf;
+        }
+    }
     PyObject *d = PyLong_FromLong(depth), *r = NULL;
     if (d != NULL) {
         r = PyObject_CallFunctionObjArgs(fallback, v, d, slots, snapshot, NULL);
@@ -797,6 +836,119 @@ static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+/* ------------------------------------------------------------------ gradient nodes (backward.py) */
+/* The autograd node of `t` when it is a floating-point Tensor taking part in the gradient, else None
+ * (new reference; NULL on an error): backward._node_of, reading the same attributes in the same order. */
+static PyObject *node_of(PyObject *t) {
+    int ok = is_instance(t, TensorType);
+    if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_NONE; }
+    PyObject *node = PyObject_GetAttr(t, S_grad_node);
+    if (node == NULL || node == Py_None) return node;
+    PyObject *dtype = PyObject_GetAttr(t, S_dtype);
+    int keep = dtype == NULL ? -1 : PySet_Contains(FloatDtypes, dtype);
+    Py_XDECREF(dtype);
+    if (keep > 0) {
+        PyObject *flag = PyObject_GetAttr(t, S_requires_grad);
+        keep = flag == NULL ? -1 : PyObject_IsTrue(flag);
+        Py_XDECREF(flag);
+    }
+    if (keep > 0) return node;
+    Py_DECREF(node);
+    if (keep < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *grad_node(PyObject *self, PyObject *t) {
+    (void)self;
+    if (FloatDtypes == NULL || TensorKinds == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() and setup_calls() were not called");
+        return NULL;
+    }
+    return node_of(t);
+}
+
+/* appends (i, k, t, node, (node._unique_id(), t._output_index)) to `found` when `t` takes a gradient */
+static int add_target(PyObject *found, Py_ssize_t i, PyObject *k, PyObject *t) {
+    PyObject *node = node_of(t);
+    if (node == NULL) return -1;
+    if (node == Py_None) { Py_DECREF(node); return 0; }
+    PyObject *uid = PyObject_CallMethodNoArgs(node, S_unique_id), *index = NULL, *key = NULL, *pos = NULL,
+             *entry = NULL;
+    if (uid != NULL) index = PyObject_GetAttr(t, S_output_index);
+    if (index != NULL) key = PyTuple_Pack(2, uid, index);
+    if (key != NULL) pos = PyLong_FromSsize_t(i);
+    if (pos != NULL) entry = PyTuple_Pack(5, pos, k, t, node, key);
+    int status = entry == NULL ? -1 : PyList_Append(found, entry);
+    Py_XDECREF(uid); Py_XDECREF(index); Py_XDECREF(key); Py_XDECREF(pos); Py_XDECREF(entry);
+    Py_DECREF(node);
+    return status;
+}
+
+/* backward._targets: [(position, element or None, tensor, node, (node id, output index))] */
+static PyObject *grad_targets(PyObject *self, PyObject *args) {
+    (void)self;
+    if (FloatDtypes == NULL || TensorKinds == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() and setup_calls() were not called");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args, "grad_targets(args): a sequence"), *found = NULL;
+    if (seq == NULL) return NULL;
+    found = PyList_New(0);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; found != NULL && i < n; i++) {
+        PyObject *a = PySequence_Fast_GET_ITEM(seq, i);
+        int t = is_instance(a, TensorType), bad = t < 0;
+        if (t > 0) bad = add_target(found, i, Py_None, a) < 0;
+        else if (t == 0 && (PyList_Check(a) || PyTuple_Check(a))) {
+            PyObject *it = PyObject_GetIter(a), *item;  /* enumerate(a), as the Python code walks it */
+            Py_ssize_t k = 0;
+            bad = it == NULL;
+            while (!bad && (item = PyIter_Next(it)) != NULL) {
+                PyObject *index = PyLong_FromSsize_t(k++);
+                bad = index == NULL || add_target(found, i, index, item) < 0;
+                Py_XDECREF(index);
+                Py_DECREF(item);
+            }
+            bad = bad || PyErr_Occurred() != NULL;
+            Py_XDECREF(it);
+        }
+        if (bad) Py_CLEAR(found);
+    }
+    Py_DECREF(seq);
+    return found;
+}
+
+/* sum of slot.nbytes() over a list of slots (Runtime._added_to_batch) */
+static PyObject *slots_nbytes(PyObject *self, PyObject *slots) {
+    (void)self;
+    PyObject *seq = PySequence_Fast(slots, "slots_nbytes(slots): a sequence");
+    if (seq == NULL) return NULL;
+    PyObject *total = PyLong_FromLong(0);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; total != NULL && i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *size = Py_TYPE(item) == &SlotType ? slot_nbytes((Slot *)item, NULL)
+                                                      : PyObject_CallMethod(item, "nbytes", NULL);
+        PyObject *sum = size == NULL ? NULL : PyNumber_Add(total, size);
+        Py_XDECREF(size);
+        Py_SETREF(total, sum);
+    }
+    Py_DECREF(seq);
+    return total;
+}
+
+static PyObject *setup_calls(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"dtype_type", "float_dtypes", NULL};
+    PyObject *dtype_type, *floats;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!:setup_calls", keywords, &dtype_type, &PyFrozenSet_Type,
+                                     &floats))
+        return NULL;
+    Py_INCREF(dtype_type); Py_XSETREF(DtypeBase, dtype_type);
+    Py_INCREF(floats); Py_XSETREF(FloatDtypes, floats);
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ setup */
 static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"tensor", "parameter", "dtype_names", "kinds", "scan", "split", "is_contiguous",
@@ -819,6 +971,9 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_INCREF(ptr); Py_XSETREF(PtrFunc, ptr);
     Py_INCREF(dumps); Py_XSETREF(EncodeFunc, dumps);
     Py_INCREF(tensor); Py_XSETREF(TensorType, tensor);
+    PyObject *kinds_by_type = PyDict_New();
+    if (kinds_by_type == NULL) return NULL;
+    Py_XSETREF(TensorKinds, kinds_by_type);
     Py_INCREF(parameter); Py_XSETREF(ParameterType, parameter);
     Py_INCREF(names); Py_XSETREF(DtypeNames, names);
     Py_INCREF(kinds); Py_XSETREF(Kinds, kinds);
@@ -849,6 +1004,18 @@ static PyMethodDef methods[] = {
      "describe(value, snapshot, slots, fallback) -> record structure (see the module docstring)."},
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
      "fill(slots, md5=False) -> None: leaves of plain CPU tensors (module docstring)."},
+    {"setup_calls", (PyCFunction)(void (*)(void))setup_calls, METH_VARARGS | METH_KEYWORDS,
+     "setup_calls(dtype_type, float_dtypes): MindSpore's dtype base class (dtype objects are described\n"
+     "in C) and the frozenset of floating-point dtypes whose tensors take gradients (grad_node)."},
+    {"grad_node", (PyCFunction)grad_node, METH_O,
+     "grad_node(value) -> BackwardNode or None: the autograd node of a floating-point Tensor that takes\n"
+     "part in the gradient (msprobe.capture.backward._node_of)."},
+    {"grad_targets", (PyCFunction)grad_targets, METH_O,
+     "grad_targets(args) -> [(position, element or None, tensor, node, (node id, output index))]: the\n"
+     "positional arguments, and tensors directly in list/tuple arguments, that take part in the gradient\n"
+     "(msprobe.capture.backward._targets)."},
+    {"slots_nbytes", (PyCFunction)slots_nbytes, METH_O,
+     "slots_nbytes(slots) -> int: the sum of slot.nbytes() over a sequence of slots."},
     {"resolve", (PyCFunction)resolve, METH_O,
      "resolve(record: dict) -> (dict, bool): slots replaced by their leaves, and whether a float in it\n"
      "(an argument or a statistic) is NaN or infinite."},
@@ -868,6 +1035,10 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_tensor_type, "mindspore.Tensor"); INTERN(S_int, "int"); INTERN(S_float, "float");
     INTERN(S_str, "str"); INTERN(S_bool, "bool"); INTERN(S_leaf, "leaf");
     INTERN(S_a_dtype, "_dtype"); INTERN(S_a_shape, "_shape"); INTERN(S_a_init, "init");
+    INTERN(S_ms_dtype, "mindspore.dtype"); INTERN(S_grad_node, "_grad_node"); INTERN(S_requires_grad, "_requires_grad");
+    INTERN(S_output_index, "_output_index"); INTERN(S_unique_id, "_unique_id"); INTERN(S_class, "__class__");
+    if ((ObjectClass = _PyType_Lookup(&PyBaseObject_Type, S_class)) == NULL) return NULL;
+    Py_INCREF(ObjectClass);
     if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;
     Tiny = 2.2250738585072014e-308;
     if (PyType_Ready(&SlotType) < 0) return NULL;

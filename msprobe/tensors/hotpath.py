@@ -6,7 +6,7 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
 * ``describe`` — :meth:`msprobe.tensors.records.Describer.describe` for a value whose tensors get
   no ``.npy`` file: ``None``, exact ``bool``/``int``/``float``/``str``, Tensors, exact lists, tuples
   and dicts are walked in C; anything else (namedtuples, numpy values, slices, dtypes, subclasses)
-  goes to the Python describer.
+  goes to the Python describer (MindSpore dtype objects are described in C too).
 * ``fill`` — the common case of :func:`msprobe.engine.flush.materialize`: a CPU tensor of a
   dtype numpy holds, or the C-contiguous host snapshot of a Parameter, at least one element, no file,
   no counts, read in place (a non-contiguous tensor copied in C order, as the Python flush does) and
@@ -21,6 +21,9 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
   by :func:`msprobe.format.journal.encode_json`).
 * ``stack_key`` — the ``(id(code), f_lasti, ...)`` key of the calling frames of
   :meth:`msprobe.engine.stacks.StackTable.current`.
+* ``grad_node``/``grad_targets`` — :func:`msprobe.capture.backward._node_of` and ``_targets`` (which
+  arguments of a call take part in the gradient, with their autograd nodes); ``slots_nbytes`` — the
+  batch-size estimate of :meth:`msprobe.engine.runtime.Runtime.record_items` and friends.
 
 :data:`ext` is the extension, or ``None`` when it is not built or ``MSPROBE_PURE_PYTHON=1`` is set
 (then only the Python code runs). Callers read ``hotpath.ext`` at each use, so tests can switch it.
@@ -39,7 +42,7 @@ except ImportError:  # not compiled (no C compiler at install time): Python only
 
 from msprobe.tensors import scan as _scan
 
-__all__ = ["ext", "AVAILABLE", "configure"]
+__all__ = ["ext", "AVAILABLE", "configure", "float_dtypes"]
 
 #: dump.json dtype name -> (kernel kind, item size): the dtypes :func:`fill` reads in place
 _KINDS = {"Float16": ("f2", 2), "Float32": ("f4", 4), "Float64": ("f8", 8), "Int8": ("i1", 1),
@@ -50,6 +53,15 @@ _KINDS = {"Float16": ("f2", 2), "Float32": ("f4", 4), "Float64": ("f8", 8), "Int
 AVAILABLE = _hotpath is not None and _scan.KERNEL_AVAILABLE
 
 
+def float_dtypes() -> frozenset:
+    """The floating-point MindSpore dtypes whose tensors take gradients (``float16``, ``float32``,
+    ``float64``, ``bfloat16``): what :func:`msprobe.capture.backward._node_of` and the compiled
+    ``grad_node`` accept."""
+    from mindspore.common import dtype as mstype
+
+    return frozenset((mstype.float16, mstype.float32, mstype.float64, mstype.bfloat16))
+
+
 def configure():
     """The configured extension (MindSpore types, dtype names, kernel), or ``None`` when it is not
     built, the statistics kernel is not built, or ``MSPROBE_PURE_PYTHON=1``."""
@@ -58,6 +70,7 @@ def configure():
     import orjson
     from mindspore import Parameter, Tensor
     from mindspore._c_expression import TensorPy  # what Tensor.is_contiguous/data_ptr call
+    from mindspore.common import dtype as mstype
 
     from msprobe.tensors.stats import MS_DTYPE_NAMES, _crc32
 
@@ -67,6 +80,7 @@ def configure():
                    is_contiguous=TensorPy.is_contiguous, data_ptr=TensorPy._data_ptr,
                    dumps=orjson.dumps, line_option=orjson.OPT_APPEND_NEWLINE, crc32=_crc32, ndarray=np.ndarray,
                    stride=TensorPy.stride, free_cpus=_scan.free_cpus)
+    _hotpath.setup_calls(dtype_type=mstype.Type, float_dtypes=float_dtypes())
     return _hotpath
 
 
