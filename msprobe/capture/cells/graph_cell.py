@@ -306,9 +306,10 @@ class GraphCellCapture:
         rt = self.rt
         rt.record_parent(bwd, bparent)
         if self.bwd_in:
-            # gradients of floating-point tensors only (as the PyNative probes: others give null)
-            rt.record(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" else None
-                                     for a in arrays], "input")
+            # gradients of floating-point tensors only (as the PyNative probes: others give null);
+            # numpy knows MindSpore's bfloat16 as a kind "V" type
+            rt.record(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+                                     else None for a in arrays], "input")
 
     def _param_grads(self, owners: list, grads) -> None:
         """Gradients entering an optimizer (or reaching a Parameter's hook): ``owners[i]`` =
