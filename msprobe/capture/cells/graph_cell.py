@@ -2,8 +2,9 @@
 
 Python hooks do not run inside a compiled graph (GRAPH_MODE, or a ``mindspore.jit`` Cell called
 from PyNative), and ``ops.TensorDump`` runs on Ascend only. What does run at every step on CPU is
-``ops.Custom(func_type="pyfunc")``: it hands the real values, as numpy arrays, to a Python function,
-and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
+``ops.Custom``: a ``func_type="pyfunc"`` op hands the real values, as numpy arrays, to a Python
+function, an ``aot`` op to a compiled kernel (in GRAPH_MODE the kernels of ``_graph_probe.c``, when
+built: see :mod:`msprobe.capture.cells.graph_probes`), and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
 ``construct`` (:func:`msprobe.capture.cells.graph_probes.make_construct`) that shows
 
 * its positional Tensor inputs and its Tensor output(s) to an *observer*, beside the data path
