@@ -6,7 +6,8 @@ MindSpore mode (set_context mode is process-global) and prints the losses as JSO
 MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optimizer), ``model``
 (``Model.train`` + ``MsprobeStep``), ``jit`` (PyNative network whose ``features`` Cell has a
 ``mindspore.jit`` construct), ``unread`` (the loop, reading the loss only after ``stop()`` and
-``step()``). ``--async``: MindSpore's default asynchronous launch.
+``step()``). ``--async``: MindSpore's default asynchronous launch. ``--python-probes``: pyfunc graph probes
+even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``).
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def main():
     ap.add_argument("--driver", default="loop", choices=["loop", "model", "jit", "unread"])
     ap.add_argument("--async", dest="async_launch", action="store_true",
                     help="MindSpore's default asynchronous launch instead of launch_blocking()")
+    ap.add_argument("--python-probes", action="store_true", help="pyfunc graph probes, not the compiled ones")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--resume", type=int, default=0,
                     help="model driver: resume at this step number (MsprobeInitStep)")
@@ -78,6 +80,9 @@ def main():
     batches = load_digits_dataset(batch_size=32)[:args.steps]
 
     debugger = None
+    if args.python_probes:
+        from msprobe.capture.cells import graph_probes
+        graph_probes._graph_probe = None
     if args.tool == "on":
         from msprobe.mindspore import PrecisionDebugger
         debugger = PrecisionDebugger(dump_path=args.dump_path, task=args.task, level=args.level)
@@ -135,7 +140,10 @@ def main():
                 losses.append(float(loss.asnumpy()))
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-    print(json.dumps({"losses": [repr(v) for v in losses], "times": times, "cpu": cpu}))
+    graph = debugger.service._graph if debugger is not None else None
+    compiled = bool(graph) and graph._capture is not None and graph._capture._compiled is not None
+    print(json.dumps({"losses": [repr(v) for v in losses], "times": times, "cpu": cpu,
+                      "compiled_probes": compiled}))
 
 
 if __name__ == "__main__":

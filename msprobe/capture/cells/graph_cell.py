@@ -2,8 +2,9 @@
 
 Python hooks do not run inside a compiled graph (GRAPH_MODE, or a ``mindspore.jit`` Cell called
 from PyNative), and ``ops.TensorDump`` runs on Ascend only. What does run at every step on CPU is
-``ops.Custom(func_type="pyfunc")``: it hands the real values, as numpy arrays, to a Python function,
-and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
+``ops.Custom``: a ``func_type="pyfunc"`` op hands the real values, as numpy arrays, to a Python
+function, an ``aot`` op to a compiled kernel (in GRAPH_MODE the kernels of ``_graph_probe.c``, when
+built: see :mod:`msprobe.capture.cells.graph_probes`), and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
 ``construct`` (:func:`msprobe.capture.cells.graph_probes.make_construct`) that shows
 
 * its positional Tensor inputs and its Tensor output(s) to an *observer*, beside the data path
@@ -143,6 +144,8 @@ class GraphCellCapture:
         self._observers = ()  # graph_probes.make_observers, shared by every probed Cell and optimizer
         self._probed: list = []  # (prefix, cell) of each probed Cell, indexed by its code
         self._chunks: list = []  # owners of each run of gradients an optimizer probe shows, by code
+        #: the number of this capture's compiled probes (graph_probes.compiled), None: pyfunc probes
+        self._compiled = None
         self._reset()
 
     def snapshot_parameters(self, cells, synced: bool) -> None:
@@ -170,11 +173,11 @@ class GraphCellCapture:
         if self.step != step:
             self.step = step
             self._reset()
-        self.collecting = True
+        self._collect(True)
 
     def end_step(self) -> None:
         """The step is over (``step()``): later reports are dropped until the next ``begin_step``."""
-        self.collecting = False
+        self._collect(False)
         self.take_reports()
         self.step = None
         self.param_values = {}
@@ -185,9 +188,26 @@ class GraphCellCapture:
         with self._reports_lock:
             self._reports.append(report)
 
+    def _collect(self, on: bool) -> None:
+        """Switch the probes' reports on or off (:attr:`collecting`). Compiled probes report forward
+        data whenever they collect; :meth:`drain` drops what they saw while the runtime was not
+        running."""
+        self.collecting = on
+        if self._compiled is not None:
+            graph_probes.compiled().set_flags(self._compiled, on, on)
+
     def take_reports(self) -> list:
+        """The probes' reports so far, in the order the probes ran (the compiled probes' first: the
+        Python list holds hooked parameter gradients, which only pyfunc captures have)."""
+        reports = []
+        if self._compiled is not None:
+            reports, lost = graph_probes.take_compiled(self._compiled)
+            if lost:
+                self.rt.tool_error(f"{lost} reports of compiled graph probes were dropped for want of memory: "
+                                   "the step's records from compiled graphs are incomplete")
+                self.rt.mark_abnormal("reports of compiled graph probes were lost (no memory)")
         with self._reports_lock:
-            reports, self._reports = self._reports, []
+            reports, self._reports = reports + self._reports, []
         return reports
 
     def _observed(self, values: tuple):
@@ -220,6 +240,8 @@ class GraphCellCapture:
         rt = self.rt
         if rt.failed or rt.forked() or not rt.step_open:
             return
+        if self._compiled is not None and not rt.running:  # forward data of graphs run after stop()
+            reports = [r for r in reports if r[0] == _OUTPUT_GRADS]
         cells, chunks = self._probed, self._chunks
         with contextlib.ExitStack() as scope:
             if self.tree is not None and not scope.enter_context(rt.tree(self.tree)):
@@ -285,9 +307,10 @@ class GraphCellCapture:
         rt = self.rt
         rt.record_parent(bwd, bparent)
         if self.bwd_in:
-            # gradients of floating-point tensors only (as the PyNative probes: others give null)
-            rt.record(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" else None
-                                     for a in arrays], "input")
+            # gradients of floating-point tensors only (as the PyNative probes: others give null);
+            # numpy knows MindSpore's bfloat16 as a kind "V" type
+            rt.record(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+                                     else None for a in arrays], "input")
 
     def _param_grads(self, owners: list, grads) -> None:
         """Gradients entering an optimizer (or reaching a Parameter's hook): ``owners[i]`` =
@@ -314,8 +337,7 @@ class GraphCellCapture:
         if self.bwd_out:
             _note_no_input_gradients()
         undo = []
-        self._observers = graph_probes.make_observers(self._observed)
-        marks = graph_probes.make_marks(self._gradients) if self.bwd_in or self.bwd_out else None
+        marks = self._make_probes(graph_mode)
         probed = {id(cell) for _, cell in cells}
         for prefix, cell in cells:
             if getattr(cell, "has_bprop", False):
@@ -323,7 +345,7 @@ class GraphCellCapture:
             # a Cell without probed sub-Cells: nothing is probed between its inputs and its outputs
             whole = not any(id(sub) in probed for name, sub in cell.cells_and_names() if name)
             undo.append(_set_construct(cell, graph_probes.make_construct(
-                self._observers, marks, graph_probes.code_tensor(len(self._probed)), whole,
+                self._observers, marks, self._code(len(self._probed)), whole,
                 _too_many(prefix, "input"), _too_many(prefix, "output"), self._note_keys(prefix))))
             self._probed.append((prefix, cell))
         if self.param_grads and not graph_mode:
@@ -334,8 +356,34 @@ class GraphCellCapture:
         def remove():
             for fn in reversed(undo):
                 fn()
+            self._collect(False)
 
         return Handle(remove, "graph-mode Cell probes")
+
+    def _make_probes(self, graph_mode: bool):
+        """Make the shared observers (:attr:`_observers`); returns the marks (``None``: no gradient is
+        wanted). In GRAPH_MODE the compiled probes when they are built and MindSpore takes their
+        file (:func:`msprobe.capture.cells.graph_probes.compiled`), else pyfuncs. Under PyNative
+        (children of jit Cells) pyfuncs: there the runtime's recording gate also changes between
+        forward passes (``token_range``), which a pyfunc reads when it runs."""
+        grads = self.bwd_in or self.bwd_out
+        kernels = graph_probes.compiled() if graph_mode else None
+        if kernels is not None:
+            try:
+                self._observers = graph_probes.make_observers(None)
+                marks = graph_probes.make_marks(None) if grads else None
+                self._compiled = kernels.new_capture(self.fwd_in, self.fwd_out, self.bwd_in)
+                return marks
+            except (TypeError, ValueError, OverflowError) as exc:  # MS_CUSTOM_AOT_WHITE_LIST elsewhere
+                logger.info("msprobe: compiled graph probes not used (%s); Python probes instead", exc)
+        self._observers = graph_probes.make_observers(self._observed)
+        return graph_probes.make_marks(self._gradients) if grads else None
+
+    def _code(self, number: int):
+        """The constant naming Cell (or optimizer chunk) ``number`` in its probes' calls."""
+        if self._compiled is not None:
+            number = graph_probes.compiled_code(self._compiled, number)
+        return graph_probes.code_tensor(number)
 
     def _hook_parameters(self, cells, undo: list) -> None:
         """PyNative (children of jit Cells): ``Parameter.register_hook`` on the Cells' own trainable
@@ -393,7 +441,7 @@ class GraphCellCapture:
         size = graph_probes.MAX_ARITY
         codes = []
         for start in range(0, len(params), size):
-            codes.append(graph_probes.code_tensor(len(self._chunks)))
+            codes.append(self._code(len(self._chunks)))
             self._chunks.append(owners[start:start + size])
         construct = graph_probes.make_grads_construct(self._observers, tuple(codes), len(params),
                                                       _unprobed_optimizer(type(optimizer).__name__, len(params)))

@@ -24,6 +24,14 @@ The functions at the end (:func:`make_construct`, :func:`make_grads_construct` a
 parsed by MindSpore's graph compiler (GRAPH_MODE and ``mindspore.jit``): only constructs it supports
 are used (``isinstance`` and ``len`` on compile-time values, tuple building, loops unrolled at compile
 time).
+
+Compiled probes: when the extension ``msprobe.capture.cells._graph_probe`` (``_graph_probe.c``) is
+built, the observers and gradient probes can be ``ops.Custom(func_type="aot")`` kernels of that file
+instead of pyfuncs (:func:`compiled`): same inputs, outputs and bprops, so the same graph, but a
+probe takes no Python lock and runs no Python code: it copies the tensors wanted into memory of its
+own and queues a report, which :func:`take_compiled` hands to Python. A pyfunc costs ~30 µs per call
+plus the conversion of its arrays, and each call waits for the interpreter lock held by the thread
+driving the graph.
 """
 from __future__ import annotations
 
@@ -35,6 +43,11 @@ import tempfile
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
+
+try:
+    from msprobe.capture.cells import _graph_probe
+except ImportError:  # not compiled (no C compiler at install time): pyfunc probes only
+    _graph_probe = None
 
 #: most tensors of one Cell boundary (inputs, outputs) that are probed
 MAX_ARITY = 16
@@ -159,15 +172,16 @@ def _same_shape(code, *shapes):
 
 def make_observers(callback) -> tuple:
     """``observers[n]``: the observer of ``n`` tensors (0..:data:`MAX_INPUTS` - 2), each calling
-    ``callback((code, kind, array, ...))``, which returns :data:`TOKEN`.
+    ``callback((code, kind, array, ...))``, which returns :data:`TOKEN`; ``callback`` ``None``: the
+    compiled kernel ``msprobe_observe`` (:func:`compiled`; raises ``TypeError`` when MindSpore refuses
+    the file, see ``MS_CUSTOM_AOT_WHITE_LIST``).
 
     Marked ``side_effect_io`` (as ``ops.Print`` is): the graph compiler keeps an observer, in program
     order, although nothing uses its result; without the mark it is removed as dead code and the
     call is silently missing."""
     observers = []
     for n in range(MAX_INPUTS - 1):
-        op = ops.Custom(_FORWARDERS[n + 2](callback), out_shape=_token_shape, out_dtype=_token_dtype,
-                        func_type="pyfunc", bprop=_ZEROS_BPROPS[n + 2])
+        op = _probe_op(callback, "msprobe_observe", n + 2, _token_shape, _token_dtype)
         op.add_prim_attr("side_effect_io", True)
         observers.append(op)
     return tuple(observers)
@@ -176,14 +190,74 @@ def make_observers(callback) -> tuple:
 def make_marks(callback) -> tuple:
     """``marks[n]``: the mark of ``n`` tensors (1..:data:`MAX_ARITY`; index 0 ``None``), whose gradient
     probe calls ``callback((code, d0, ...))``, which returns the gradients unchanged (the array, or a
-    tuple of them). The gradient probes are not marked ``side_effect_io``: a gradient nothing needs
+    tuple of them); ``callback`` ``None``: the compiled kernel ``msprobe_gradient``, which copies them
+    to its outputs. The gradient probes are not marked ``side_effect_io``: a gradient nothing needs
     is not computed, as in PyNative."""
     marks = [None]
     for n in range(1, MAX_ARITY + 1):
-        probe = ops.Custom(_FORWARDERS[n + 1](callback), out_shape=_same_shape, out_dtype=_same_shape,
-                           func_type="pyfunc", bprop=_ZEROS_BPROPS[n + 1])
-        marks.append(_MARKS[n](probe))
+        marks.append(_MARKS[n](_probe_op(callback, "msprobe_gradient", n + 1, _same_shape, _same_shape)))
     return tuple(marks)
+
+
+def _probe_op(callback, kernel: str, inputs: int, out_shape, out_dtype):
+    """A probe of ``inputs`` inputs: a pyfunc calling ``callback``, or (``callback`` ``None``) the
+    compiled ``kernel``; either with the bprop that gives no gradient to its inputs."""
+    if callback is None:
+        op = ops.Custom(f"{os.path.realpath(_graph_probe.__file__)}:{kernel}", out_shape=out_shape,
+                        out_dtype=out_dtype, func_type="aot", bprop=_ZEROS_BPROPS[inputs])
+        # probes of one kernel differ in their attributes only: without this one the graph compiler
+        # takes them for one primitive, and one arity's bprop for every call
+        op.add_prim_attr("msprobe_inputs", inputs)
+        return op
+    return ops.Custom(_FORWARDERS[inputs](callback), out_shape=out_shape, out_dtype=out_dtype,
+                      func_type="pyfunc", bprop=_ZEROS_BPROPS[inputs])
+
+
+def compiled():
+    """The compiled probes' extension module, or ``None`` when it is not built or
+    ``MSPROBE_PURE_PYTHON=1`` is set (then the probes are pyfuncs)."""
+    if _graph_probe is None or os.environ.get("MSPROBE_PURE_PYTHON") == "1":
+        return None
+    return _graph_probe
+
+
+def compiled_code(capture: int, code: int) -> int:
+    """The ``code`` input of a compiled probe: the capture's number (``_graph_probe.new_capture``) in
+    the high bits, the Cell's or optimizer chunk's number in the low ones."""
+    if code >= 1 << _graph_probe.CODE_BITS:
+        raise OverflowError(f"more than {1 << _graph_probe.CODE_BITS} probed Cells")
+    return capture << _graph_probe.CODE_BITS | code
+
+
+def _numpy_dtypes() -> dict:
+    """dtype name of the compiled kernels -> numpy dtype (bfloat16: MindSpore's numpy type, as a
+    pyfunc receives it)."""
+    names = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+             "uint32", "uint64", "bool", "complex64", "complex128")
+    dtypes = {name: np.dtype(name) for name in names}
+    dtypes.update({"float": np.dtype("float32"), "int": np.dtype("int32"), "uint": np.dtype("uint32")})
+    dtypes["bfloat16"] = Tensor(np.zeros(1, np.float32), ms.bfloat16).asnumpy().dtype
+    return dtypes
+
+
+_DTYPES: dict = {}
+
+
+def take_compiled(capture: int) -> tuple:
+    """``(reports, lost)``: the reports the compiled probes of ``capture`` made so far, in the order
+    they ran, each ``(kind, code, arrays or None, ...)`` as a pyfunc observer's or gradient probe's
+    callback reports them (the arrays numpy views of the probes' copies); ``lost``: how many were
+    dropped for want of memory."""
+    reports, lost = _graph_probe.take(capture)
+    if not reports:
+        return reports, lost
+    if not _DTYPES:
+        _DTYPES.update(_numpy_dtypes())
+    dtypes, ndarray = _DTYPES, np.ndarray
+    return [(kind, code, *(None if group is None else [ndarray(shape, dtypes[dtype], buffer)
+                                                         for buffer, dtype, shape in group]
+                           for group in groups))
+            for kind, code, *groups in reports], lost
 
 
 def tensors_of(values):
