@@ -379,15 +379,6 @@ def test_history_files_equal_a_plain_dump_of_the_same_steps(tmp_path, monkeypatc
         def construct(self, x):   # a non-finite Python float argument in every step (not an anomaly)
             return ops.clip_by_value(super().construct(x), float("-inf"), float("inf"))
 
-    def files(dump_path, step):
-        (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
-        out = {}
-        for name in ("dump.json", "stack.json", "construct.json"):
-            with open(os.path.join(d, name)) as f:
-                out[name] = json.load(f)
-        out["dump.json"] = out["dump.json"]["data"]
-        return out
-
     paths = []
     for name, watch in (("watched", {"history": 100000}), ("plain", None)):   # one call site: same stacks
         debugger, path = _debugger(tmp_path, "L1", watch, name=name)
@@ -398,9 +389,9 @@ def test_history_files_equal_a_plain_dump_of_the_same_steps(tmp_path, monkeypatc
     dump_path, plain_path = paths
     assert _anomaly(dump_path, 2)[1]["first_producer"] == "Functional.log.0.forward"
     for step in range(3):
-        watched, dumped = files(dump_path, step), files(plain_path, step)
+        watched, dumped = _files(dump_path, step), _files(plain_path, step)
         assert watched["dump.json"] and watched == dumped, step
-    clip = [v for k, v in files(dump_path, 1)["dump.json"].items() if k.startswith("Functional.clip_by_value")]
+    clip = [v for k, v in _files(dump_path, 1)["dump.json"].items() if k.startswith("Functional.clip_by_value")]
     assert clip and clip[0]["input_args"][1]["value"] == -math.inf
 
 
