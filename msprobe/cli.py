@@ -144,7 +144,8 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
         first = "none (the runs agree within tolerance)" if found is None else (
             f"{found['entry']} ({found['direction']}"
             + ("; its inputs already differ" if found["kind"] == "input" else "")
-            + ("; present on one side only" if found["kind"] == "unmatched" else "") + ")")
+            + ("; present on one side only" if found["kind"] == "unmatched" else "")
+            + ("; a difference of precision, not a divergence" if found["kind"] == "precision" else "") + ")")
         click.echo(f"{where} ({item['mode']}): {counts}; first divergence (as msprobe first-diff): {first}")
         click.echo(f"  {item['csv']}")
     click.echo(f"summary: {result['summary']}")
@@ -264,7 +265,8 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
             if len(found) > 1:
                 click.echo(f"  ({side}: NaN/Inf producers in {len(found)} step/rank directories; "
                            f"--json lists all)")
-    bad = diverged if golden is not None else nans["target"]
+    # a difference of precision alone (the runs agree within the lower precision) is not a divergence
+    bad = [f for f in diverged if f.kind != "precision"] if golden is not None else nans["target"]
     sys.exit(EXIT_DIVERGED if bad else EXIT_OK)
 
 
@@ -283,11 +285,16 @@ def show(dump, entry, step, rank):
     from msprobe.dump import load_construct, load_stacks
 
     names = {}  # entry names of the directories searched, in execution order
-    for item in resolve(dump):
-        if step is not None and item.step not in step:
-            continue
-        if rank is not None and rank_number(item.rank) not in rank:
-            continue
+    items = resolve(dump)
+    chosen = [item for item in items if (step is None or item.step in step)
+              and (rank is None or rank_number(item.rank) in rank)]
+    if items and not chosen:  # the step/rank asked for is not in the dump: say that, not "not found"
+        present = ", ".join(f"step {i.step} {i.rank}" if i.step is not None else i.rank for i in items[:8])
+        asked = ", ".join(f"--{k} {','.join(map(str, v))}" for k, v in (("step", step), ("rank", rank)) if v)
+        click.echo(f"msprobe: error: no step/rank directory of {dump} matches {asked}; present: {present}"
+                   + (", ..." if len(items) > 8 else ""), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    for item in chosen:
         side = Side(item.path)
         if entry not in side.index:
             names.update(dict.fromkeys(side.names))
