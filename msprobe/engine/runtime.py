@@ -735,13 +735,20 @@ class Runtime:
         writer = self._writer_of(token)
         with self._lock:  # stack ids and "emitted" marks are shared by all threads
             sid = self.stacks.empty() if compiled else self.stacks.current()
-            lines = []
-            if sid not in self._emitted_stacks:
-                self._emitted_stacks.add(sid)
-                lines.append(journal.stack_frames(sid, self.stacks.rendered[sid]))
-            lines.append(journal.stack_ref(entry, sid))
-            self._pending.extend((writer, line) for line in lines)
+            self._pending.extend(self._stack_lines(writer, entry, sid))
             self._started_pending()
+
+    def _stack_lines(self, writer, entry: str, sid: int, body: dict | None = None) -> list:
+        """Call with :attr:`lock` held: the ``(writer, line)`` pairs that give ``entry`` the stack
+        ``sid`` (its frames the first time ``sid`` is used, then the reference, with ``body`` as
+        :func:`journal.stack_ref` takes it). ``sid`` comes from the caller, so the stack is read at its
+        frame."""
+        pairs = []
+        if sid not in self._emitted_stacks:
+            self._emitted_stacks.add(sid)
+            pairs.append((writer, journal.stack_frames(sid, self.stacks.rendered[sid])))
+        pairs.append((writer, journal.stack_ref(entry, sid, body)))
+        return pairs
 
     def record_parent(self, name: str, parent, token=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
@@ -821,11 +828,7 @@ class Runtime:
         with self._lock:
             pending = self._pending
             if self.config.extra_info:
-                sid = self.stacks.current()
-                if sid not in self._emitted_stacks:
-                    self._emitted_stacks.add(sid)
-                    pending.append((writer, journal.stack_frames(sid, self.stacks.rendered[sid])))
-                pending.append((writer, journal.stack_ref(entry, sid, body)))
+                pending.extend(self._stack_lines(writer, entry, self.stacks.current(), body))
             else:
                 pending.extend([(writer, journal.key_line(entry, key, value)) for key, value in body.items()])
             for name, parent in edges:
@@ -871,11 +874,7 @@ class Runtime:
                 for name, parent in edges:
                     pending.append((writer, journal.construct_edge(name, parent)))
                 if stack:
-                    sid = self.stacks.current()
-                    if sid not in self._emitted_stacks:
-                        self._emitted_stacks.add(sid)
-                        pending.append((writer, journal.stack_frames(sid, self.stacks.rendered[sid])))
-                    pending.append((writer, journal.stack_ref(entry, sid)))
+                    pending.extend(self._stack_lines(writer, entry, self.stacks.current()))
             pending.extend([(writer, line) for line in lines])
             if self.config.extra_info:
                 for name, parent in after:
