@@ -4,6 +4,7 @@ import json
 import logging
 import os
 
+import numpy as np
 import pytest
 
 from msprobe.engine.config import ConfigError, DumpConfig, load_config, parse_index_list
@@ -389,3 +390,74 @@ def test_name_regex_outside_l2_warns(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="msprobe"):
         load_config(path)
     assert "plain substrings" not in caplog.text
+
+
+# --------------------------------------------------------------------------- summary_mode items
+def _readme_summary_items() -> list:
+    """``[(items, effect)]`` of the README's table of ``summary_mode`` list items, in its order."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    table = readme[readme.index("| `summary_mode` list item |"):]
+    rows = []
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        items, effect = [cell.strip() for cell in line.strip("|").split(" | ")]
+        rows.append((tuple(i.strip().strip("`") for i in items.split(",")), effect.replace("\\|", "|")))
+    return rows
+
+
+def test_a_bad_summary_mode_item_lists_exactly_the_readme_table(tmp_path):
+    """The error for an unknown ``summary_mode`` item shows every item of the README's table with
+    what it adds (the "add nothing" items said to add nothing), and nothing else is accepted."""
+    rows = _readme_summary_items()
+    assert rows and len({i for items, _ in rows for i in items}) == sum(len(items) for items, _ in rows)
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, {**BASE, "statistics": {"summary_mode": ["max", "median"]}})
+    message = str(info.value)
+    listed = message[message.index("each adding: ") + len("each adding: "):]
+    expected = "; ".join(", ".join(repr(i) for i in items) + ": " + effect.replace("`", "")
+                         for items, effect in rows)
+    assert listed == expected
+    for items, _ in rows:  # every item of the table loads
+        assert load(tmp_path, {**BASE, "statistics": {"summary_mode": list(items)}}).summary_mode == items
+
+
+def test_summary_mode_items_add_what_the_readme_table_says(tmp_path):
+    """A real L1 dump per row of the README's table: the record gains exactly the keys that row
+    names (none for the rows that add nothing)."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+    import msprobe.dump
+    from msprobe.mindspore import PrecisionDebugger
+    from tests.conftest import only_step_dir, write_config
+
+    ms.set_device("CPU")
+    x = Tensor(np.array([[0.0, -2.0], [3.0, 1.0]], np.float32))
+    base = None
+    for n, (items, effect) in enumerate(_readme_summary_items() + [((), "")]):
+        dump_path = str(tmp_path / f"dump{n}")
+        cfg_dir = tmp_path / f"cfg{n}"
+        cfg_dir.mkdir()
+        section = {"summary_mode": list(items)} if items else {}
+        debugger = PrecisionDebugger(write_config(cfg_dir, dump_path=dump_path, level="L1",
+                                                  section=section))
+        try:
+            debugger.start()
+            ops.relu(x)
+            debugger.stop()
+            debugger.step()
+        finally:
+            debugger.service.close()
+        leaf = msprobe.dump.load(only_step_dir(dump_path, 0)).data["Functional.relu.0.forward"]["output"][0]
+        if not items:
+            base = set(leaf)
+            continue
+        named = set() if effect.startswith("nothing") else {effect.split("`")[1]}
+        rows_keys = set(leaf)
+        assert rows_keys - {"NanCount", "PosInfCount", "NegInfCount", "ZeroCount", "MaxAbs", "md5"} \
+            == {"type", "dtype", "shape", "Max", "Min", "Mean", "Norm"}, (items, leaf)
+        assert rows_keys & {"NanCount", "PosInfCount", "NegInfCount", "ZeroCount", "MaxAbs", "md5"} \
+            == named, (items, leaf)
+    assert base == {"type", "dtype", "shape", "Max", "Min", "Mean", "Norm"}

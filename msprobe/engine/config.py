@@ -47,11 +47,22 @@ LEVELS = ("L0", "L1", "L2", "mix", "debug")
 STRUCTURE_LEVELS = ("L0", "mix")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 SUMMARY_MODES = ("statistics", "md5")
-SUMMARY_ITEMS = (
-    "max", "min", "mean", "count", "negative zero count", "positive zero count", "nan count",
-    "negative inf count", "positive inf count", "zero count", "l2norm", "hash", "md5", "max abs",
+#: Every item a ``summary_mode`` list may hold, grouped by what it adds to each tensor record. The
+#: README's table under "Statistics and tasks" lists the same groups (``tests/test_config.py`` checks
+#: it against this), and the error for an item outside them shows this text.
+SUMMARY_ITEM_GROUPS: Tuple[Tuple[Tuple[str, ...], str], ...] = (
+    (("max", "min", "mean", "l2norm"), "nothing: `Max`, `Min`, `Mean`, `Norm` are always there"),
+    (("nan count",), "`NanCount`"),
+    (("positive inf count",), "`PosInfCount`"),
+    (("negative inf count",), "`NegInfCount`"),
+    (("zero count",), "`ZeroCount` (-0.0 is a zero)"),
+    (("max abs",), "`MaxAbs` (largest |x| of the non-NaN elements; null for bool and empty tensors)"),
+    (("md5",), "`md5`, as `\"summary_mode\": \"md5\"` does"),
+    (("count", "hash", "negative zero count", "positive zero count"),
+     "nothing: accepted so the reference tool's configs load"),
 )
-#: summary_mode list items that add a statistic to each tensor record (README "Statistics")
+SUMMARY_ITEMS = tuple(item for items, _ in SUMMARY_ITEM_GROUPS for item in items)
+#: summary_mode list items that add a statistic to each tensor record (README "Statistics and tasks")
 COUNT_ITEMS = {"nan count": "NanCount", "positive inf count": "PosInfCount",
                "negative inf count": "NegInfCount", "zero count": "ZeroCount", "max abs": "MaxAbs"}
 WATCH_KINDS = ("nan", "inf")
@@ -85,7 +96,8 @@ ALLOWED: Dict[str, str] = {
     "api_list": _STR_LIST_FORM,
     "data_mode": (f"a non-empty list of at most {MAX_DATA_MODES} of {_quoted(DATA_MODES)}"
                   " ('all' only on its own)"),
-    "summary_mode": f"{_quoted(SUMMARY_MODES)} or a list of {_quoted(SUMMARY_ITEMS)}",
+    "summary_mode": f"{_quoted(SUMMARY_MODES)}, or a list of items, each adding: " + "; ".join(
+        f"{_quoted(items)}: {effect.replace('`', '')}" for items, effect in SUMMARY_ITEM_GROUPS),
     "tensor_list": _STR_LIST_FORM,
     "device": _quoted(("host", "device")),
     "stat_precision": _quoted(("high", "low")),
