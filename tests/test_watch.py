@@ -582,3 +582,51 @@ def test_steps_after_the_anomaly_stay_in_memory_while_the_nan_goes_on(tmp_path):
             beats.append(json.load(f))
     assert beats[0]["steps_watched"] == 5 and beats[0]["anomaly"]["producer"] == found["producer"]
     assert beats[0]["records_seen"] == beats[1]["records_seen"]   # the same calls as a clean run's
+
+
+class _JitBlock(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Dense(4, 4)
+
+    @ms.jit
+    def construct(self, x):
+        return ops.relu(self.inner(x))
+
+
+class _JitNet(nn.Cell):
+    """A PyNative net with a ``mindspore.jit`` Cell: each dumped step has two trees (pynative/, graph/)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Dense(4, 4)
+        self.block = _JitBlock()
+
+    def construct(self, x):
+        return self.block(self.pre(x)).sum()
+
+
+def test_heartbeat_counts_each_step_once_with_a_graph_subtree(tmp_path):
+    """With a ``jit`` Cell the step is watched in two trees (``pynative/`` and ``graph/``); the
+    heartbeat counts steps, not trees: 3 steps watched, records of both trees seen."""
+    debugger, dump_path = _debugger(tmp_path, "L0", {})
+    ms.set_seed(0)
+    net = _JitNet()
+    fn = ms.value_and_grad(net, None, net.trainable_params())
+    x = Tensor(np.ones((2, 4), np.float32))
+    try:
+        for _ in range(3):
+            debugger.start(net)
+            fn(x)
+            debugger.stop()
+            debugger.step()
+    finally:
+        debugger.service.close()
+    beats = glob.glob(os.path.join(dump_path, "**", "watch_heartbeat.*"), recursive=True)
+    assert len(beats) == 1, beats
+    with open(beats[0]) as f:
+        beat = json.load(f)
+    assert (beat["steps_watched"], beat["last_step"], beat["anomaly"]) == (3, 2, None)
+    # per step: pynative/ Cell.pre and Cell.block forward+backward (4), graph/ Cell.inner forward+backward
+    # and its parameters' gradients (none: no optimizer holds them) -> more than the pynative tree alone
+    assert beat["records_seen"] > 3 * 4, beat

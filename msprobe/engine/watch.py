@@ -125,7 +125,8 @@ class Watch:
         self.stack_frames = self.ring.stack_frames  # stack id -> frames (definitions are never dropped)
         self.triggered = None          # the anomaly found (dict), once
         self.rooms: set = set()        # step directories made room for (an earlier run's moved aside)
-        self.steps = 0
+        self.steps = 0                 # steps watched (the heartbeat's ``steps_watched``)
+        self._last_watched = None      # the step counted last: its other trees' writers add nothing
         self._heartbeat_dir = False    # dump_path exists (made once)
         #: (entry, output leaf ordinal) -> [sum of Norms, count] over earlier records (norm_jump)
         self.norms: dict = {}
@@ -187,8 +188,11 @@ class Watch:
         self.ring.keep(step, directory, lines, bytes(text))  # bytes: a bytearray may hold spare room
 
     def heartbeat(self, rank, step: int) -> None:
-        """Tiny file saying the watch ran (rewritten at the end of every watched step)."""
-        self.steps += 1
+        """Tiny file saying the watch ran (rewritten when each writer of a watched step closes: a
+        step with ``pynative/`` and ``graph/`` trees closes two, and is counted once)."""
+        if step != self._last_watched:
+            self._last_watched = step
+            self.steps += 1
         body = {"schema": SCHEMA, **journal.identity(), "mode": "watch", "rank": rank, "last_step": step,
                 "steps_watched": self.steps, "records_seen": self.records, "time": time.time(),
                 "anomaly": self.triggered}
