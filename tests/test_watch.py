@@ -630,3 +630,34 @@ def test_heartbeat_counts_each_step_once_with_a_graph_subtree(tmp_path):
     # per step: pynative/ Cell.pre and Cell.block forward+backward (4), graph/ Cell.inner forward+backward
     # and its parameters' gradients (none: no optimizer holds them) -> more than the pynative tree alone
     assert beat["records_seen"] > 3 * 4, beat
+
+
+def test_the_trigger_message_says_what_was_written(tmp_path, capsys, caplog):
+    """At the trigger one WARNING names each directory written and what it holds (an earlier step
+    whole or its tail, the anomaly's step so far); the history's earlier steps print no
+    ``dump.json is at`` line (they did not just end), the anomaly's step prints one when it ends."""
+    plain, plain_path = _debugger(tmp_path, "L1", None, name="plain")
+    ms.set_seed(0)
+    _train(Net(), plain, 1)
+    plain.service.close()
+    per_step = len(msprobe.dump.load(glob.glob(os.path.join(plain_path, "step0", "*"))[0]).data)
+    capsys.readouterr()
+    debugger, dump_path = _debugger(tmp_path, "L1", {"history": per_step + 3})
+    ms.set_seed(0)
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _train(Net(), debugger, 4, at=3, poison=_forward_nan)
+    debugger.service.close()
+    printed = [line for line in capsys.readouterr().out.splitlines() if "dump.json is at" in line]
+    anomaly_dir, _ = _anomaly(dump_path, 3)
+    assert printed == [f"dump.json is at {anomaly_dir}"]
+    (message,) = [r.getMessage() for r in caplog.records if "watch found" in r.getMessage()]
+    who = os.path.basename(anomaly_dir)
+    assert f"written now under {os.path.abspath(dump_path)}: " in message
+    assert f"step1/{who} (step 1: its last 3 of {per_step} entries); " in message
+    assert f"step2/{who} (step 2: all its {per_step} entries); " in message
+    so_far = int(message.split(f"step3/{who} (step 3, the anomaly's step: ")[1].split(" entries so far")[0])
+    assert 0 < so_far <= len(msprobe.dump.load(anomaly_dir).data)
+    assert not os.path.exists(os.path.join(dump_path, "step0"))
+    for step, count in ((1, 3), (2, per_step)):  # what the message says is what is on disk
+        (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
+        assert len(msprobe.dump.load(d).data) == count

@@ -328,8 +328,12 @@ class WatchWriter:
         """The step ended abnormally (an exception): the flight recorder writes the history (this
         step's own files are written by the runtime, which knows why it may be empty)."""
         if self.real is None:
-            self.dump_history({"step": self.step, "rank": self.rank, "producer": None, "kind": None,
-                               "cell": None, "trigger": f"abnormal end: {reason}"}, write_current=False)
+            written = self.dump_history({"step": self.step, "rank": self.rank, "producer": None,
+                                         "kind": None, "cell": None, "trigger": f"abnormal end: {reason}"},
+                                        write_current=False)
+            if written:
+                logger.warning("msprobe: watch: step %s ended abnormally (%s); %s", self.step, reason,
+                               written)
 
     def relocate(self, directory: str) -> None:
         if self.real is not None:
@@ -406,10 +410,11 @@ class WatchWriter:
         trigger = f"watch: {what} in the output of {producer}, inputs finite"
         if received:
             trigger += " (a collective: the value came from another rank, whose dump names its producer)"
-        self.dump_history({"step": self.step, "rank": self.rank, "producer": producer, "kind": kind,
-                           "cell": cell, "via_collective": received, "trigger": trigger})
-        logger.warning("msprobe: watch found %s first produced by %s at step %s; the history is in %s",
-                       what, producer, self.step, self.directory)
+        written = self.dump_history({"step": self.step, "rank": self.rank, "producer": producer,
+                                     "kind": kind, "cell": cell, "via_collective": received,
+                                     "trigger": trigger})
+        logger.warning("msprobe: watch found %s first produced by %s at step %s; %s",
+                       what, producer, self.step, written)
         where = f", rank {self.rank}" if self.rank is not None else ""  # no rank before init(): none named
         self._raise(f"msprobe watch: {what} first produced by {producer} (step {self.step}{where}"
                     f"{', in ' + cell if cell else ''}); its "
@@ -417,12 +422,13 @@ class WatchWriter:
 
     def _trigger_unrecorded(self, entry: str, kind: str) -> None:
         what = _WHAT[kind]
-        self.dump_history({"step": self.step, "rank": self.rank, "producer": None, "kind": kind,
-                           "cell": None, "first_non_finite": entry,
-                           "trigger": f"watch: {what} in the inputs of {entry}, produced by code that "
-                                      f"is not recorded at level {self._level} (between recorded calls)"})
+        written = self.dump_history({
+            "step": self.step, "rank": self.rank, "producer": None, "kind": kind, "cell": None,
+            "first_non_finite": entry,
+            "trigger": f"watch: {what} in the inputs of {entry}, produced by code that "
+                       f"is not recorded at level {self._level} (between recorded calls)"})
         logger.warning("msprobe: watch found %s in the inputs of %s at step %s (made by unrecorded "
-                       "code); the history is in %s", what, entry, self.step, self.directory)
+                       "code); %s", what, entry, self.step, written)
         self._raise(f"msprobe watch: {what} reached the inputs of {entry} (step {self.step}); it was made "
                     f"by code not recorded at level {self._level}. Dump: {self.directory}")
 
@@ -430,14 +436,27 @@ class WatchWriter:
         if self.watch.settings.on_anomaly == "raise" and self.on_raise is not None:
             self.on_raise(WatchAnomaly(message))
 
-    def dump_history(self, found: dict, write_current: bool = True) -> None:
+    def _now_what(self, count: int, write_current: bool) -> str:
+        """What the written history holds of this step (``count`` entries so far)."""
+        if not write_current:
+            return f"step {self.step}, which ended abnormally: {count} entries"
+        return (f"step {self.step}, the anomaly's step: {count} entries so far, the rest added as "
+                "it runs (its files are complete at step())")
+
+    def dump_history(self, found: dict, write_current: bool = True) -> str:
         """Write the history (earlier steps' tail, this step so far) as normal step directories;
         this step's directory stays open and receives the rest of the step. ``found`` describes
         what triggered it (added to this step's ``anomalies.json``). ``write_current``: also write
-        this step's files now (else the runtime writes them). Once per run."""
+        this step's files now (else the runtime writes them). Once per run.
+
+        Returns what was written, for the user's message: each directory (relative to
+        ``dump_path``) with what it holds (an earlier step whole or its tail, this step so far);
+        ``""`` when nothing was written (already triggered, or the step is closed). The earlier
+        steps' directories are complete now and say nothing more (no ``dump.json is at`` line:
+        that line is for a step that ends)."""
         watch = self.watch
         if watch.triggered is not None or self.closed:
-            return
+            return ""
         history = watch.ring.by_step()  # decoded first: a batch that cannot be read triggers nothing
         watch.triggered = dict(found)
         self.extras.anomaly_extra = dict(found) if found.get("kind") else None
@@ -445,17 +464,30 @@ class WatchWriter:
         kept = (f"watch mode keeps only the last {watch.settings.history} entries of the steps before "
                 "an anomaly's step; none of this step's data is among them")
         dropped = watch.ring.step_dropped
+        totals = dict(watch.ring.step_totals)
+        written = []
         for step, directory, lines in history:
             writer = self.make_writer(directory)
             writer.append([journal.stack_frames(sid, watch.stack_frames[sid])
                            for sid in journal.stack_ids(lines) if sid in watch.stack_frames] + lines)
-            if step != self.step:
-                write_step(writer, StepExtras(), kept)
-                writer.close()
+            count = len({name for name in map(journal.subject, lines) if name is not None})
+            if step == self.step and directory == self.directory:
+                self.real = writer
+                written.append((directory, self._now_what(count, write_current)))
                 continue
-            self.real = writer
+            write_step(writer, StepExtras(), kept)
+            writer.close(announce=False)
+            total = totals.get((step, directory))
+            if step == self.step:  # this step's other tree (pynative/ or graph/): only what came so far
+                what = f"step {step}, another tree of it: {count} entries so far, not written further"
+            elif total is None or total == count:
+                what = f"step {step}: all its {count} entries"
+            else:
+                what = f"step {step}: its last {count} of {total} entries"
+            written.append((directory, what))
         if self.real is None:  # nothing of this step in the history yet
             self.real = self.make_writer(self.directory)
+            written.append((self.directory, self._now_what(0, write_current)))
         self.tensor_dir = self.real.tensor_dir
         for message in self._errors:
             self.real.error(message)
@@ -466,6 +498,9 @@ class WatchWriter:
         if write_current:  # the trigger's data is recorded: the step is not empty
             write_step(self.real, self.extras)
         watch.ring.clear()
+        where = os.path.abspath(watch.dump_path)
+        return (f"written now under {where}: "
+                + "; ".join(f"{os.path.relpath(d, where)} ({what})" for d, what in written))
 
 
 def _has_non_finite(value) -> bool:

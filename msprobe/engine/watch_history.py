@@ -50,6 +50,9 @@ class History:
         #: entries seen (the heartbeat's ``records_seen``)
         self.entries_seen = 0
         self._counted: set = set()       # (directory, name) counted in the open step (:meth:`count`)
+        #: (step, directory) -> entries that directory had when its step ended, for the earlier
+        #: steps still kept (so a written step can say whether it is whole or only its tail)
+        self.step_totals: dict = {}
 
     def __len__(self) -> int:
         return self._size
@@ -110,6 +113,9 @@ class History:
     def end_step(self) -> None:
         """The open step's entries become earlier ones: at most ``limit`` of those stay."""
         if self.current:
+            totals = self.step_totals
+            for step, directory, _ in self.current:
+                totals[step, directory] = totals.get((step, directory), 0) + 1
             self._earlier.append(self.current)
             self._size += len(self.current)
             self.current = collections.OrderedDict()
@@ -119,6 +125,8 @@ class History:
             if len(oldest) <= self._size - self.limit:  # the whole step goes
                 earlier.popleft()
                 self._size -= len(oldest)
+                for step, directory, _ in oldest:
+                    self.step_totals.pop((step, directory), None)
             else:
                 oldest.popitem(last=False)
                 self._size -= 1
@@ -129,6 +137,7 @@ class History:
     def clear(self) -> None:
         """Forget every kept line (they were written)."""
         self._earlier.clear()
+        self.step_totals.clear()
         self._size = 0
         self.current = collections.OrderedDict()
         self._step, self._step_bytes = None, 0

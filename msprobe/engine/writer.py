@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from msprobe.engine.messages import announce
+from msprobe.engine.messages import announce as show
 from msprobe.format import journal
 from msprobe.format.journal import JOURNAL, TENSOR_DIR, Replay, atomic_write_json, encode_json, read_journal
 from msprobe.read.report import non_finite
@@ -249,13 +249,15 @@ class StepWriter:
                     pass
         return True
 
-    def close(self) -> None:
+    def close(self, announce: bool = True) -> None:
         """End the step: remove the journal (write the final documents first, :meth:`write`).
-        Idempotent."""
+        Idempotent. ``announce``: show ``dump.json is at <directory>`` (the seed's message); watch
+        mode names the history steps it writes at once in its own message instead."""
         if self.closed:
             return
         with self.lock:
             self.closed = True
             self._journal.close()
             os.remove(self._journal_path)
-        announce(f"{self.data_file} is at {self.directory}")  # the seed's message, once per step
+        if announce:
+            show(f"{self.data_file} is at {self.directory}")  # the seed's message, once per step
