@@ -158,7 +158,7 @@ def _record_text(values: dict, scalar) -> str:
     return f"Max={values['Max']} Min={values['Min']} Mean={values['Mean']} Norm={values['Norm']}"
 
 
-def _print_finding(f, label: str, exact: bool = False) -> None:
+def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False) -> None:
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
                + (f"  [golden: {f.golden_entry}]" if f.golden_entry and f.golden_entry != f.entry else ""))
@@ -193,19 +193,40 @@ def _print_finding(f, label: str, exact: bool = False) -> None:
         click.echo(line)
     for name, stack in (("target", f.target_stack), ("golden", f.golden_stack)):
         if stack:
-            click.echo(f"  {name} stack (innermost first; MindSpore's own frames folded):")
-            for line in _folded_stack(stack, 6):
-                click.echo("    " + line)
+            _print_stack(f"  {name} stack", stack, all_frames, "    ")
+
+
+#: frames outside MindSpore shown per stack (the innermost included) unless ``--all-frames``
+STACK_FRAMES_SHOWN = 6
+
+_all_frames_opt = click.option("--all-frames", is_flag=True,
+                               help="Print every stack frame (default: MindSpore's own frames folded, "
+                                    f"at most {STACK_FRAMES_SHOWN} others).")
+
+
+def _print_stack(title: str, frames: list, all_frames: bool, indent: str) -> None:
+    """Print ``frames`` (stack.json lines, innermost first) under ``title``: every frame with
+    ``all_frames``, else folded by :func:`_folded_stack`. ``show`` and ``first-diff`` use this."""
+    if all_frames:
+        click.echo(f"{title} (innermost first, all {len(frames)} frames):")
+        lines = [frame.replace("\n", "") for frame in frames]
+    else:
+        click.echo(f"{title} (innermost first; MindSpore's own frames folded):")
+        lines = _folded_stack(frames, STACK_FRAMES_SHOWN)
+    for line in lines:
+        click.echo(indent + line)
 
 
 def _folded_stack(frames: list, limit: int) -> list:
     """The innermost frame of ``frames`` (stack.json lines, innermost first), then up to ``limit``
     frames in all outside the ``mindspore`` package, each run of MindSpore frames between them
-    shown as one line."""
+    shown as one line; a last line counts the frames left out (``--all-frames`` shows them)."""
     out, folded, shown = [], 0, 0
     for k, frame in enumerate(frames):
         if shown == limit:
-            break
+            out.append(f"... {len(frames) - k} more frame{'s' if len(frames) - k > 1 else ''} "
+                       "(--all-frames shows every frame)")
+            return out
         if k and f"{os.sep}mindspore{os.sep}" in frame.split(",", 1)[0]:
             folded += 1
             continue
@@ -214,6 +235,8 @@ def _folded_stack(frames: list, limit: int) -> list:
             folded = 0
         out.append(frame.replace("\n", ""))
         shown += 1
+    if folded:
+        out.append(f"... {folded} MindSpore frame{'s' if folded > 1 else ''}")
     return out
 
 
@@ -225,8 +248,9 @@ def _folded_stack(frames: list, limit: int) -> list:
 @_step_opt
 @_rank_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@_all_frames_opt
 @_bad_input
-def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ignore, as_json):
+def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ignore, as_json, all_frames):
     """Name the first entry where TARGET diverges from GOLDEN, per step and rank.
 
     In execution order, forward then backward: the first entry whose inputs agree (within the
@@ -256,12 +280,12 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
         for f in diverged:
             _print_finding(f, {"divergence": "first divergence", "input": "first difference",
                                "precision": "first difference of precision",
-                               "unmatched": "first unmatched entry"}[f.kind], exact)
+                               "unmatched": "first unmatched entry"}[f.kind], exact, all_frames)
         for side, found in nans.items():
             if not found:
                 click.echo(f"{side}: no NaN/Inf producer")
             for f in found[:1]:
-                _print_finding(f, f"{side}: first NaN/Inf producer")
+                _print_finding(f, f"{side}: first NaN/Inf producer", all_frames=all_frames)
             if len(found) > 1:
                 click.echo(f"  ({side}: NaN/Inf producers in {len(found)} step/rank directories; "
                            f"--json lists all)")
@@ -275,8 +299,9 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
 @click.argument("entry")
 @_step_opt
 @_rank_opt
+@_all_frames_opt
 @_bad_input
-def show(dump, entry, step, rank):
+def show(dump, entry, step, rank, all_frames):
     """Show one ENTRY of DUMP: its records, stack and Cell path (first matching step/rank)."""
     from msprobe.compare.divergence import cell_path
     from msprobe.format.naming import forward_of
@@ -310,9 +335,10 @@ def show(dump, entry, step, rank):
             extra = "".join(f" {k}={v}" for k, v in (("md5", rec.md5), ("data_name", rec.data_name)) if v)
             click.echo(f"  {rec.key:<24} {desc}{extra}")
         frames = load_stacks(item.path).get(forward_of(entry) or entry, [])
-        click.echo("stack (innermost first):" if frames else "stack: none recorded")
-        for frame in frames:
-            click.echo("  " + frame.replace("\n", ""))
+        if frames:
+            _print_stack("stack", frames, all_frames, "  ")
+        else:
+            click.echo("stack: none recorded")
         return
     close = _close_names(entry, names)
     click.echo(f"msprobe: error: entry {entry!r} not found in {dump}"

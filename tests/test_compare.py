@@ -501,3 +501,35 @@ def test_show_suggests_close_entry_names(dumps):
     assert "entries searched, none with a close name" in proc.stderr
     proc = cli("show", dumps["factor"], "Functional.relu.0.forward", "--step", "99", check_code=2)
     assert "no step/rank directory" in proc.stderr and "--step 99; present: step 0" in proc.stderr, proc.stderr
+
+
+def test_show_and_first_diff_fold_a_stack_by_one_rule(dumps):
+    """``show`` and ``first-diff`` print the same entry's stack the same way: MindSpore's own frames
+    folded into counted lines; with ``--all-frames`` both print every frame of ``stack.json``."""
+    from msprobe.dump import iter_step_dirs, load_stacks
+
+    def stack_lines(out, title):
+        lines = out.split(title, 1)[1].splitlines()
+        body = []
+        for line in lines[1:]:
+            if not line.startswith("  ") or line.strip().startswith(("golden stack", "target stack")):
+                break
+            body.append(line.strip())
+        return lines[0], body
+
+    entry = "Mint.mul.0.forward"
+    diff = cli("first-diff", dumps["factor"], dumps["base"], check_code=1).stdout
+    shown = cli("show", dumps["factor"], entry, check_code=0).stdout
+    head_diff, folded_diff = stack_lines(diff, "target stack")
+    head_show, folded_show = stack_lines(shown, "\nstack")
+    assert folded_diff == folded_show and head_diff == head_show
+    assert any(re.fullmatch(r"\.\.\. \d+ MindSpore frames?", line) for line in folded_show)
+    ((_, directory),) = [(s, p) for s, _, p in iter_step_dirs(dumps["factor"])]
+    frames = [f.replace("\n", "").strip() for f in load_stacks(directory)[entry]]
+    assert sum(int(line.split()[1]) for line in folded_show if line.startswith("... ")) \
+        + sum(1 for line in folded_show if not line.startswith("... ")) == len(frames)
+    _, every_diff = stack_lines(cli("first-diff", dumps["factor"], dumps["base"], "--all-frames",
+                                    check_code=1).stdout, "target stack")
+    head_all, every_show = stack_lines(cli("show", dumps["factor"], entry, "--all-frames",
+                                           check_code=0).stdout, "\nstack")
+    assert every_diff == every_show == frames and f"all {len(frames)} frames" in head_all
