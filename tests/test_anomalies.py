@@ -81,7 +81,10 @@ def test_first_nan_producer_is_the_cell_that_made_it(make_debugger, dump_dir, le
     debugger.step()
     d, dump = load_step(dump_dir)
     report = read_report(d, "anomalies.json")
-    assert report["first_non_finite"] == "Cell.b.LogShift.forward.0" and report["step"] == 0
+    # first_non_finite follows the order values were made: at mix the log inside the Cell returns
+    # (NaN) before the Cell does, so both fields name it
+    first_made = "Functional.log.0.forward" if level == "mix" else "Cell.b.LogShift.forward.0"
+    assert report["first_non_finite"] == first_made and report["step"] == 0
     if level == "mix":   # the Cell and the API inside it that made the NaN: the API is named
         assert report["producers"] == ["Cell.b.LogShift.forward.0", "Functional.log.0.forward"]
         assert report["first_producer"] == "Functional.log.0.forward"
@@ -139,3 +142,35 @@ def test_gradients_of_a_call_fed_nan_are_not_producers(make_debugger, dump_dir):
     report = read_report(d, "anomalies.json")
     assert report["first_non_finite"] == "Cell.c.Dense.forward.0" and report["first_producer"] is None
     assert nan_producer(dump_dir) == []                                     # ... but not produced there
+
+
+class Outer(nn.Cell):
+    """``Outer(Inner(log(x - 100)))`` then a Cell fed the NaN: three levels of nesting at mix."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.SequentialCell(nn.Dense(8, 8), LogShift())
+        self.after = nn.Dense(8, 8)
+
+    def construct(self, x):
+        return self.after(self.inner(x))
+
+
+def test_first_non_finite_is_the_first_value_made_at_mix(make_debugger, dump_dir):
+    """At mix the first non-finite value made is the API's output, before the two Cells around it
+    return theirs (they come first in dump.json, recorded when they start); ``msprobe.dump.summarize``
+    names the same entry. At L1 there are no Cells and the order is plain execution order."""
+    ms.set_seed(0)
+    net = Outer()
+    debugger = make_debugger(task="statistics", level="mix")
+    debugger.start(net)
+    net(Tensor(np.ones((2, 8), np.float32)))
+    debugger.stop()
+    debugger.step()
+    d, dump = load_step(dump_dir)
+    names = list(dump.data)
+    assert names.index("Cell.inner.SequentialCell.forward.0") < names.index("Functional.log.0.forward")
+    report = read_report(d, "anomalies.json")
+    assert report["first_non_finite"] == report["first_producer"] == "Functional.log.0.forward"
+    assert "first entry with a non-finite value: step0/" in msprobe.dump.summarize(dump_dir)
+    assert f"{os.path.basename(d)}: Functional.log.0.forward\n" in msprobe.dump.summarize(dump_dir)

@@ -69,23 +69,51 @@ def find_anomalies(data: dict, construct: dict | None = None) -> dict | None:
     ``construct`` (``construct.json``: entry -> parent Cell entry) makes ``first_producer`` the
     innermost one: a Cell whose output turned NaN is a producer, and so is the API inside it that
     made the NaN (mix level); the first producer with no other producer inside it is named.
+
+    ``first_non_finite`` is the first entry holding a NaN/Inf in the order the values were made
+    (:func:`_made_order`): an entry's inputs when it starts, its output when it returns, after the
+    calls inside it; so the API that made a NaN comes before the enclosing Cell's output.
     """
-    producers, first_bad, fed_bad = [], None, {}
+    producers, bad, fed_bad = [], [], {}
     for name, body in data.items():
         if not isinstance(body, dict):
-            if first_bad is None and _any_non_finite(body):
-                first_bad = name
+            if _any_non_finite(body):
+                bad.append((name, True))
             continue
         out_bad = _any_non_finite(body.get("output"))
         in_bad = fed_bad[name] = any(_any_non_finite(v) for k, v in body.items() if k != "output")
-        if first_bad is None and (out_bad or in_bad):
-            first_bad = name
+        if out_bad or in_bad:
+            bad.append((name, in_bad))
         if out_bad and not in_bad and not any(fed_bad.get(n) for n in naming.upstream_names(name)):
             producers.append(name)
-    if first_bad is None:
+    if not bad:
         return None
+    made = _made_order(data, construct or {})
+    first_bad = min(bad, key=lambda item: made(*item))[0]
     return {"first_producer": _innermost_first(producers, construct or {}), "producers": producers,
             "first_non_finite": first_bad}
+
+
+def _made_order(data: dict, construct: dict):
+    """``key(name, at_start)``: when an entry's values were made, for sorting. An entry is recorded
+    (takes its place in ``data``) when it starts; its inputs are made then (``at_start``), its
+    output when it returns, after every entry ``construct`` places inside it."""
+    position = {name: i for i, name in enumerate(data)}
+    ends = dict(position)  # entry -> position of the last entry inside it (itself when none)
+    for name, i in position.items():
+        parent, seen = construct.get(name), set()
+        while parent is not None and parent not in seen:  # a cycle in a damaged file ends the walk
+            seen.add(parent)
+            if parent in ends and ends[parent] < i:
+                ends[parent] = i
+            parent = construct.get(parent)
+
+    def key(name: str, at_start: bool) -> tuple:
+        if at_start:
+            return position[name], 0, 0
+        # returns after the last entry inside it; of entries ending there, the inner one first
+        return ends[name], 1, ends[name] - position[name]
+    return key
 
 
 def ancestors(names, construct: dict) -> set:
