@@ -661,3 +661,47 @@ def test_the_trigger_message_says_what_was_written(tmp_path, capsys, caplog):
     for step, count in ((1, 3), (2, per_step)):  # what the message says is what is on disk
         (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
         assert len(msprobe.dump.load(d).data) == count
+
+
+class _JitThenPoison(nn.Cell):
+    """``post(poison(block(pre(x))))`` with ``block`` a ``mindspore.jit`` Cell (graph/ tree)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Dense(4, 4)
+        self.block = _JitBlock()
+        self.poison = Poison()
+        self.post = nn.Dense(4, 1)
+
+    def construct(self, x):
+        return self.post(self.poison(self.block(self.pre(x)) + 1.0)).sum()
+
+
+def test_the_anomaly_step_is_written_in_both_trees(tmp_path):
+    """With a ``jit`` Cell the anomaly's step has a ``pynative/`` and a ``graph/`` directory; both
+    are written, each as a plain dump of the same run writes it."""
+    trees = {}
+    for watch in ({}, None):
+        debugger, dump_path = _debugger(tmp_path, "L0", watch, name="watch" if watch is not None else "plain")
+        ms.set_seed(0)
+        net = _JitThenPoison()
+        fn = ms.value_and_grad(net, None, net.trainable_params())
+        x = Tensor(np.ones((2, 4), np.float32))
+        try:
+            for step in range(4):
+                net.poison.shift = 100.0 if step == 2 else 0.0
+                debugger.start(net)
+                fn(x)
+                debugger.stop()
+                debugger.step()
+        finally:
+            debugger.service.close()
+        trees[watch is not None] = {
+            tree: msprobe.dump.load(glob.glob(os.path.join(dump_path, tree, "step2", "*"))[0])
+            for tree in ("pynative", "graph")}
+    _, found = _anomaly(os.path.join(str(tmp_path), "watch", "pynative"), 2)
+    assert found["producer"] == "Cell.poison.Poison.forward.0"
+    for tree in ("pynative", "graph"):
+        watched, plain = trees[True][tree], trees[False][tree]
+        assert watched.complete and list(watched.data) == list(plain.data), tree
+        assert watched.data, tree

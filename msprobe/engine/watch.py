@@ -127,6 +127,8 @@ class Watch:
         self.rooms: set = set()        # step directories made room for (an earlier run's moved aside)
         self.steps = 0                 # steps watched (the heartbeat's ``steps_watched``)
         self._last_watched = None      # the step counted last: its other trees' writers add nothing
+        #: directory -> the open step's writer of that directory (one per tree: pynative/, graph/)
+        self.open_writers: dict = {}
         self._heartbeat_dir = False    # dump_path exists (made once)
         #: (entry, output leaf ordinal) -> [sum of Norms, count] over earlier records (norm_jump)
         self.norms: dict = {}
@@ -242,6 +244,7 @@ class WatchWriter:
         self._errors: list = []
         #: (entry, kind): the first entry whose *input* held an anomaly, in this step
         self._first_bad_input = None
+        watch.open_writers[directory] = self
 
     # ------------------------------------------------------------------ StepWriter interface
     def append(self, records: list) -> None:
@@ -252,8 +255,12 @@ class WatchWriter:
             self.real.append(records)
             return
         watch = self.watch
-        if watch.triggered is not None:  # once per run: what is kept now is never written
-            watch.ring.count(self.step, self.directory, records)
+        if watch.triggered is not None:
+            if watch.triggered.get("step") == self.step:  # another tree of the anomaly's step
+                self._open_real()
+                self.real.append(records)
+                return
+            watch.ring.count(self.step, self.directory, records)  # once per run: never written
             return
         text, resolved, non_finite = encode_batch(records)
         found = None
@@ -338,7 +345,19 @@ class WatchWriter:
     def relocate(self, directory: str) -> None:
         if self.real is not None:
             self.real.relocate(directory)
+        if self.watch.open_writers.get(self.directory) is self:
+            del self.watch.open_writers[self.directory]
+            self.watch.open_writers[directory] = self
         self.directory = directory
+
+    def _open_real(self, writer: StepWriter | None = None) -> None:
+        """From now on this step's records go to ``writer`` (default: a new one for the directory)."""
+        if self.real is None:
+            self.real = writer if writer is not None else self.make_writer(self.directory)
+            self.tensor_dir = self.real.tensor_dir
+            for message in self._errors:
+                self.real.error(message)
+            self._errors = []
 
     def abandon(self, message: str) -> None:
         self.closed = True
@@ -355,6 +374,8 @@ class WatchWriter:
         if self.closed:
             return
         self.closed = True
+        if self.watch.open_writers.get(self.directory) is self:
+            del self.watch.open_writers[self.directory]
         if self.real is not None:
             self.real.close()
         else:
@@ -475,11 +496,17 @@ class WatchWriter:
                 self.real = writer
                 written.append((directory, self._now_what(count, write_current)))
                 continue
+            sibling = watch.open_writers.get(directory) if step == self.step else None
+            if sibling is not None and sibling.step == step and not sibling.closed:
+                sibling._open_real(writer)  # this step's other tree (pynative/ or graph/) goes on too
+                written.append((directory, f"step {step}, another tree of it: {count} entries so far, "
+                                           "the rest added as it runs"))
+                continue
             write_step(writer, StepExtras(), kept)
             writer.close(announce=False)
             total = totals.get((step, directory))
-            if step == self.step:  # this step's other tree (pynative/ or graph/): only what came so far
-                what = f"step {step}, another tree of it: {count} entries so far, not written further"
+            if step == self.step:  # no writer of that tree is open any more: only what came so far
+                what = f"step {step}, another tree of it: {count} entries"
             elif total is None or total == count:
                 what = f"step {step}: all its {count} entries"
             else:
