@@ -705,3 +705,30 @@ def test_the_anomaly_step_is_written_in_both_trees(tmp_path):
         watched, plain = trees[True][tree], trees[False][tree]
         assert watched.complete and list(watched.data) == list(plain.data), tree
         assert watched.data, tree
+
+
+def test_an_abnormal_end_says_what_it_wrote(tmp_path, caplog, capsys):
+    """An exception that ends a watched step writes the history; one WARNING names each directory
+    with what it holds, and only the ended step prints ``dump.json is at``."""
+    debugger, dump_path = _debugger(tmp_path, "L1", {})
+    ms.set_seed(0)
+    net = Net()
+    _train(net, debugger, 2)
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        debugger.start(net)
+        net(Tensor(np.ones((2, 4), np.float32)))
+        try:
+            raise KeyError("data loader failed")
+        except KeyError:
+            debugger.step()
+    debugger.service.close()
+    (message,) = [r.getMessage() for r in caplog.records if "ended abnormally" in r.getMessage()]
+    dirs = {step: glob.glob(os.path.join(dump_path, f"step{step}", "*"))[0] for step in range(3)}
+    who = os.path.basename(dirs[2])
+    for step in (0, 1):
+        count = len(msprobe.dump.load(dirs[step]).data)
+        assert f"step{step}/{who} (step {step}: all its {count} entries)" in message
+    assert f"step2/{who} (step 2, which ended abnormally: " in message
+    printed = [line for line in capsys.readouterr().out.splitlines() if "dump.json is at" in line]
+    assert printed == [f"dump.json is at {dirs[2]}"]
