@@ -620,6 +620,7 @@ def test_heartbeat_counts_each_step_once_with_a_graph_subtree(tmp_path):
             fn(x)
             debugger.stop()
             debugger.step()
+        assert debugger.service.runtime.watch.open_writers == {}  # ended steps' writers are let go
     finally:
         debugger.service.close()
     beats = glob.glob(os.path.join(dump_path, "**", "watch_heartbeat.*"), recursive=True)

@@ -346,7 +346,7 @@ class WatchWriter:
         if self.real is not None:
             self.real.relocate(directory)
         if self.watch.open_writers.get(self.directory) is self:
-            del self.watch.open_writers[self.directory]
+            self._unregister()
             self.watch.open_writers[directory] = self
         self.directory = directory
 
@@ -359,23 +359,32 @@ class WatchWriter:
                 self.real.error(message)
             self._errors = []
 
+    def _unregister(self) -> None:
+        """This writer is done: the watch forgets it (it holds only the open steps' writers)."""
+        if self.watch.open_writers.get(self.directory) is self:
+            del self.watch.open_writers[self.directory]
+
     def abandon(self, message: str) -> None:
         self.closed = True
+        self._unregister()
         if self.real is not None:
             self.real.abandon(message)
 
     def discard_if_empty(self) -> bool:
         if self.real is not None:
-            return self.real.discard_if_empty()
+            discarded = self.real.discard_if_empty()
+            if discarded:
+                self._unregister()
+            return discarded
         self.closed = True
+        self._unregister()
         return True
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        if self.watch.open_writers.get(self.directory) is self:
-            del self.watch.open_writers[self.directory]
+        self._unregister()
         if self.real is not None:
             self.real.close()
         else:
