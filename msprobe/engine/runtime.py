@@ -913,7 +913,7 @@ class Runtime:
         snapshot, key_line, edge_line, stack_ref = self.snapshot, journal.key_line, journal.construct_edge, \
             journal.stack_ref
         lines, slots, asked, sid = [], [], 0, None
-        for i, record in enumerate(records):
+        for record in records:
             size = len(record)
             if size == 3:
                 entry, key, value = record
@@ -925,11 +925,11 @@ class Runtime:
                         if ext is None:
                             raise LookupError("no compiled extension")
                         lines.append(key_line(entry, key, ext.describe(value, snapshot, slots, describe_other)))
-                    except Exception:
+                    except Exception:  # the lines so far, then this record the general way
                         self._queue_lines(writer, lines, slots, asked, sid)
+                        lines, slots, asked, sid = [], [], 0, None
                         self.record(entry, key, value, "")
-                        self.queue_graph_records(records[i + 1:])
-                        return
+                        continue
                 asked += 1
             elif not extra_info:
                 continue
