@@ -1,9 +1,10 @@
 """The compiled GRAPH_MODE probes (``ops.Custom`` aot kernels of ``msprobe/capture/cells/_graph_probe.c``)
 write the files the pyfunc probes write, byte for byte (the run id aside), with the same losses; a 0-d
-tensor keeps its dtype (a pyfunc receives a Python number for it).
+tensor keeps its dtype (a pyfunc receives a Python number for it); the records of the probes' reports
+queued at once are the ones made one by one.
 
 Every run is a subprocess (``set_context(mode=...)`` is process-global): ``tests/scripts/graph_worker.py``
-with and without ``--python-probes``."""
+with and without ``--python-probes``, and with ``--direct-records``."""
 from __future__ import annotations
 
 import glob
@@ -28,6 +29,8 @@ CONFIGS = {
     "tensor": ["--task", "tensor"],
     "async_unread": ["--driver", "unread", "--async"],
 }
+#: configs also run with the probes' records made one by one (``--direct-records``)
+DIRECT = ("statistics", "async_unread")
 
 
 def _run(dump: str, extra: list) -> list:
@@ -56,11 +59,12 @@ def _files(dump: str) -> dict:
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("graph_probes")
     jobs = [(name, probes) for name in CONFIGS for probes in ("compiled", "python")]
+    jobs += [(name, "direct") for name in DIRECT]
 
     def run(job):
         name, probes = job
         dump = str(base / f"{name}_{probes}")
-        extra = CONFIGS[name] + (["--python-probes"] if probes == "python" else [])
+        extra = CONFIGS[name] + {"python": ["--python-probes"], "direct": ["--direct-records"]}.get(probes, [])
         return job, (_run(dump, extra), _files(dump))
 
     with ThreadPoolExecutor(2) as pool:
@@ -76,6 +80,17 @@ def test_compiled_probes_write_the_files_of_the_pyfunc_probes(runs, name):
         assert sum(n.endswith(".npy") for n in files) > 50
     for file in sorted(py_files):
         assert files.get(file) == py_files[file], file
+
+
+@pytest.mark.parametrize("name", DIRECT)
+def test_records_queued_at_once_write_the_files_of_records_made_one_by_one(runs, name):
+    """The records of a drain of the probes' reports queued together (one lock, one batch-size
+    check) are the records the runtime's record methods make one by one: same files, byte for byte."""
+    (losses, files), (direct_losses, direct_files) = runs[(name, "compiled")], runs[(name, "direct")]
+    assert losses == direct_losses
+    assert any(n.endswith("construct.json") for n in files) and sorted(files) == sorted(direct_files)
+    for file in sorted(direct_files):
+        assert files[file] == direct_files[file], file
 
 
 MIXED_SCRIPT = r"""

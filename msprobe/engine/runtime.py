@@ -885,6 +885,80 @@ class Runtime:
             self.flush(wait=False)
         return True
 
+    def takes_plain_records(self) -> bool:
+        """Whether every entry is selected without keeping state and no value names a ``.npy``
+        file (statistics, no ``scope``, no ``list``, no ``tensor_list``, no watch mode saving
+        tensors): then the records of a compiled graph's probes may be queued at once
+        (:meth:`queue_graph_records`). ``data_mode`` may leave keys out."""
+        return (self.records_data and not self.save_tensors and not self.config.tensor_list
+                and not self._watch_names and not self.selector.scope and not self.selector.items)
+
+    def queue_graph_records(self, records: list) -> None:
+        """The records a compiled graph's probes reported, in order, added to the batch under one
+        lock and one batch-size check (call when :meth:`takes_plain_records`): the journal lines
+        :meth:`record_parent`, :meth:`record_stack` (``compiled=True``) and :meth:`record` would
+        queue one by one, in the same order. ``records``: tuples
+
+        * ``(name, parent)``: a ``construct.json`` edge (``extra_info``);
+        * ``(entry,)``: ``entry`` ran inside a compiled graph, so its stack has no frames (``extra_info``);
+        * ``(entry, key, value)``: ``data[entry][key] = describe(value)``.
+
+        A value that cannot be described this way (the tool's failure) and a run without the compiled
+        extension go through :meth:`record`, which decides the case; the records before it are queued
+        first, the ones after it then."""
+        ext = hotpath.ext
+        if self.failed or self.forked():
+            return
+        extra_info, writer = self.config.extra_info, self.writer
+        snapshot, key_line, edge_line, stack_ref = self.snapshot, journal.key_line, journal.construct_edge, \
+            journal.stack_ref
+        lines, slots, asked, sid = [], [], 0, None
+        for record in records:
+            size = len(record)
+            if size == 3:
+                entry, key, value = record
+                kind = type(value)
+                if (kind is dict or kind is tuple or kind is list) and not value:
+                    lines.append(key_line(entry, key, {} if kind is dict else []))
+                else:
+                    try:
+                        if ext is None:
+                            raise LookupError("no compiled extension")
+                        lines.append(key_line(entry, key, ext.describe(value, snapshot, slots, describe_other)))
+                    except Exception:  # the lines so far, then this record the general way
+                        self._queue_lines(writer, lines, slots, asked, sid)
+                        lines, slots, asked, sid = [], [], 0, None
+                        self.record(entry, key, value, "")
+                        continue
+                asked += 1
+            elif not extra_info:
+                continue
+            elif size == 2:
+                lines.append(edge_line(record[0], record[1]))
+            else:
+                if sid is None:
+                    with self._lock:
+                        sid = (self.stacks.empty(), len(lines))
+                lines.append(stack_ref(record[0], sid[0]))
+        self._queue_lines(writer, lines, slots, asked, sid)
+
+    def _queue_lines(self, writer, lines: list, slots: list, asked: int, stack) -> None:
+        """Add ``lines`` (described values, ``slots`` their tensors, ``asked`` values handed to the
+        runtime) to the batch; ``stack``: ``(sid, i)``, the first line referring to stack ``sid``
+        is ``lines[i]`` (its frames line goes before it the first time the step uses it), or None."""
+        if not lines:
+            return
+        with self._lock:
+            if stack is not None and stack[0] not in self._emitted_stacks:
+                sid, at = stack
+                self._emitted_stacks.add(sid)
+                lines.insert(at, journal.stack_frames(sid, self.stacks.rendered[sid]))
+            self._pending.extend([(writer, line) for line in lines])
+            full = self._added_to_batch(slots)
+        self._asked += asked
+        if full:
+            self.flush(wait=False)
+
     @contextlib.contextmanager
     def bulk(self):
         """``with runtime.bulk():`` — many records made at once on this thread (what the probes of a

@@ -7,7 +7,8 @@ MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optim
 (``Model.train`` + ``MsprobeStep``), ``jit`` (PyNative network whose ``features`` Cell has a
 ``mindspore.jit`` construct), ``unread`` (the loop, reading the loss only after ``stop()`` and
 ``step()``). ``--async``: MindSpore's default asynchronous launch. ``--python-probes``: pyfunc graph probes
-even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``).
+even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``); ``--direct-records``: the
+probes' records made one by one through the runtime (``GraphCellCapture.batched``).
 """
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ def main():
     ap.add_argument("--async", dest="async_launch", action="store_true",
                     help="MindSpore's default asynchronous launch instead of launch_blocking()")
     ap.add_argument("--python-probes", action="store_true", help="pyfunc graph probes, not the compiled ones")
+    ap.add_argument("--direct-records", action="store_true",
+                    help="the graph probes' records through the runtime's record methods one by one")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--resume", type=int, default=0,
                     help="model driver: resume at this step number (MsprobeInitStep)")
@@ -80,6 +83,9 @@ def main():
     batches = load_digits_dataset(batch_size=32)[:args.steps]
 
     debugger = None
+    if args.direct_records:
+        from msprobe.capture.cells.graph_cell import GraphCellCapture
+        GraphCellCapture.batched = False
     if args.python_probes:
         from msprobe.capture.cells import graph_probes
         graph_probes._graph_probe = None

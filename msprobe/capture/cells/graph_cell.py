@@ -62,6 +62,7 @@ backward, one per optimizer call).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import inspect
 import logging
@@ -114,6 +115,30 @@ def graph_cells(models, inside=None):
 _OUTPUT_GRADS, _HOOKED_GRADS = -4, -5
 
 
+class _Direct:
+    """Where :class:`GraphCellCapture` puts the records of the reports: the runtime's record methods,
+    one by one (they decide selection-dependent file names, the user's failed values, ...)."""
+
+    def __init__(self, rt):
+        self.edge = rt.record_parent
+        self.data = rt.record
+        self.param_grad = rt.record_param_grad
+        self.stack = functools.partial(rt.record_stack, compiled=True)
+
+
+class _Batch:
+    """The records of the reports in a list, for :meth:`msprobe.engine.runtime.Runtime.queue_graph_records`
+    (the same lines as :class:`_Direct` makes, queued at once)."""
+
+    def __init__(self):
+        self.records: list = []
+        append = self.records.append
+        self.edge = lambda name, parent: append((name, parent))
+        self.stack = lambda entry: append((entry,))
+        self.data = lambda entry, key, value, category: append((entry, key, value))
+        self.param_grad = lambda entry, pname, grad: append((entry, pname, [grad]))
+
+
 class GraphCellCapture:
     """Installs the probes and turns their reports into records.
 
@@ -129,6 +154,11 @@ class GraphCellCapture:
         tree: the tree of ``dump_path`` the records go to (``"graph"``), or ``None``: the main one.
     """
 
+    #: the records of one :meth:`drain` are queued at once when the config selects every entry
+    #: and names no file (:meth:`msprobe.engine.runtime.Runtime.takes_plain_records`); False: one by
+    #: one through the runtime's record methods, always (the same files: ``tests/test_graph_probes.py``)
+    batched = True
+
     def __init__(self, rt, tree: str | None = None):
         self.rt = rt
         self.tree = tree
@@ -140,6 +170,7 @@ class GraphCellCapture:
         self.collecting = False
         self.step = None  # the step number whose calls are tracked (None: none since end_step())
         self.param_values: dict = {}  # id(cell) -> {name: host Tensor}, taken at begin of step
+        self._own_parameters = None  # [(id(cell), [(short name, Parameter)])] of the probed Cells
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
         self._observers = ()  # graph_probes.make_observers, shared by every probed Cell and optimizer
         self._probed: list = []  # (prefix, cell) of each probed Cell, indexed by its code
@@ -158,7 +189,12 @@ class GraphCellCapture:
         """
         if not self.fwd_out:
             return
-        self.param_values = {id(cell): _own_parameter_values(cell, synced) for _, cell in cells}
+        owned = self._own_parameters
+        if owned is None:  # read once: a Cell's parameters are part of its compiled graph
+            owned = self._own_parameters = [(id(cell), [(name.rsplit(".", 1)[-1], p) for name, p in
+                                                        cell.parameters_and_names(expand=False)])
+                                            for _, cell in cells]
+        self.param_values = {key: _own_parameter_values(params, synced) for key, params in owned}
 
     def _reset(self) -> None:
         self.stack: list = []  # open forward calls, outermost first (construct.json parents)
@@ -248,39 +284,42 @@ class GraphCellCapture:
                 return
             scope.enter_context(rt.bulk())
             scope.enter_context(rt.tool_code())
+            sink = _Batch() if rt.takes_plain_records() and self.batched else _Direct(rt)
             for kind, code, *arrays in reports:
                 if kind >= 0:  # a whole call
                     prefix, cell = cells[code]
-                    self._enter(prefix, arrays[0])
-                    self._exit(prefix, cell, arrays[1])
+                    self._enter(sink, prefix, arrays[0])
+                    self._exit(sink, prefix, cell, arrays[1])
                 elif kind == graph_probes.ENTER:
-                    self._enter(cells[code][0], arrays[0])
+                    self._enter(sink, cells[code][0], arrays[0])
                 elif kind == graph_probes.EXIT:
-                    self._exit(*cells[code], arrays[0])
+                    self._exit(sink, *cells[code], arrays[0])
                 elif kind == _OUTPUT_GRADS:
-                    self._output_grads(cells[code][0], arrays[0])
+                    self._output_grads(sink, cells[code][0], arrays[0])
                 elif kind == graph_probes.GRADIENTS:
-                    self._param_grads(chunks[code], arrays[0])
+                    self._param_grads(sink, chunks[code], arrays[0])
                 else:  # _HOOKED_GRADS: code is the owners list
-                    self._param_grads(code, arrays[0])
+                    self._param_grads(sink, code, arrays[0])
+            if isinstance(sink, _Batch):
+                rt.queue_graph_records(sink.records)
 
-    def _enter(self, prefix: str, arrays) -> None:
+    def _enter(self, sink, prefix: str, arrays) -> None:
         rt = self.rt
         self.entered.add(prefix)
         k = rt.next_count(f"{prefix}.forward")
         fwd = naming.cell_entry(prefix, naming.FORWARD, k)
         parent = self.stack[-1] if self.stack else None
-        rt.record_parent(fwd, parent)
-        rt.record_stack(fwd, compiled=True)  # probes run on MindSpore's executor thread
+        sink.edge(fwd, parent)
+        sink.stack(fwd)  # probes run on MindSpore's executor thread: no Python frames
         selected = rt.selector.selects(fwd)
         rt.selector.enter_cell(fwd)
         if selected and self.fwd_in:
-            rt.record(fwd, "input_args", [Tensor.from_numpy(a) for a in arrays], "input")
-            rt.record(fwd, "input_kwargs", {}, "kwargs")
+            sink.data(fwd, "input_args", [Tensor.from_numpy(a) for a in arrays], "input")
+            sink.data(fwd, "input_kwargs", {}, "kwargs")
         self.stack.append(fwd)
         self.open[prefix].append((fwd, selected, parent))
 
-    def _exit(self, prefix: str, cell, arrays) -> None:
+    def _exit(self, sink, prefix: str, cell, arrays) -> None:
         frames = self.open[prefix]
         if not frames:  # no call open: the forward MindSpore recomputes in the backward for
             return      # Cell.recompute() re-runs the output probe (not the input probe): no call
@@ -290,29 +329,28 @@ class GraphCellCapture:
         rt = self.rt
         rt.selector.exit_cell(fwd)
         if selected and self.fwd_out:
-            rt.record(fwd, "output", self._output_record(prefix, arrays), "output")
-            rt.record(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
+            sink.data(fwd, "output", self._output_record(prefix, arrays), "output")
+            sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
         if self.bwd_in or self.bwd_out:
             bwd = naming.backward_of(fwd)
             if rt.selector.selects(bwd):
                 rt.selector.note_backward(prefix)
                 self.done[prefix].append((bwd, naming.backward_of(parent) if parent else None))
 
-    def _output_grads(self, prefix: str, arrays) -> None:
+    def _output_grads(self, sink, prefix: str, arrays) -> None:
         """bprop of the output probe: gradients w.r.t. the Cell's outputs (backward ``input``)."""
         pending = self.done.get(prefix)
         if not pending:
             return
         bwd, bparent = pending.pop()
-        rt = self.rt
-        rt.record_parent(bwd, bparent)
+        sink.edge(bwd, bparent)
         if self.bwd_in:
             # gradients of floating-point tensors only (as the PyNative probes: others give null);
             # numpy knows MindSpore's bfloat16 as a kind "V" type
-            rt.record(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+            sink.data(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" or a.dtype.name == "bfloat16"
                                      else None for a in arrays], "input")
 
-    def _param_grads(self, owners: list, grads) -> None:
+    def _param_grads(self, sink, owners: list, grads) -> None:
         """Gradients entering an optimizer (or reaching a Parameter's hook): ``owners[i]`` =
         (prefix, short name, first-of-Cell) or None."""
         rt = self.rt
@@ -324,8 +362,7 @@ class GraphCellCapture:
             g = rt.next_count(key) if first else max(rt.counters[key] - 1, 0)
             entry = naming.param_grad_entry(prefix, g)
             if rt.selector.selects_param_grad(prefix, entry):
-                rt.record_param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray)
-                                     else grad)
+                sink.param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray) else grad)
 
     # ------------------------------------------------------------------ installation
     def install(self, cells, models, graph_mode: bool = True) -> Handle:
@@ -531,16 +568,16 @@ def _parameter_owners(cells) -> dict:
     return owners
 
 
-def _own_parameter_values(cell, synced: bool) -> dict:
-    """The Cell's own parameters, copied to host now; ``synced``: every operation launched so far
-    has run, so the memory holds the final values and is read directly
-    (:func:`msprobe.tensors.stats.host_copy`; ``asnumpy()`` costs ~0.2 ms per Parameter here)."""
+def _own_parameter_values(params: list, synced: bool) -> dict:
+    """A Cell's own parameters (``params``: ``[(short name, Parameter)]``), copied to host now;
+    ``synced``: every operation launched so far has run, so the memory holds the final values and
+    is read directly (:func:`msprobe.tensors.stats.host_copy`; ``asnumpy()`` costs ~0.2 ms per
+    Parameter here)."""
     values = {}
-    for name, p in cell.parameters_and_names(expand=False):
+    for name, p in params:
         try:
             copy = stats.host_copy(p) if synced else None
-            values[name.rsplit(".", 1)[-1]] = Tensor.from_numpy(copy) if copy is not None \
-                else _host_tensor(p.asnumpy())
+            values[name] = Tensor.from_numpy(copy) if copy is not None else _host_tensor(p.asnumpy())
         except Exception:  # a parameter that cannot be read here is left out
             continue
     return values
@@ -620,6 +657,7 @@ class GraphDump:
         self._capture = None
         self._handle = None
         self._cells: list = []
+        self._on_cpu = None  # the device target is CPU (read at the first begin_step)
 
     def wait(self) -> None:
         """Wait until the compiled graphs launched so far have run, then record what their probes
@@ -655,8 +693,9 @@ class GraphDump:
         self._capture.begin_step(self.rt.step)
         import mindspore as ms
 
-        self._capture.snapshot_parameters(self._cells,
-                                          synced=not first and ms.get_context("device_target") == "CPU")
+        if self._on_cpu is None:
+            self._on_cpu = ms.get_context("device_target") == "CPU"
+        self._capture.snapshot_parameters(self._cells, synced=not first and self._on_cpu)
 
     def note_unrecorded(self) -> None:
         """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
