@@ -165,7 +165,7 @@ class BackwardProbe:
         targets = _targets(args)
         self.size = len(args)
         if None not in nodes:
-            mapping = _single_mapping(nodes, targets)
+            mapping = _single_mapping(nodes, targets) if ext is None else ext.single_mapping(nodes, targets)
             if mapping is not None:
                 self._hook_single(nodes[0], mapping, targets if self.want_output else [], len(outs))
                 return
@@ -428,7 +428,8 @@ def _single_mapping(nodes: list, targets: list):
     of any argument (an alias), and every edge of it that carries a gradient leads to an argument
     (directly or through an automatic ``Contiguous``) or to a leaf (a Parameter the call uses itself,
     not an argument: not ours to report). An argument given several times (``x * x``) takes one edge
-    per occurrence, in argument order."""
+    per occurrence, in argument order. (Compiled as ``single_mapping`` of :mod:`msprobe.tensors.hotpath`,
+    which reads the same attributes in the same order.)"""
     node = nodes[0]
     uid = node._unique_id()
     for other in nodes[1:]:
