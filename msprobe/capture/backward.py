@@ -102,6 +102,14 @@ def _targets(args: tuple) -> list:
     return found
 
 
+def _is_argument(value, args: tuple) -> bool:
+    """Whether ``value`` is one of the positional arguments ``args`` itself (identity)."""
+    for a in args:
+        if a is value:
+            return True
+    return False
+
+
 def first_grad_input(args: tuple):
     """The first floating-point positional argument that takes a gradient, or ``None``."""
     for a in args:
@@ -152,7 +160,19 @@ class BackwardProbe:
         tool failure."""
         ext = hotpath.ext
         node_of = _node_of if ext is None else ext.grad_node  # the same function in C
+        targets = None
         if isinstance(out, Tensor):
+            if self.want_input and self.want_output and _is_argument(out, args):
+                # the call returned an argument itself (a same-dtype Cast): when it is the one argument
+                # taking a gradient, its node and key are that argument's, so :meth:`_hook_alias`'s
+                # checks hold by identity; when it takes none, neither does the output
+                targets = _targets(args)
+                if len(targets) == 1 and targets[0][2] is out and targets[0][1] is None:
+                    self.size = len(args)
+                    self._hook_alias_at(out, targets[0][0])
+                    return
+                if not any(target[2] is out for target in targets):
+                    return
             outs = [out]
             nodes = [node_of(out)]
             if nodes[0] is None:  # nothing this call made takes a gradient: no backward entry exists
@@ -162,7 +182,8 @@ class BackwardProbe:
             nodes = [node_of(t) for t in outs]
             if nodes.count(None) == len(nodes):
                 return
-        targets = _targets(args)
+        if targets is None:
+            targets = _targets(args)
         self.size = len(args)
         if None not in nodes:
             mapping = _single_mapping(nodes, targets) if ext is None else ext.single_mapping(nodes, targets)
@@ -188,6 +209,11 @@ class BackwardProbe:
         position, element, _, _, key = target
         if element is not None or node is None or (node._unique_id(), out._output_index) != key:
             return False
+        self._hook_alias_at(out, position)
+        return True
+
+    def _hook_alias_at(self, out, position: int) -> None:
+        """The tensor hook of :meth:`_hook_alias` on ``out``, positional argument ``position``."""
         record_items, size = self._record_items, self.size
 
         def hook(grad):
@@ -196,7 +222,6 @@ class BackwardProbe:
                 items.append(("output", position, size, grad))
             record_items(items)
         self._hook_tensor(out, hook)
-        return True
 
     def _hook_single(self, node, mapping: list, targets: list, n_out: int) -> None:
         """One node made every output: ``mapping`` ``[(edge index, (position, element))]`` from
