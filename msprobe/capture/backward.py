@@ -67,8 +67,14 @@ def grad_enabled() -> bool:
     return _pynative_executor.requires_grad()
 
 
+#: exact builtin types, none of them a Tensor: looked up before ``isinstance(value, Tensor)``, which asks
+#: the ``abc`` machinery of ``mindspore.Tensor`` in Python for every value that is not a Tensor
+_NOT_TENSORS = frozenset((type(None), int, float, bool, str, tuple, list, dict))
+
+
 def _flatten_tensors(value, out: list) -> list:
-    if isinstance(value, Tensor):
+    kind = type(value)
+    if kind is Tensor or (kind not in _NOT_TENSORS and isinstance(value, Tensor)):
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
@@ -161,7 +167,7 @@ class BackwardProbe:
         ext = hotpath.ext
         node_of = _node_of if ext is None else ext.grad_node  # the same function in C
         targets = None
-        if isinstance(out, Tensor):
+        if type(out) is Tensor or (type(out) not in _NOT_TENSORS and isinstance(out, Tensor)):
             if self.want_input and self.want_output and _is_argument(out, args):
                 # the call returned an argument itself (a same-dtype Cast): when it is the one argument
                 # taking a gradient, its node and key are that argument's, so :meth:`_hook_alias`'s

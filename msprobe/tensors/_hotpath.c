@@ -845,7 +845,9 @@ static PyObject *node_of(PyObject *t) {
     if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_NONE; }
     PyObject *node = PyObject_GetAttr(t, S_grad_node);
     if (node == NULL || node == Py_None) return node;
-    PyObject *dtype = PyObject_GetAttr(t, S_dtype);
+    /* Tensor.dtype is the property returning self._dtype: read the attribute behind it directly (one
+     * Python frame less) on an exact Tensor, as tensor_slot does; subclasses may define their own */
+    PyObject *dtype = PyObject_GetAttr(t, (PyObject *)Py_TYPE(t) == TensorType ? S_a_dtype : S_dtype);
     int keep = dtype == NULL ? -1 : PySet_Contains(FloatDtypes, dtype);
     Py_XDECREF(dtype);
     if (keep > 0) {
