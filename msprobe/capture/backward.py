@@ -62,9 +62,14 @@ def _node_of(t):
     return node
 
 
+#: ``_pynative_executor.requires_grad``'s body: the C++ executor's method (one Python frame less per call)
+_requires_grad = getattr(getattr(_pynative_executor, "_executor", None), "requires_grad", None) \
+    or _pynative_executor.requires_grad
+
+
 def grad_enabled() -> bool:
     """True while MindSpore records operations for a gradient (inside ``ms.grad``/``value_and_grad``)."""
-    return _pynative_executor.requires_grad()
+    return _requires_grad()
 
 
 #: exact builtin types, none of them a Tensor: looked up before ``isinstance(value, Tensor)``, which asks
@@ -172,7 +177,7 @@ class BackwardProbe:
                 # the call returned an argument itself (a same-dtype Cast): when it is the one argument
                 # taking a gradient, its node and key are that argument's, so :meth:`_hook_alias`'s
                 # checks hold by identity; when it takes none, neither does the output
-                targets = _targets(args)
+                targets = _targets(args) if ext is None else ext.grad_targets(args)
                 if len(targets) == 1 and targets[0][2] is out and targets[0][1] is None:
                     self.size = len(args)
                     self._hook_alias_at(out, targets[0][0])
@@ -189,7 +194,7 @@ class BackwardProbe:
             if nodes.count(None) == len(nodes):
                 return
         if targets is None:
-            targets = _targets(args)
+            targets = _targets(args) if ext is None else ext.grad_targets(args)
         self.size = len(args)
         if None not in nodes:
             mapping = _single_mapping(nodes, targets) if ext is None else ext.single_mapping(nodes, targets)
@@ -220,13 +225,13 @@ class BackwardProbe:
 
     def _hook_alias_at(self, out, position: int) -> None:
         """The tensor hook of :meth:`_hook_alias` on ``out``, positional argument ``position``."""
-        record_items, size = self._record_items, self.size
+        record_items, entry, token, size = self.runtime.record_items, self.entry, self.token, self.size
 
         def hook(grad):
             items = [("input", 0, 1, grad)]
             if grad is not None:
                 items.append(("output", position, size, grad))
-            record_items(items)
+            record_items(entry, items, token)  # what _record_items does, one frame less
         self._hook_tensor(out, hook)
 
     def _hook_single(self, node, mapping: list, targets: list, n_out: int) -> None:
@@ -251,7 +256,7 @@ class BackwardProbe:
         if self.lists is None:  # every slot a positional tensor argument, one edge each
             size = self.size
             plain = [(j, i) for j, (i, _) in mapping]
-            record_items = self._record_items
+            record_items, entry, token = self.runtime.record_items, self.entry, self.token
 
             def hook(grad_inputs, grad_outputs):
                 # the items _record would make one by one, in the same order, queued together
@@ -265,7 +270,7 @@ class BackwardProbe:
                     if grad is not None:
                         items.append(("output", i, size, grad))
                 if items:
-                    record_items(items)
+                    record_items(entry, items, token)  # what _record_items does, one frame less
         else:
             slot = self._slot_value
 
