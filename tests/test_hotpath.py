@@ -340,6 +340,51 @@ def test_grad_node_and_targets_match_python():
     assert [(i, k) for i, k, *_ in seen["targets"][3][0]] == [(0, 0), (0, 1), (0, 2)]  # split into 3, then 3, None
 
 
+def test_single_mapping_matches_python():
+    """``single_mapping`` in C maps the edges of a call's one autograd node to its arguments as the Python
+    ``_single_mapping`` does: plain and repeated arguments, list elements, a view read through an automatic
+    ``Contiguous``, a Parameter the call uses without it being an argument, and the refusals (an alias, outputs
+    of several nodes, an edge into a value that is no argument)."""
+    from msprobe.capture import backward
+
+    w = Parameter(Tensor(np.ones((3, 3), np.float32)), name="w_single_mapping")
+    cases = []
+
+    def case(args, out, targets_of=None):
+        outs = [out] if isinstance(out, Tensor) else list(out)
+        nodes = [backward._node_of(t) for t in outs]
+        targets = _python_targets(targets_of if targets_of is not None else args)
+        cases.append((nodes, targets))
+
+    def forward(x, w):
+        h = ops.matmul(x, w)
+        case((x, w), h)
+        case((h, h), ops.mul(h, h))
+        case(([h, x],), ops.concat([h, x]))
+        view = ops.transpose(h, (1, 0))
+        case((view, x), ops.matmul(view, x))
+        case((h,), ops.split(h, 1, axis=1))
+        case((h,), ops.matmul(h, w))  # w is used, not given: a leaf edge, skipped
+        case((h, w), ops.matmul(h, w), targets_of=(w,))  # h's producer is no argument: refused
+        same = ops.cast(h, ms.float32)
+        case((h,), same)  # the argument returned itself (or a new node): both decide alike
+        case((h, x), (ops.relu(h), ops.relu(x)))  # two nodes: refused
+        return h.sum()
+
+    ms.grad(forward, grad_position=(0, 1))(Tensor(np.ones((3, 3), np.float32)), w)
+    results = []
+    for nodes, targets in cases:
+        if None in nodes:
+            continue
+        c_map, py_map = ext.single_mapping(nodes, targets), backward._single_mapping(nodes, targets)
+        assert c_map == py_map, (nodes, targets)
+        results.append(c_map)
+    assert len(results) >= 8
+    assert results[0] == [(0, (0, None)), (1, (1, None))] and results[1] == [(0, (0, None)), (1, (1, None))]
+    assert [i for i, _ in results[2]] == [0, 1] and [slot for _, slot in results[2]] == [(0, 0), (0, 1)]
+    assert None in results and any(r not in (None, []) for r in results[3:])
+
+
 def test_grad_node_raises_what_python_raises():
     """A tensor whose dtype cannot be read (a failed operation's output) raises the same from both."""
     from msprobe.capture import backward

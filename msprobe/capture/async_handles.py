@@ -27,13 +27,22 @@ from msprobe.capture.semantics import as_output_list, written_output
 logger = logging.getLogger("msprobe")
 
 
+#: exact types that are no work handle: looked up before ``isinstance(x, Tensor)``, which asks the
+#: ``abc`` machinery of ``mindspore.Tensor`` in Python for every value that is not a Tensor
+_NO_HANDLE = frozenset((type(None), Tensor, str, bytes, int, float, bool))
+
+
 def _find_handle(out):
     """The work handle in a call's return value (the value itself, or an item of a tuple/list)."""
-    if out is None or isinstance(out, (Tensor, str, bytes, int, float)):
+    kind = type(out)
+    if kind in _NO_HANDLE or (kind is not tuple and kind is not list
+                              and isinstance(out, (Tensor, str, bytes, int, float))):
         return None
     if isinstance(out, (tuple, list)):
         for item in out:
-            if item is not None and not isinstance(item, Tensor) and callable(getattr(item, "wait", None)):
+            if type(item) in _NO_HANDLE:
+                continue
+            if not isinstance(item, Tensor) and callable(getattr(item, "wait", None)):
                 return item
         return None
     return out if callable(getattr(out, "wait", None)) else None

@@ -62,13 +62,24 @@ def _node_of(t):
     return node
 
 
+#: ``_pynative_executor.requires_grad``'s body: the C++ executor's method (one Python frame less per call)
+_requires_grad = getattr(getattr(_pynative_executor, "_executor", None), "requires_grad", None) \
+    or _pynative_executor.requires_grad
+
+
 def grad_enabled() -> bool:
     """True while MindSpore records operations for a gradient (inside ``ms.grad``/``value_and_grad``)."""
-    return _pynative_executor.requires_grad()
+    return _requires_grad()
+
+
+#: exact builtin types, none of them a Tensor: looked up before ``isinstance(value, Tensor)``, which asks
+#: the ``abc`` machinery of ``mindspore.Tensor`` in Python for every value that is not a Tensor
+_NOT_TENSORS = frozenset((type(None), int, float, bool, str, tuple, list, dict))
 
 
 def _flatten_tensors(value, out: list) -> list:
-    if isinstance(value, Tensor):
+    kind = type(value)
+    if kind is Tensor or (kind not in _NOT_TENSORS and isinstance(value, Tensor)):
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
@@ -100,6 +111,14 @@ def _targets(args: tuple) -> list:
                 if node is not None:
                     found.append((i, k, t, node, (node._unique_id(), t._output_index)))
     return found
+
+
+def _is_argument(value, args: tuple) -> bool:
+    """Whether ``value`` is one of the positional arguments ``args`` itself (identity)."""
+    for a in args:
+        if a is value:
+            return True
+    return False
 
 
 def first_grad_input(args: tuple):
@@ -152,7 +171,19 @@ class BackwardProbe:
         tool failure."""
         ext = hotpath.ext
         node_of = _node_of if ext is None else ext.grad_node  # the same function in C
-        if isinstance(out, Tensor):
+        targets = None
+        if type(out) is Tensor or (type(out) not in _NOT_TENSORS and isinstance(out, Tensor)):
+            if self.want_input and self.want_output and _is_argument(out, args):
+                # the call returned an argument itself (a same-dtype Cast): when it is the one argument
+                # taking a gradient, its node and key are that argument's, so :meth:`_hook_alias`'s
+                # checks hold by identity; when it takes none, neither does the output
+                targets = _targets(args) if ext is None else ext.grad_targets(args)
+                if len(targets) == 1 and targets[0][2] is out and targets[0][1] is None:
+                    self.size = len(args)
+                    self._hook_alias_at(out, targets[0][0])
+                    return
+                if not any(target[2] is out for target in targets):
+                    return
             outs = [out]
             nodes = [node_of(out)]
             if nodes[0] is None:  # nothing this call made takes a gradient: no backward entry exists
@@ -162,10 +193,11 @@ class BackwardProbe:
             nodes = [node_of(t) for t in outs]
             if nodes.count(None) == len(nodes):
                 return
-        targets = _targets(args)
+        if targets is None:
+            targets = _targets(args) if ext is None else ext.grad_targets(args)
         self.size = len(args)
         if None not in nodes:
-            mapping = _single_mapping(nodes, targets)
+            mapping = _single_mapping(nodes, targets) if ext is None else ext.single_mapping(nodes, targets)
             if mapping is not None:
                 self._hook_single(nodes[0], mapping, targets if self.want_output else [], len(outs))
                 return
@@ -188,15 +220,19 @@ class BackwardProbe:
         position, element, _, _, key = target
         if element is not None or node is None or (node._unique_id(), out._output_index) != key:
             return False
-        record_items, size = self._record_items, self.size
+        self._hook_alias_at(out, position)
+        return True
+
+    def _hook_alias_at(self, out, position: int) -> None:
+        """The tensor hook of :meth:`_hook_alias` on ``out``, positional argument ``position``."""
+        record_items, entry, token, size = self.runtime.record_items, self.entry, self.token, self.size
 
         def hook(grad):
             items = [("input", 0, 1, grad)]
             if grad is not None:
                 items.append(("output", position, size, grad))
-            record_items(items)
+            record_items(entry, items, token)  # what _record_items does, one frame less
         self._hook_tensor(out, hook)
-        return True
 
     def _hook_single(self, node, mapping: list, targets: list, n_out: int) -> None:
         """One node made every output: ``mapping`` ``[(edge index, (position, element))]`` from
@@ -220,7 +256,7 @@ class BackwardProbe:
         if self.lists is None:  # every slot a positional tensor argument, one edge each
             size = self.size
             plain = [(j, i) for j, (i, _) in mapping]
-            record_items = self._record_items
+            record_items, entry, token = self.runtime.record_items, self.entry, self.token
 
             def hook(grad_inputs, grad_outputs):
                 # the items _record would make one by one, in the same order, queued together
@@ -234,7 +270,7 @@ class BackwardProbe:
                     if grad is not None:
                         items.append(("output", i, size, grad))
                 if items:
-                    record_items(items)
+                    record_items(entry, items, token)  # what _record_items does, one frame less
         else:
             slot = self._slot_value
 
@@ -428,7 +464,8 @@ def _single_mapping(nodes: list, targets: list):
     of any argument (an alias), and every edge of it that carries a gradient leads to an argument
     (directly or through an automatic ``Contiguous``) or to a leaf (a Parameter the call uses itself,
     not an argument: not ours to report). An argument given several times (``x * x``) takes one edge
-    per occurrence, in argument order."""
+    per occurrence, in argument order. (Compiled as ``single_mapping`` of :mod:`msprobe.tensors.hotpath`,
+    which reads the same attributes in the same order.)"""
     node = nodes[0]
     uid = node._unique_id()
     for other in nodes[1:]:

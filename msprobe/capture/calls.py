@@ -93,7 +93,7 @@ class CallRecorder:
                 elif type(out) is not Tensor and defer_until_wait(rt, fwd, api, args, kwargs, out):
                     rt.end_call(fwd, body, slots, None, edges)
                 else:
-                    rt.end_call(fwd, body, slots, as_output_list(out), edges)
+                    rt.end_call(fwd, body, slots, [out] if type(out) is Tensor else as_output_list(out), edges)
                 if probe is not None:
                     probe.observe(args, out)
             except Exception as exc:

@@ -5,15 +5,13 @@ Python looks ``__call__`` up on the type, so each hooked instance gets its class
 subclass whose ``__call__`` records the call; the handle swaps the original class back. Entries are
 named ``Primitive.{attribute}.{PrimitiveClass}.{n}.{forward|backward}``.
 
-What a run hooks is kept on the instance (``_msprobe_probe``: recorder, API name, in-place flag),
-removed by the handle. The one module-level cache, ``_SUBCLASSES`` (Primitive class -> its hooked
+What a run hooks is kept on the instance (``_msprobe_probe``: runtime, the recorder's method for this
+Primitive's calls, API name, in-place flag), removed by the handle. The one module-level cache, ``_SUBCLASSES`` (Primitive class -> its hooked
 subclass), is a function of the class only: the subclass's ``__call__`` finds the run through the
 instance's probe, so one subclass per class serves every run (and an instance hooked by one
 debugger and later by another gets the same class).
 """
 from __future__ import annotations
-
-import functools
 
 from mindspore.ops import Primitive
 
@@ -32,13 +30,11 @@ def _hooked_class(cls):
 
     def __call__(self, *args, **kwargs):
         probe = self.__dict__.get(_PROBE)
-        if probe is None:
+        if probe is None or not probe[0].capturing():
             return original_call(self, *args, **kwargs)
-        recorder, api, inplace = probe
-        rt = recorder.rt
-        if not rt.capturing():
-            return original_call(self, *args, **kwargs)
-        return recorder.call(api, functools.partial(original_call, self), args, kwargs, inplace)
+        _, record, api, inplace = probe
+        # the original bound to this instance (a bound method: cheaper to make than a partial)
+        return record(api, original_call.__get__(self, cls), args, kwargs, inplace)
 
     sub = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
                                       "__qualname__": cls.__qualname__})
@@ -70,7 +66,10 @@ def install_primitive_hooks(recorder, targets: list) -> Handle:
         if _PROBE not in prim.__dict__:
             original_class = type(prim)
             prim.__class__ = _hooked_class(original_class)
-            prim.__dict__[_PROBE] = (recorder, api, primitive_is_inplace(prim))
+            inplace = primitive_is_inplace(prim)
+            # the recording path is chosen here, once: the common case's when the API and config allow it
+            record = recorder.fast_call if recorder.has_fast_path(api, inplace) else recorder.call
+            prim.__dict__[_PROBE] = (recorder.rt, record, api, inplace)
             hooked.append((prim, original_class))
 
     def undo():

@@ -648,7 +648,7 @@ class Runtime:
         ext, lines, slots = hotpath.ext, None, []
         if not (ext is None or token is None or token != self.step_token or not self.records_data
                 or self.failed or self.save_tensors or self.config.tensor_list or self._watch_names
-                or self.forked()):
+                or _FORKS[0] != self._fork):  # (forked(), inline)
             snapshot, item_line = self.snapshot, journal.item_line
             try:
                 lines = [item_line(entry, key, index, size, ext.describe(value, snapshot, slots, describe_other))
@@ -985,7 +985,8 @@ class Runtime:
         its deadline when it was empty) and returns whether it is now due for reading by the size
         and age rules. With ``async_dump`` nothing is read during the step except before an in-place
         op (guard), and a :meth:`bulk` batch is read on its exit."""
-        now = self._started_pending()
+        # a batch already started has its deadline: only the clock is read (what _started_pending returns)
+        now = self._started_pending() if self._oldest is None else time.monotonic()
         if slots:
             self._pending_slots.extend(slots)
             ext = hotpath.ext

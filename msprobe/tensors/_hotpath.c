@@ -63,6 +63,7 @@ static PyObject *S_a_dtype, *S_a_shape, *S_a_init, *S_empty_tuple;
 static PyObject *DtypeBase;      /* mindspore.common.dtype.Type: dtype objects described in C */
 static PyObject *FloatDtypes;    /* frozenset of the floating-point dtypes that take gradients */
 static PyObject *S_ms_dtype, *S_grad_node, *S_requires_grad, *S_output_index, *S_unique_id, *S_class;
+static PyObject *S_input_metadata, *S_next_functions, *S_is_leaf, *S_name, *S_Contiguous;
 
 /* ------------------------------------------------------------------ TensorSlot */
 typedef struct {
@@ -844,7 +845,9 @@ static PyObject *node_of(PyObject *t) {
     if (ok <= 0) { if (ok < 0) return NULL; Py_RETURN_NONE; }
     PyObject *node = PyObject_GetAttr(t, S_grad_node);
     if (node == NULL || node == Py_None) return node;
-    PyObject *dtype = PyObject_GetAttr(t, S_dtype);
+    /* Tensor.dtype is the property returning self._dtype: read the attribute behind it directly (one
+     * Python frame less) on an exact Tensor, as tensor_slot does; subclasses may define their own */
+    PyObject *dtype = PyObject_GetAttr(t, (PyObject *)Py_TYPE(t) == TensorType ? S_a_dtype : S_dtype);
     int keep = dtype == NULL ? -1 : PySet_Contains(FloatDtypes, dtype);
     Py_XDECREF(dtype);
     if (keep > 0) {
@@ -916,6 +919,157 @@ static PyObject *grad_targets(PyObject *self, PyObject *args) {
     }
     Py_DECREF(seq);
     return found;
+}
+
+/* backward._edge_key: the (node id, output index) an edge leads to; an automatic "Contiguous" (a view passed
+ * to a kernel) counts as leading to the view's producer. New reference, NULL on an error. */
+static PyObject *edge_key(PyObject *edge_node, PyObject *out_index, PyObject *keys) {
+    PyObject *uid = PyObject_CallMethodNoArgs(edge_node, S_unique_id);
+    if (uid == NULL) return NULL;
+    PyObject *key = PyTuple_Pack(2, uid, out_index);
+    Py_DECREF(uid);
+    if (key == NULL) return NULL;
+    int known = PyDict_Contains(keys, key);
+    if (known != 0) {
+        if (known < 0) Py_CLEAR(key);
+        return key;
+    }
+    PyObject *name = PyObject_CallMethodNoArgs(edge_node, S_name);
+    int contiguous = name == NULL ? -1 : PyObject_RichCompareBool(name, S_Contiguous, Py_EQ);
+    Py_XDECREF(name);
+    if (contiguous <= 0) {
+        if (contiguous < 0) Py_CLEAR(key);
+        return key;
+    }
+    PyObject *inner = PyObject_GetAttr(edge_node, S_next_functions), *seq = NULL;
+    if (inner != NULL) seq = PySequence_Fast(inner, "next_functions is no sequence");
+    Py_XDECREF(inner);
+    if (seq == NULL) { Py_DECREF(key); return NULL; }
+    if (PySequence_Fast_GET_SIZE(seq) == 1) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(seq, 0), *first = PySequence_GetItem(pair, 0), *second = NULL;
+        if (first != NULL && first != Py_None) {
+            PyObject *inner_uid = PyObject_CallMethodNoArgs(first, S_unique_id);
+            second = inner_uid == NULL ? NULL : PySequence_GetItem(pair, 1);
+            PyObject *inner_key = second == NULL ? NULL : PyTuple_Pack(2, inner_uid, second);
+            Py_XDECREF(inner_uid);
+            Py_SETREF(key, inner_key);
+        }
+        if (first == NULL) Py_CLEAR(key);
+        Py_XDECREF(first);
+        Py_XDECREF(second);
+    }
+    Py_DECREF(seq);
+    return key;
+}
+
+/* backward._single_mapping(nodes, targets): [(edge index, (position, element))], or None when the call is
+ * not one autograd node making every output from its arguments (the rules of the Python function). */
+static PyObject *single_mapping(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "single_mapping(nodes, targets)");
+        return NULL;
+    }
+    PyObject *nodes = PySequence_Fast(args[0], "single_mapping(nodes, targets): nodes is a sequence");
+    if (nodes == NULL) return NULL;
+    PyObject *targets = PySequence_Fast(args[1], "single_mapping(nodes, targets): targets is a sequence");
+    if (targets == NULL) { Py_DECREF(nodes); return NULL; }
+    PyObject *uid = NULL, *meta = NULL, *slots = NULL, *used = NULL, *edges = NULL, *mapping = NULL, *out = NULL;
+    Py_ssize_t n_nodes = PySequence_Fast_GET_SIZE(nodes);
+    if (n_nodes == 0) {
+        PyErr_SetString(PyExc_IndexError, "single_mapping(): no nodes");
+        goto done;
+    }
+    PyObject *node = PySequence_Fast_GET_ITEM(nodes, 0);
+    if ((uid = PyObject_CallMethodNoArgs(node, S_unique_id)) == NULL) goto done;
+    for (Py_ssize_t i = 1; i < n_nodes; i++) {
+        PyObject *other = PyObject_CallMethodNoArgs(PySequence_Fast_GET_ITEM(nodes, i), S_unique_id);
+        int differs = other == NULL ? -1 : PyObject_RichCompareBool(other, uid, Py_NE);
+        Py_XDECREF(other);
+        if (differs < 0) goto done;
+        if (differs) { out = Py_None; Py_INCREF(out); goto done; }
+    }
+    if ((meta = PyObject_GetAttr(node, S_input_metadata)) == NULL) goto done;
+    Py_ssize_t n_meta = PyObject_Length(meta);
+    if (n_meta < 0) goto done;
+    if (n_meta != n_nodes) { out = Py_None; Py_INCREF(out); goto done; }
+    if ((slots = PyDict_New()) == NULL || (used = PyDict_New()) == NULL) goto done;
+    for (Py_ssize_t t = 0; t < PySequence_Fast_GET_SIZE(targets); t++) {
+        PyObject *target = PySequence_Fast_GET_ITEM(targets, t);
+        if (!PyTuple_Check(target) || PyTuple_GET_SIZE(target) != 5) {
+            PyErr_SetString(PyExc_ValueError, "single_mapping(): a target is no (position, element, tensor, node, key)");
+            goto done;
+        }
+        PyObject *key = PyTuple_GET_ITEM(target, 4), *head = PySequence_GetItem(key, 0);
+        int same = head == NULL ? -1 : PyObject_RichCompareBool(head, uid, Py_EQ);
+        Py_XDECREF(head);
+        if (same < 0) goto done;
+        if (same) { out = Py_None; Py_INCREF(out); goto done; }
+        PyObject *list = PyDict_GetItemWithError(slots, key);  /* borrowed */
+        if (list == NULL) {
+            if (PyErr_Occurred() || (list = PyList_New(0)) == NULL) goto done;
+            int bad = PyDict_SetItem(slots, key, list) < 0;
+            Py_DECREF(list);
+            if (bad) goto done;
+        }
+        PyObject *slot = PyTuple_Pack(2, PyTuple_GET_ITEM(target, 0), PyTuple_GET_ITEM(target, 1));
+        int bad = slot == NULL || PyList_Append(list, slot) < 0;
+        Py_XDECREF(slot);
+        if (bad) goto done;
+    }
+    PyObject *next = PyObject_GetAttr(node, S_next_functions);
+    if (next == NULL) goto done;
+    edges = PySequence_Fast(next, "next_functions is no sequence");
+    Py_DECREF(next);
+    if (edges == NULL || (mapping = PyList_New(0)) == NULL) goto done;
+    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(edges); j++) {
+        PyObject *pair = PySequence_Fast(PySequence_Fast_GET_ITEM(edges, j), "an edge is no pair");
+        if (pair == NULL) goto done;
+        if (PySequence_Fast_GET_SIZE(pair) != 2) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_ValueError, "an edge of next_functions is no (node, output index) pair");
+            goto done;
+        }
+        PyObject *edge_node = PySequence_Fast_GET_ITEM(pair, 0), *key = NULL;
+        if (edge_node == Py_None) { Py_DECREF(pair); continue; }
+        key = edge_key(edge_node, PySequence_Fast_GET_ITEM(pair, 1), slots);
+        if (key == NULL) { Py_DECREF(pair); goto done; }
+        PyObject *candidates = PyDict_GetItemWithError(slots, key);  /* borrowed */
+        if (candidates == NULL) {
+            int leaf = -1;
+            if (!PyErr_Occurred()) {
+                PyObject *flag = PyObject_CallMethodNoArgs(edge_node, S_is_leaf);
+                leaf = flag == NULL ? -1 : PyObject_IsTrue(flag);
+                Py_XDECREF(flag);
+            }
+            Py_DECREF(key);
+            Py_DECREF(pair);
+            if (leaf < 0) goto done;
+            if (leaf) continue;
+            out = Py_None; Py_INCREF(out);
+            goto done;
+        }
+        Py_ssize_t count = 0;
+        PyObject *seen = PyDict_GetItemWithError(used, key);  /* borrowed */
+        if (seen != NULL) count = PyLong_AsSsize_t(seen);
+        int bad = PyErr_Occurred() != NULL;
+        if (!bad && count < PyList_GET_SIZE(candidates)) {
+            PyObject *next_count = PyLong_FromSsize_t(count + 1), *index = PyLong_FromSsize_t(j), *item = NULL;
+            if (next_count != NULL && index != NULL)
+                item = PyTuple_Pack(2, index, PyList_GET_ITEM(candidates, count));
+            bad = item == NULL || PyDict_SetItem(used, key, next_count) < 0 || PyList_Append(mapping, item) < 0;
+            Py_XDECREF(next_count); Py_XDECREF(index); Py_XDECREF(item);
+        }
+        Py_DECREF(key);
+        Py_DECREF(pair);
+        if (bad) goto done;
+    }
+    out = mapping;
+    mapping = NULL;
+done:
+    Py_DECREF(nodes); Py_DECREF(targets);
+    Py_XDECREF(uid); Py_XDECREF(meta); Py_XDECREF(slots); Py_XDECREF(used); Py_XDECREF(edges); Py_XDECREF(mapping);
+    return out;
 }
 
 /* sum of slot.nbytes() over a list of slots (Runtime._added_to_batch) */
@@ -1014,6 +1168,10 @@ static PyMethodDef methods[] = {
      "grad_targets(args) -> [(position, element or None, tensor, node, (node id, output index))]: the\n"
      "positional arguments, and tensors directly in list/tuple arguments, that take part in the gradient\n"
      "(msprobe.capture.backward._targets)."},
+    {"single_mapping", (PyCFunction)(void (*)(void))single_mapping, METH_FASTCALL,
+     "single_mapping(nodes, targets) -> [(edge index, (position, element))] or None: which edge of the one\n"
+     "autograd node that made every output of a call leads to which argument (msprobe.capture.backward.\n"
+     "_single_mapping, the same attributes read in the same order)."},
     {"slots_nbytes", (PyCFunction)slots_nbytes, METH_O,
      "slots_nbytes(slots) -> int: the sum of slot.nbytes() over a sequence of slots."},
     {"resolve", (PyCFunction)resolve, METH_O,
@@ -1037,6 +1195,8 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_a_dtype, "_dtype"); INTERN(S_a_shape, "_shape"); INTERN(S_a_init, "init");
     INTERN(S_ms_dtype, "mindspore.dtype"); INTERN(S_grad_node, "_grad_node"); INTERN(S_requires_grad, "_requires_grad");
     INTERN(S_output_index, "_output_index"); INTERN(S_unique_id, "_unique_id"); INTERN(S_class, "__class__");
+    INTERN(S_input_metadata, "_input_metadata"); INTERN(S_next_functions, "next_functions"); INTERN(S_is_leaf, "is_leaf");
+    INTERN(S_name, "name"); INTERN(S_Contiguous, "Contiguous");
     if ((ObjectClass = _PyType_Lookup(&PyBaseObject_Type, S_class)) == NULL) return NULL;
     Py_INCREF(ObjectClass);
     if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;
