@@ -818,6 +818,46 @@ def test_forward_parameter_statistics_are_read_when_the_cell_ran(tmp_path, monke
         assert read_now == [2]  # weight and bias, at Cell.fc's one forward hook
 
 
+class _Consumers(nn.Cell):
+    """Uses its input in four places (three operations, one of them taking it twice)."""
+
+    def construct(self, x):
+        return ops.relu(x * 1.7) + ops.tanh(x) + x * x * 0.5
+
+
+class _ConsumersNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.c = _Consumers()
+
+    def construct(self, x):
+        return (self.c(x) * 3.0).sum()
+
+
+def test_cell_input_gradient_sum_has_the_bits_of_mindspores_gradient(tmp_path, monkeypatch):
+    """The parts of a Cell's input gradient (four uses inside it) are added by the tool, in arrival
+    order; the recorded backward output has the bits of the gradient MindSpore computes for that
+    input, which only the Cell uses."""
+    from msprobe.capture import backward
+
+    sums = []
+    real = backward._sum
+    monkeypatch.setattr(backward, "_sum", lambda a, b: sums.append(real(a, b)) or sums[-1])
+    debugger, dump_path = make_debugger(tmp_path, task="tensor", level="L0")
+    net = _ConsumersNet()
+    x = Tensor(np.random.default_rng(5).standard_normal((3, 7)).astype(np.float32))
+    expected = ms.grad(net)(x).asnumpy()
+    debugger.start(net)
+    got = ms.grad(net)(x).asnumpy()
+    debugger.stop()
+    debugger.step()
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    dump = load_step(dump_path, 0)
+    recorded = dump.load_tensor(dump.data["Cell.c._Consumers.backward.0"]["output"][0])
+    assert np.array_equal(recorded.view(np.uint32), expected.view(np.uint32))
+    assert len(sums) >= 2  # the parts were summed by the tool
+
+
 class _Outer2(nn.Cell):
     def __init__(self):
         super().__init__()
