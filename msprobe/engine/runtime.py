@@ -539,8 +539,8 @@ class Runtime:
             self._emitted_stacks = set()
             self.opened_steps.add(self.step)
             self.snapshot = _host_snapshot if stats.synchronous_cpu() else _snapshot
-            #: a Cell's own Parameters are read at its forward hook (their data are final then, and
-            #: the statistics kernel runs there anyway) instead of copied for the flush
+            #: a Cell's own Parameters are read at its forward hook, where their data are final: one
+            #: read by the statistics kernel instead of a host copy now and a read of that at the flush
             self._parameters_now = self.snapshot is _host_snapshot and not self.config.stat_counts
         return self.step_token
 
