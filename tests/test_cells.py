@@ -764,6 +764,100 @@ def test_forward_parameters_are_the_values_before_the_optimizer_update(tmp_path,
     assert dump.data["Cell.fc.Dense.forward.0"]["parameters"]["weight"]["Max"] == float(before.max())
 
 
+@pytest.mark.parametrize("summary_mode", ["statistics", "md5"])
+def test_forward_parameter_statistics_are_read_when_the_cell_ran(tmp_path, monkeypatch, summary_mode):
+    """Statistics task, CPU, synchronous launch: a Cell's own Parameters are read at its forward
+    hook (no copy kept for the flush), so their statistics (and CRC-32) are those of the values
+    before the optimizer's in-place update, equal to the float64 recomputation of that copy."""
+    import zlib
+
+    from msprobe.tensors import hotpath
+
+    read_now = []
+    if hotpath.ext is not None:
+        real = hotpath.ext.fill_parameters
+
+        class Counting:  # the extension module's attributes cannot be set: a stand-in around it
+            def __getattr__(self, name):
+                return getattr(real.__self__, name)
+
+            @staticmethod
+            def fill_parameters(slots, md5=False):
+                read_now.append(real(slots, md5))
+                return read_now[-1]
+
+        monkeypatch.setattr(hotpath, "ext", Counting())
+    dump_path = os.path.join(str(tmp_path), "dump")
+    config_path = os.path.join(str(tmp_path), "config.json")
+    with open(config_path, "w") as f:
+        json.dump({"task": "statistics", "dump_path": dump_path, "level": "L0",
+                   "statistics": {"summary_mode": summary_mode}}, f)
+    debugger = PrecisionDebugger(config_path=config_path)
+    net = _Outer2()
+    params = net.trainable_params()
+    opt = nn.SGD(params, learning_rate=0.5)
+    grad_fn = ms.value_and_grad(lambda a: net(a).sum(), None, params)
+    x = Tensor(np.ones((2, 4), np.float32))
+    before = {"weight": net.fc.weight.asnumpy().copy(), "bias": net.fc.bias.asnumpy().copy()}
+    debugger.start(net)
+    _, g = grad_fn(x)
+    opt(g)                                    # updates the weights in place before stop()
+    debugger.stop()
+    debugger.step()
+    assert not np.array_equal(before["weight"], net.fc.weight.asnumpy())
+    recorded = load_step(dump_path, 0).data["Cell.fc.Dense.forward.0"]["parameters"]
+    for name, value in before.items():
+        wide = value.astype(np.float64)
+        leaf = recorded[name]
+        assert (leaf["Max"], leaf["Min"]) == (float(value.max()), float(value.min()))
+        assert leaf["Mean"] == float(wide.mean())
+        assert leaf["Norm"] == float(np.sqrt((wide * wide).sum()))
+        if summary_mode == "md5":
+            assert leaf["md5"] == f"{zlib.crc32(value.tobytes()) & 0xFFFFFFFF:08x}"
+    if hotpath.ext is not None:
+        assert read_now == [2]  # weight and bias, at Cell.fc's one forward hook
+
+
+class _Consumers(nn.Cell):
+    """Uses its input in four places (three operations, one of them taking it twice)."""
+
+    def construct(self, x):
+        return ops.relu(x * 1.7) + ops.tanh(x) + x * x * 0.5
+
+
+class _ConsumersNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.c = _Consumers()
+
+    def construct(self, x):
+        return (self.c(x) * 3.0).sum()
+
+
+def test_cell_input_gradient_sum_has_the_bits_of_mindspores_gradient(tmp_path, monkeypatch):
+    """The parts of a Cell's input gradient (four uses inside it) are added by the tool, in arrival
+    order; the recorded backward output has the bits of the gradient MindSpore computes for that
+    input, which only the Cell uses."""
+    from msprobe.capture import backward
+
+    sums = []
+    real = backward._sum
+    monkeypatch.setattr(backward, "_sum", lambda a, b: sums.append(real(a, b)) or sums[-1])
+    debugger, dump_path = make_debugger(tmp_path, task="tensor", level="L0")
+    net = _ConsumersNet()
+    x = Tensor(np.random.default_rng(5).standard_normal((3, 7)).astype(np.float32))
+    expected = ms.grad(net)(x).asnumpy()
+    debugger.start(net)
+    got = ms.grad(net)(x).asnumpy()
+    debugger.stop()
+    debugger.step()
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    dump = load_step(dump_path, 0)
+    recorded = dump.load_tensor(dump.data["Cell.c._Consumers.backward.0"]["output"][0])
+    assert np.array_equal(recorded.view(np.uint32), expected.view(np.uint32))
+    assert len(sums) >= 2  # the parts were summed by the tool
+
+
 class _Outer2(nn.Cell):
     def __init__(self):
         super().__init__()

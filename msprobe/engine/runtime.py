@@ -118,6 +118,11 @@ def _host_snapshot(tensor):
     return tensor
 
 
+def _unchanged(tensor):
+    """A Parameter kept as it is (its statistics are taken at once)."""
+    return tensor
+
+
 def _append_lines(appends: list) -> None:
     """Append each writer's journal lines of one batch (``[(writer, lines)]``)."""
     for writer, lines in appends:
@@ -159,6 +164,7 @@ class Runtime:
         self.stacks = StackTable()
         #: how Parameters are copied when recorded (chosen per step, see open_step)
         self.snapshot = _snapshot
+        self._parameters_now = False  # see open_step
         #: the writer of the open step; capture code never uses it (it holds :attr:`step_token`)
         self.writer: StepWriter | None = None
         #: sub-directory of ``dump_path`` holding the step directories: ``"pynative"`` when the Cells
@@ -533,6 +539,9 @@ class Runtime:
             self._emitted_stacks = set()
             self.opened_steps.add(self.step)
             self.snapshot = _host_snapshot if stats.synchronous_cpu() else _snapshot
+            #: a Cell's own Parameters are read at its forward hook, where their data are final: one
+            #: read by the statistics kernel instead of a host copy now and a read of that at the flush
+            self._parameters_now = self.snapshot is _host_snapshot and not self.config.stat_counts
         return self.step_token
 
     def _new_writer(self, directory: str, extras: StepExtras):
@@ -840,14 +849,18 @@ class Runtime:
             raise failure
 
     def queue_cell_lines(self, entry: str, values: tuple, edges: tuple = (), stack: bool = False,
-                         after: tuple = ()) -> bool:
+                         after: tuple = (), parameters: dict | None = None) -> bool:
         """The records of one Cell hook added to the batch at once (the Cell hooks take this when
         :meth:`takes_whole_calls`): the ``construct.json`` ``edges`` (``(name, parent)`` pairs), the
         caller's stack for ``entry`` when ``stack``, then ``data[entry][key]`` for each ``(key,
         value)`` of ``values``, described as :meth:`record` describes them, then the ``after``
         edges (a Cell's backward entry under its parent's). The same journal lines,
         in the same order, as :meth:`record_parent`, :meth:`record_stack` and :meth:`record` make
-        one by one, under one lock and one batch-size check.
+        one by one, under one lock and one batch-size check. ``parameters`` (``{short name:
+        Parameter}``, the Cell's own) is recorded as ``data[entry]["parameters"]`` before
+        ``values``; on CPU with synchronous launch their statistics are taken now, in place
+        (``fill_parameters`` of the extension: the same numbers the flush computes from a host
+        copy), the others are snapshotted as :meth:`record` does.
 
         Returns:
             False, with nothing queued, when there is no compiled extension or a value cannot be
@@ -859,6 +872,8 @@ class Runtime:
             return False
         snapshot, key_line, slots, lines = self.snapshot, journal.key_line, [], []
         try:
+            if parameters is not None:
+                lines.append(key_line(entry, "parameters", self._describe_parameters(ext, parameters, slots)))
             for key, value in values:
                 kind = type(value)
                 if (kind is dict or kind is tuple or kind is list) and not value:
@@ -880,7 +895,7 @@ class Runtime:
                 for name, parent in after:
                     pending.append((writer, journal.construct_edge(name, parent)))
             full = self._added_to_batch(slots)
-        self._asked += len(values)
+        self._asked += len(values) + (parameters is not None)
         if full:
             self.flush(wait=False)
         return True
@@ -958,6 +973,24 @@ class Runtime:
         self._asked += asked
         if full:
             self.flush(wait=False)
+
+    def _describe_parameters(self, ext, parameters: dict, slots: list):
+        """The record of a Cell's ``{short name: Parameter}`` (its slots appended to ``slots``): read
+        now when :attr:`_parameters_now`, else (and for a Parameter the extension does not read)
+        snapshotted for the flush."""
+        if not parameters:
+            return {}
+        if not self._parameters_now:
+            return ext.describe(parameters, self.snapshot, slots, describe_other)
+        own: list = []
+        described = ext.describe(parameters, _unchanged, own, describe_other)
+        if ext.fill_parameters(own, self.config.md5) < len(own):
+            snapshot = self.snapshot
+            for slot in own:
+                if slot.leaf is None:
+                    slot.tensor = snapshot(slot.tensor)
+        slots.extend(own)
+        return described
 
     @contextlib.contextmanager
     def bulk(self):

@@ -17,6 +17,12 @@
  *       slots keep leaf None for the Python flush. Each distinct memory (address, elements, kind)
  *       is read once, however many tensor objects show it. Call only when every queued operation
  *       has finished (flush.materialize checks it).
+ *   fill_parameters(slots, md5=False) -> int
+ *       fill()'s leaves, computed now, for the slots whose tensor is a Parameter itself (not a
+ *       snapshot) in host memory: initialised, contiguous, native dtype, at least one dimension and
+ *       one element, no file name; each filled slot drops its Parameter (tensor None). Call only
+ *       when the Parameter's data are final (CPU, synchronous launch): the optimizer changes it in
+ *       place later. Returns how many slots were filled; the others are left as they were.
  *   resolve(record) -> (record with slots replaced by their leaves, holds a non-finite float)
  *   encode_lines(records, encode) -> (journal text (bytearray), resolved records, any non-finite float)
  *   stack_key(skip, limit) -> (id(code), f_lasti, ...) of the calling frames (stacks.py)
@@ -59,6 +65,7 @@ static double Tiny;              /* smallest normal float64 */
 static PyObject *S_md5, *S_type, *S_value, *S_dtype, *S_shape, *S_Max, *S_Min, *S_Mean, *S_Norm;
 static PyObject *S_tensor_type, *S_int, *S_float, *S_str, *S_bool, *S_leaf;
 static PyObject *S_a_dtype, *S_a_shape, *S_a_init, *S_empty_tuple;
+static PyObject *S_has_init;
 /* set by setup_calls() (NULL until then: those paths are not taken) */
 static PyObject *DtypeBase;      /* mindspore.common.dtype.Type: dtype objects described in C */
 static PyObject *FloatDtypes;    /* frozenset of the floating-point dtypes that take gradients */
@@ -616,6 +623,91 @@ error:
     return NULL;
 }
 
+/* The in-place memory of a slot holding a Parameter: its contiguous bytes when it is initialised, of
+ * a kernel kind and has at least one dimension and one element (as slot_memory() reads a plain
+ * tensor), `n` elements of kind `kind_code` (borrowed). 1 when found, 0 when the slot is left as it
+ * is, -1 on an error (the caller clears it and leaves the slot). */
+static int parameter_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code) {
+    PyObject *t = s->tensor;
+    if (t == NULL || s->data_name != Py_None || !PyUnicode_Check(s->dtype) || !PyList_Check(s->shape)) return 0;
+    int p = is_instance(t, ParameterType);
+    if (p <= 0) return p;
+    PyObject *kind = PyDict_GetItemWithError(Kinds, s->dtype);  /* borrowed */
+    if (kind == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_ssize_t ndim = PyList_GET_SIZE(s->shape), count = 1;
+    if (ndim == 0) return 0;
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyList_GET_ITEM(s->shape, i));
+        if (d < 0) return PyErr_Occurred() ? -1 : 0;
+        count *= d;
+    }
+    if (count == 0) return 0;
+    PyObject *init = PyObject_GetAttr(t, S_a_init);
+    if (init == NULL) return -1;
+    int lazy = init != Py_None;
+    Py_DECREF(init);
+    if (lazy) return 0;
+    PyObject *has_init = PyObject_GetAttr(t, S_has_init);
+    if (has_init == NULL) return -1;
+    lazy = PyObject_IsTrue(has_init);
+    Py_DECREF(has_init);
+    if (lazy != 0) return lazy < 0 ? -1 : 0;
+    PyObject *contig = PyObject_CallOneArg(ContigFunc, t);
+    if (contig == NULL) return -1;
+    int ok = PyObject_IsTrue(contig);
+    Py_DECREF(contig);
+    if (ok <= 0) return ok;
+    PyObject *ptr = PyObject_CallOneArg(PtrFunc, t);
+    if (ptr == NULL) return -1;
+    *data = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    if (*data == NULL) return PyErr_Occurred() ? -1 : 0;
+    *kind_code = PyTuple_GET_ITEM(kind, 0);
+    *n = count;
+    return 1;
+}
+
+static PyObject *fill_parameters(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "fill_parameters(slots, md5=False)");
+        return NULL;
+    }
+    if (ScanFunc == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
+        return NULL;
+    }
+    int md5 = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
+    if (md5 < 0) return NULL;
+    PyObject *seq = PySequence_Tuple(args[0]);  /* a copy: the kernel releases the GIL */
+    if (seq == NULL) return NULL;
+    Py_ssize_t filled = 0, n = PyTuple_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
+        if (Py_TYPE(item) != &SlotType) continue;
+        Slot *s = (Slot *)item;
+        if (s->leaf != NULL && s->leaf != Py_None) continue;
+        void *data = NULL;
+        Py_ssize_t count = 0;
+        PyObject *kind_code = NULL;
+        int found = parameter_memory(s, &data, &count, &kind_code);
+        if (found < 0) PyErr_Clear();
+        if (found <= 0) continue;
+        PyObject *st = memory_stats(data, count, kind_code, md5);
+        if (st == NULL) { PyErr_Clear(); continue; }  /* the caller snapshots the Parameter instead */
+        int bad = st != Py_None && make_leaf(s, st) < 0;
+        if (!bad && st != Py_None) {
+            Py_INCREF(Py_None);
+            Py_SETREF(s->tensor, Py_None);  /* read: the Parameter is not held until the flush */
+            filled++;
+        }
+        Py_DECREF(st);
+        if (bad) { Py_DECREF(seq); return NULL; }
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(filled);
+}
+
 /* ------------------------------------------------------------------ resolve (journal) */
 static int leaf_non_finite(PyObject *leaf) {
     if (!PyDict_Check(leaf)) return 0;
@@ -1158,6 +1250,9 @@ static PyMethodDef methods[] = {
      "describe(value, snapshot, slots, fallback) -> record structure (see the module docstring)."},
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
      "fill(slots, md5=False) -> None: leaves of plain CPU tensors (module docstring)."},
+    {"fill_parameters", (PyCFunction)(void (*)(void))fill_parameters, METH_FASTCALL,
+     "fill_parameters(slots, md5=False) -> int: leaves of the slots holding a Parameter read in place\n"
+     "now (module docstring); returns how many were filled."},
     {"setup_calls", (PyCFunction)(void (*)(void))setup_calls, METH_VARARGS | METH_KEYWORDS,
      "setup_calls(dtype_type, float_dtypes): MindSpore's dtype base class (dtype objects are described\n"
      "in C) and the frozenset of floating-point dtypes whose tensors take gradients (grad_node)."},
@@ -1192,7 +1287,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_Max, "Max"); INTERN(S_Min, "Min"); INTERN(S_Mean, "Mean"); INTERN(S_Norm, "Norm");
     INTERN(S_tensor_type, "mindspore.Tensor"); INTERN(S_int, "int"); INTERN(S_float, "float");
     INTERN(S_str, "str"); INTERN(S_bool, "bool"); INTERN(S_leaf, "leaf");
-    INTERN(S_a_dtype, "_dtype"); INTERN(S_a_shape, "_shape"); INTERN(S_a_init, "init");
+    INTERN(S_a_dtype, "_dtype"); INTERN(S_a_shape, "_shape"); INTERN(S_a_init, "init"); INTERN(S_has_init, "has_init");
     INTERN(S_ms_dtype, "mindspore.dtype"); INTERN(S_grad_node, "_grad_node"); INTERN(S_requires_grad, "_requires_grad");
     INTERN(S_output_index, "_output_index"); INTERN(S_unique_id, "_unique_id"); INTERN(S_class, "__class__");
     INTERN(S_input_metadata, "_input_metadata"); INTERN(S_next_functions, "next_functions"); INTERN(S_is_leaf, "is_leaf");

@@ -240,8 +240,7 @@ class CellCapture:
                     # parameters are inputs of the call: journaled before the output, so a reader
                     # (watch mode) deciding at the output whether the inputs were finite has them
                     params, outs = _own_parameters(cell), as_output_list(output)
-                    if not (self._whole and rt.queue_cell_lines(
-                            fwd, (("parameters", params), ("output", outs)))):
+                    if not (self._whole and rt.queue_cell_lines(fwd, (("output", outs),), parameters=params)):
                         rt.record(fwd, "parameters", params, "parameters")
                         rt.record(fwd, "output", outs, "output")
                 if probe is not None:
