@@ -49,7 +49,12 @@ Method
   the tool cost nothing but one read of each tensor (bandwidth: ``numpy.add.reduce`` over 100 MB,
   fastest of 7, measured at the start). Tensor-mode rows add the cost of writing their ``.npy`` files
   once: files per step x the per-file cost (create, write, rename) + tensorMB / page-cache write
-  bandwidth, both measured by :func:`file_write_cost` at the first such row. Watch rows write nothing
+  bandwidth, both measured by :func:`file_write_cost` before the first such row and again after it;
+  the floor uses the cheaper of the two. Both are printed because the kernel's cost of a file varies
+  ~10x with the machine's state (measured on the 2-core ext4 VM: 30-45 us per 64 KiB file when idle,
+  300-800 us while the page cache grows into guest memory the host has reclaimed, or when the inode
+  allocator of an ext4 without journal skips many inodes deleted in the last ~30 s, e.g. an earlier
+  run's dump just removed: ``recently_deleted`` in a kernel profile). Watch rows write nothing
   in clean steps but read every tensor of their level: their tensorMB comes from one extra one-step
   run of the plain level (``FLOOR_FROM``).
 """
@@ -188,7 +193,9 @@ def file_write_cost(directory: str, repeats: int = 3) -> tuple:
     """``(seconds per file, bytes/s)`` of writing ``.npy`` files into ``directory`` the way tensor mode
     does (:func:`msprobe.format.npy.save_npy_batch`): the fastest of ``repeats`` batches of 400 files
     of 1 KB (the per-file cost: create, write, rename) and of 16 files of 8 MB (page-cache write
-    bandwidth, after the per-file cost is taken out)."""
+    bandwidth, after the per-file cost is taken out). The small files are left in ``directory``
+    (deleting 1200 files would make the next files' creation slower for ~30 s on an ext4 without
+    journal; the caller removes ``directory`` at the end)."""
     import numpy as np
 
     from msprobe.format.npy import save_npy_batch
@@ -201,7 +208,8 @@ def file_write_cost(directory: str, repeats: int = 3) -> tuple:
             t = time.perf_counter()
             save_npy_batch([(os.path.join(folder, f"{i}.npy"), arr) for i in range(n)])
             fastest = min(fastest, time.perf_counter() - t)
-            shutil.rmtree(folder, ignore_errors=True)
+            if nbytes > 1 << 20:  # few files: their page cache is given back at once
+                shutil.rmtree(folder, ignore_errors=True)
         return fastest
 
     per_file = best(400, 1 << 10) / 400
@@ -425,7 +433,10 @@ def main(argv=None) -> int:
     fmt = "{:<12} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}  {}"
     print(fmt.format("config", "off ms", "on ms", "ratio", "cpu ratio", "thr ratio", "entries", "MB/step",
                      "tensorMB", "floor", "pair ratios"))
-    write_cost = None  # measured at the first tensor-mode row
+    write_cost = None  # measured before and after the first tensor-mode row
+    cost_dir = tempfile.mkdtemp(prefix="msprobe_bench_write_cost_")
+    before = (file_write_cost(cost_dir) if any(CONFIGS.get(n, ("", {}))[1].get("task") == "tensor" for n in names)
+              else None)
     for name in names:
         if name == "rss":
             continue
@@ -436,9 +447,12 @@ def main(argv=None) -> int:
         floor_ms = 1000 * r["tensor_bytes_per_step"] / bandwidth
         if r["npy_files_per_step"]:  # tensor mode: the files cannot cost less than writing them once
             if write_cost is None:
-                write_cost = file_write_cost(tempfile.gettempdir())
-                print(f"  (tensor files: {write_cost[0] * 1e6:.0f} us per file created, page-cache write "
-                      f"{write_cost[1] / 1e9:.1f} GB/s; their floor adds files x per-file cost + "
+                after = file_write_cost(cost_dir)
+                first = before or after
+                write_cost = (min(first[0], after[0]), max(first[1], after[1]))
+                print(f"  (tensor files: {first[0] * 1e6:.0f} us per file created before the row, "
+                      f"{after[0] * 1e6:.0f} us after it; page-cache write {first[1] / 1e9:.1f} / "
+                      f"{after[1] / 1e9:.1f} GB/s; their floor adds files x per-file cost + "
                       f"tensorMB / write bandwidth)", flush=True)
             floor_ms += 1000 * (r["npy_files_per_step"] * write_cost[0]
                                 + r["tensor_bytes_per_step"] / write_cost[1])
@@ -452,6 +466,7 @@ def main(argv=None) -> int:
         results.append(r)
         print(f"{'peak-RSS':<12} off {r['off_mb']:.0f} MB, on (L1 statistics) {r['on_mb']:.0f} MB, "
               f"ratio {r['ratio']:.2f}x  (off {r['off_all']}, on {r['on_all']})", flush=True)
+    shutil.rmtree(cost_dir, ignore_errors=True)
     print(f"total benchmark time {time.perf_counter() - t0:.0f} s; loadavg now {os.getloadavg()[0]:.2f}")
     for r in results:
         print(f"  {r['config']:<12} {r['description']}")
