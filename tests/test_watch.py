@@ -606,20 +606,27 @@ class _JitNet(nn.Cell):
         return self.block(self.pre(x)).sum()
 
 
+def _train_with_grad(net, debugger, steps, before=None):
+    """``steps`` steps of ``ms.value_and_grad(net)`` on ones((2, 4)) between ``start(net)`` and
+    ``stop()``/``step()``; ``before(step)`` runs first in each step."""
+    fn = ms.value_and_grad(net, None, net.trainable_params())
+    x = Tensor(np.ones((2, 4), np.float32))
+    for step in range(steps):
+        if before is not None:
+            before(step)
+        debugger.start(net)
+        fn(x)
+        debugger.stop()
+        debugger.step()
+
+
 def test_heartbeat_counts_each_step_once_with_a_graph_subtree(tmp_path):
     """With a ``jit`` Cell the step is watched in two trees (``pynative/`` and ``graph/``); the
     heartbeat counts steps, not trees: 3 steps watched, records of both trees seen."""
     debugger, dump_path = _debugger(tmp_path, "L0", {})
     ms.set_seed(0)
-    net = _JitNet()
-    fn = ms.value_and_grad(net, None, net.trainable_params())
-    x = Tensor(np.ones((2, 4), np.float32))
     try:
-        for _ in range(3):
-            debugger.start(net)
-            fn(x)
-            debugger.stop()
-            debugger.step()
+        _train_with_grad(_JitNet(), debugger, 3)
         assert debugger.service.runtime.watch.open_writers == {}  # ended steps' writers are let go
     finally:
         debugger.service.close()
@@ -686,15 +693,9 @@ def test_the_anomaly_step_is_written_in_both_trees(tmp_path):
         debugger, dump_path = _debugger(tmp_path, "L0", watch, name="watch" if watch is not None else "plain")
         ms.set_seed(0)
         net = _JitThenPoison()
-        fn = ms.value_and_grad(net, None, net.trainable_params())
-        x = Tensor(np.ones((2, 4), np.float32))
         try:
-            for step in range(4):
-                net.poison.shift = 100.0 if step == 2 else 0.0
-                debugger.start(net)
-                fn(x)
-                debugger.stop()
-                debugger.step()
+            _train_with_grad(net, debugger, 4,
+                             before=lambda step: setattr(net.poison, "shift", 100.0 if step == 2 else 0.0))
         finally:
             debugger.service.close()
         trees[watch is not None] = {

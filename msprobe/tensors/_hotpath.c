@@ -580,19 +580,27 @@ static PyObject *cached_stats(Slot *s, PyObject *by_object, PyObject *by_memory,
     return st;
 }
 
-static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
+/* The arguments (slots, md5=False) of fill() and fill_parameters(): a new tuple of the slots (a
+ * copy: the kernel releases the GIL) and *md5, or NULL with an exception set (TypeError for a bad
+ * argument count, RuntimeError before setup()). */
+static PyObject *slots_argument(PyObject *const *args, Py_ssize_t nargs, const char *usage, int *md5) {
     if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "fill(slots, md5=False)");
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     if (ScanFunc == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
         return NULL;
     }
-    int md5 = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
-    if (md5 < 0) return NULL;
-    PyObject *seq = PySequence_Tuple(args[0]);  /* a copy: the kernel releases the GIL */
+    *md5 = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
+    if (*md5 < 0) return NULL;
+    return PySequence_Tuple(args[0]);
+}
+
+static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    int md5 = 0;
+    PyObject *seq = slots_argument(args, nargs, "fill(slots, md5=False)", &md5);
     if (seq == NULL) return NULL;
     PyObject *by_object = PyDict_New(), *by_memory = PyDict_New();
     if (by_object == NULL || by_memory == NULL) goto error;
@@ -669,17 +677,8 @@ static int parameter_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind
 
 static PyObject *fill_parameters(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "fill_parameters(slots, md5=False)");
-        return NULL;
-    }
-    if (ScanFunc == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
-        return NULL;
-    }
-    int md5 = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
-    if (md5 < 0) return NULL;
-    PyObject *seq = PySequence_Tuple(args[0]);  /* a copy: the kernel releases the GIL */
+    int md5 = 0;
+    PyObject *seq = slots_argument(args, nargs, "fill_parameters(slots, md5=False)", &md5);
     if (seq == NULL) return NULL;
     Py_ssize_t filled = 0, n = PyTuple_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
