@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 
 import mindspore as ms
 import numpy as np
@@ -734,3 +735,28 @@ def test_an_abnormal_end_says_what_it_wrote(tmp_path, caplog, capsys):
     assert f"step2/{who} (step 2, which ended abnormally: " in message
     printed = [line for line in capsys.readouterr().out.splitlines() if "dump.json is at" in line]
     assert printed == [f"dump.json is at {dirs[2]}"]
+
+
+@pytest.mark.parametrize("level", ["L0", "mix", "L1"])
+def test_the_trigger_message_counts_the_entries_each_written_dump_holds(tmp_path, caplog, level):
+    """Each ``(step N: all its C entries)`` / ``(step N: its last K of T entries)`` of the trigger's
+    WARNING counts the entries of the written ``dump.json`` (C, K) and of a plain dump of that step
+    (T); names with only ``construct.json`` or stack lines are not entries of ``dump.json``."""
+    plain, plain_path = _debugger(tmp_path, level, None, name="plain")
+    ms.set_seed(0)
+    _train(Net(), plain, 1)
+    plain.service.close()
+    per_step = len(msprobe.dump.load(glob.glob(os.path.join(plain_path, "step0", "*"))[0]).data)
+    debugger, dump_path = _debugger(tmp_path, level, {"history": 5})
+    ms.set_seed(0)
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _train(Net(), debugger, 4, at=3, poison=_forward_nan)
+    debugger.service.close()
+    (message,) = [r.getMessage() for r in caplog.records if "watch found" in r.getMessage()]
+    said = re.findall(r"step(\d+)/[^ ]+ \(step \1: (?:all its (\d+)|its last (\d+) of (\d+)) entries\)", message)
+    assert said, message
+    for step, whole, last, total in said:
+        (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
+        held = len(msprobe.dump.load(d).data)
+        assert held == int(whole or last), (step, message)
+        assert int(whole or total) == per_step, (step, message)

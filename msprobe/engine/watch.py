@@ -500,7 +500,7 @@ class WatchWriter:
             writer = self.make_writer(directory)
             writer.append([journal.stack_frames(sid, watch.stack_frames[sid])
                            for sid in journal.stack_ids(lines) if sid in watch.stack_frames] + lines)
-            count = len({name for name in map(journal.subject, lines) if name is not None})
+            count = watch_history.data_entries(lines)  # the entries its dump.json holds
             if step == self.step and directory == self.directory:
                 self.real = writer
                 written.append((directory, self._now_what(count, write_current)))

@@ -50,6 +50,7 @@ class History:
         #: entries seen (the heartbeat's ``records_seen``)
         self.entries_seen = 0
         self._counted: set = set()       # (directory, name) counted in the open step (:meth:`count`)
+        self._with_data: set = set()     # keys of the open step's entries with a data line (:func:`has_data`)
         #: (step, directory) -> entries that directory had when its step ended, for the earlier
         #: steps still kept (so a written step can say whether it is whole or only its tail)
         self.step_totals: dict = {}
@@ -79,6 +80,8 @@ class History:
             if got is None:
                 got = current[key] = []
                 self.entries_seen += 1
+            if has_data(line):
+                self._with_data.add(key)
             got.append((batch, i, text))
         self._batches.append((batch, len(text)))
         self._step_bytes += len(text)
@@ -113,9 +116,10 @@ class History:
     def end_step(self) -> None:
         """The open step's entries become earlier ones: at most ``limit`` of those stay."""
         if self.current:
-            totals = self.step_totals
-            for step, directory, _ in self.current:
-                totals[step, directory] = totals.get((step, directory), 0) + 1
+            totals, with_data = self.step_totals, self._with_data
+            for key in self.current:  # the entries its dump.json would hold
+                if key in with_data:
+                    totals[key[:2]] = totals.get(key[:2], 0) + 1
             self._earlier.append(self.current)
             self._size += len(self.current)
             self.current = collections.OrderedDict()
@@ -133,6 +137,7 @@ class History:
         self._step, self._step_bytes, self.step_dropped = None, 0, 0
         self._batches.clear()
         self._counted = set()
+        self._with_data = set()
 
     def clear(self) -> None:
         """Forget every kept line (they were written)."""
@@ -142,6 +147,7 @@ class History:
         self.current = collections.OrderedDict()
         self._step, self._step_bytes = None, 0
         self._batches.clear()
+        self._with_data = set()
 
     def _kept(self):
         """``(key, items)`` of every entry kept, oldest step first (the open step last)."""
@@ -164,6 +170,22 @@ class History:
         decode = _Decoder()
         return [(step, d, [decode(item) for item in sorted(items, key=_order)])
                 for (step, d), items in groups.items()]
+
+
+#: journal line kinds that set data of an entry (a stack use sets data when it has a body)
+_DATA_KINDS = frozenset(("set_key", "set_item", "set_entry", "set_path"))
+
+
+def has_data(line: dict) -> bool:
+    """Whether a journal line sets data of its entry, so that the entry is in ``dump.json`` (an
+    entry with only construct edges or stack uses is not: :meth:`msprobe.format.journal.Replay.result`)."""
+    kind = journal.line_kind(line)
+    return kind in _DATA_KINDS or (kind == "stack_ref" and bool(line.get("v")))
+
+
+def data_entries(lines) -> int:
+    """How many entries of ``lines`` (journal dicts) ``dump.json`` holds (:func:`has_data`)."""
+    return len({line["e"] for line in lines if has_data(line)})
 
 
 def _order(item: tuple) -> tuple:
