@@ -163,8 +163,14 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
                + (f"  [golden: {f.golden_entry}]" if f.golden_entry and f.golden_entry != f.entry else ""))
     if f.kind == "input":
-        click.echo("  its inputs already differ: the difference comes from outside the dump "
-                   "(data, parameters or code that is not dumped)")
+        differing = [rec["record"] for rec in f.records if rec.get("record", "").startswith("parameters.")
+                     and not (rec.get("bitwise_equal") if exact else rec.get("result") == "pass")]
+        if differing:
+            click.echo(f"  its parameters already differ ({', '.join(differing)}): the runs start this call "
+                       "with different values of them (initialisation, loading or an earlier update)")
+        else:
+            click.echo("  its inputs already differ: the difference comes from outside the dump "
+                       "(data, parameters or code that is not dumped)")
     if f.kind == "precision":
         click.echo("  its outputs fail only at a stricter precision than its inputs were judged with "
                    "and do not amplify their error: the runs differ in precision before this entry "

@@ -75,6 +75,10 @@ def test_statistics_rows_two_seeds(dumps):
     # the weights differ from the start: the first difference comes from outside the dump
     (found,) = first_divergence(dumps["seed1"], dumps["base"])
     assert (found.kind, found.entry) == ("input", "Cell.fc1.Dense.forward.0")
+    # first-diff names the differing parameters, which are in the dump
+    out = cli("first-diff", dumps["seed1"], dumps["base"], check_code=1).stdout
+    assert "its parameters already differ (parameters.weight, parameters.bias)" in out, out
+    assert "outside the dump" not in out
 
 
 def test_identical_runs_agree_and_exit_zero(dumps):
