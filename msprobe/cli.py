@@ -355,9 +355,12 @@ def show(dump, entry, step, rank, all_frames):
 
 def _close_names(entry: str, names, limit: int = 5) -> list:
     """Up to ``limit`` of ``names`` like ``entry``: those that extend it (``Functional.relu`` ->
-    ``Functional.relu.0.forward``), in the given order, then the closest by ``difflib``."""
+    ``Functional.relu.0.forward``), then those that contain it, ignoring case (``gelu`` ->
+    ``Functional.gelu.0.forward``), in the given order, then the closest by ``difflib``."""
     ordered = list(names)
     out = [n for n in ordered if n.startswith(entry)][:limit]
+    part = entry.lower()
+    out += [n for n in ordered if part in n.lower() and n not in out][:limit - len(out)]
     out += [n for n in difflib.get_close_matches(entry, ordered, n=limit, cutoff=0.6) if n not in out]
     return out[:limit]
 

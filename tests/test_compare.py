@@ -499,6 +499,8 @@ def test_show_suggests_close_entry_names(dumps):
                                    "did you mean: Functional.relu.0.forward, Functional.relu.1.forward, "
                                    "Functional.relu.1.backward, Functional.relu.0.backward, "  # run order
                                    "Functional.gelu.0.forward?")                             # then difflib's
+    proc = cli("show", dumps["factor"], "GELU", check_code=2)  # a part of the name, any case
+    assert "did you mean: Functional.gelu.0.forward" in proc.stderr, proc.stderr
     proc = cli("show", dumps["factor"], "Mint.mull.0.forward", check_code=2)
     assert "did you mean: Mint.mul.0.forward" in proc.stderr
     proc = cli("show", dumps["factor"], "No.such.entry", check_code=2)
