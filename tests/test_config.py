@@ -461,3 +461,16 @@ def test_summary_mode_items_add_what_the_readme_table_says(tmp_path):
         assert rows_keys & {"NanCount", "PosInfCount", "NegInfCount", "ZeroCount", "MaxAbs", "md5"} \
             == named, (items, leaf)
     assert base == {"type", "dtype", "shape", "Max", "Min", "Mean", "Norm"}
+
+
+def test_watch_inside_the_task_section_is_an_error(tmp_path):
+    """A ``watch`` object inside the task section is not read there; ignoring it would dump every
+    step of a run meant to be watched, so it is an error naming the field and where it belongs."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"),
+                                "statistics": {"watch": {"history": 8}}}))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.field == "statistics.watch" and err.value.value == {"history": 8}
+    assert "a 'watch' object at the top level of config.json" in str(err.value)
+    assert "every step dumped" in str(err.value)

@@ -691,6 +691,13 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any],
     raw["dump_path"] = data.get("dump_path")
     raw.update(overrides)
     section_name, section = _section(data, raw["task"])
+    if "watch" in section and "watch" not in data:
+        # ignored with a warning like other misplaced keys, it would turn a watched run into a dump
+        # of every step: an error
+        raise ConfigError(f"{section_name}.watch", section["watch"],
+                          "a 'watch' object at the top level of config.json (README \"Watch mode\")",
+                          f"watch mode is read only at the top level; in section {section_name!r} it "
+                          "would be ignored and every step dumped")
     keys = _section_fields(section_name)
     _warn_unknown(section.keys(), set(keys.values()) | _IGNORED_SECTION_KEYS,
                   f"in section '{section_name}'", source)
