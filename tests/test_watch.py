@@ -100,11 +100,14 @@ def _anomaly(dump_path, step):
     ("mix", "Functional.log.0.forward", "Cell.poison.Poison.forward.0"),
     ("L0", "Cell.poison.Poison.forward.0", None),
 ])
-def test_forward_nan_producer_named_with_step_and_cell(tmp_path, level, producer, cell):
+def test_forward_nan_producer_named_with_step_and_cell(tmp_path, caplog, level, producer, cell):
     debugger, dump_path = _debugger(tmp_path, level, {"history": 200})
     ms.set_seed(0)
-    _train(Net(), debugger, 5, at=3, poison=_forward_nan)
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _train(Net(), debugger, 5, at=3, poison=_forward_nan)
     d, found = _anomaly(dump_path, 3)
+    (message,) = [r.getMessage() for r in caplog.records if "watch found" in r.getMessage()]
+    assert f"first produced by {producer}{f' (in {cell})' if cell else ''} at step 3;" in message, message
     assert found["first_producer"] == producer
     assert (found["producer"], found["step"], found["kind"], found["cell"]) == (producer, 3, "nan", cell)
     assert "trigger" in found and "rank" in found

@@ -443,8 +443,8 @@ class WatchWriter:
         written = self.dump_history({"step": self.step, "rank": self.rank, "producer": producer,
                                      "kind": kind, "cell": cell, "via_collective": received,
                                      "trigger": trigger})
-        logger.warning("msprobe: watch found %s first produced by %s at step %s; %s",
-                       what, producer, self.step, written)
+        logger.warning("msprobe: watch found %s first produced by %s%s at step %s; %s",
+                       what, producer, f" (in {cell})" if cell else "", self.step, written)
         where = f", rank {self.rank}" if self.rank is not None else ""  # no rank before init(): none named
         self._raise(f"msprobe watch: {what} first produced by {producer} (step {self.step}{where}"
                     f"{', in ' + cell if cell else ''}); its "
