@@ -206,18 +206,23 @@ def test_history_bounded_over_a_long_run(tmp_path):
     assert os.listdir(dump_path) == [n for n in os.listdir(dump_path) if n.startswith("watch_heartbeat.")]
 
 
-def test_abnormal_end_writes_the_history(tmp_path):
-    """An exception in the step (step() called without stop()) writes the flight record."""
-    debugger, dump_path = _debugger(tmp_path, "L1", {})
-    ms.set_seed(0)
-    net = Net()
-    _train(net, debugger, 2)
+def _end_a_step_abnormally(net, debugger):
+    """A step whose forward ran, ended by an exception (``step()`` called without ``stop()``)."""
     debugger.start(net)
     net(Tensor(np.ones((2, 4), np.float32)))
     try:
         raise KeyError("data loader failed")
     except KeyError:
         debugger.step()
+
+
+def test_abnormal_end_writes_the_history(tmp_path):
+    """An exception in the step (step() called without stop()) writes the flight record."""
+    debugger, dump_path = _debugger(tmp_path, "L1", {})
+    ms.set_seed(0)
+    net = Net()
+    _train(net, debugger, 2)
+    _end_a_step_abnormally(net, debugger)
     (d,) = glob.glob(os.path.join(dump_path, "step2", "*"))
     assert "Functional.log.0.forward" in msprobe.dump.load(d).data
     with open(os.path.join(d, "dump.json")) as f:
@@ -722,12 +727,7 @@ def test_an_abnormal_end_says_what_it_wrote(tmp_path, caplog, capsys):
     _train(net, debugger, 2)
     capsys.readouterr()
     with caplog.at_level(logging.WARNING, logger="msprobe"):
-        debugger.start(net)
-        net(Tensor(np.ones((2, 4), np.float32)))
-        try:
-            raise KeyError("data loader failed")
-        except KeyError:
-            debugger.step()
+        _end_a_step_abnormally(net, debugger)
     debugger.service.close()
     (message,) = [r.getMessage() for r in caplog.records if "ended abnormally" in r.getMessage()]
     dirs = {step: glob.glob(os.path.join(dump_path, f"step{step}", "*"))[0] for step in range(3)}
