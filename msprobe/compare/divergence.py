@@ -119,6 +119,8 @@ class DivergenceFinder:
         exact = self.exact
         way = naming.direction_of(entry.name)
         if entry.match == "unmatched":
+            if not entry.records:  # every record of it matched an ``ignore`` pattern: left out
+                return
             if self.unmatched[way] is None and not self.found[way]:
                 self.unmatched[way] = entry
             return
@@ -174,7 +176,8 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
     for key, what in (("level", "levels"), ("task", "tasks")):
         if t.get(key) and g.get(key) and t[key] != g[key]:
             return (f"the dumps were taken at different {what} ({t[key]} vs {g[key]}): entries that "
-                    f"one {key} records and the other does not are unmatched")
+                    f"one {key} records and the other does not are unmatched (leave them out with "
+                    f"--ignore patterns, e.g. --ignore 'Cell.*')")
     return None
 
 
