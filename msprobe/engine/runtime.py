@@ -752,12 +752,18 @@ class Runtime:
         ``sid`` (its frames the first time ``sid`` is used, then the reference, with ``body`` as
         :func:`journal.stack_ref` takes it). ``sid`` comes from the caller, so the stack is read at its
         frame."""
-        pairs = []
-        if sid not in self._emitted_stacks:
-            self._emitted_stacks.add(sid)
-            pairs.append((writer, journal.stack_frames(sid, self.stacks.rendered[sid])))
+        frames = self._frames_on_first_use(sid)
+        pairs = [] if frames is None else [(writer, frames)]
         pairs.append((writer, journal.stack_ref(entry, sid, body)))
         return pairs
+
+    def _frames_on_first_use(self, sid: int):
+        """Call with :attr:`lock` held: the :func:`journal.stack_frames` line of stack ``sid`` the first
+        time the step uses it (marking it used), else ``None``."""
+        if sid in self._emitted_stacks:
+            return None
+        self._emitted_stacks.add(sid)
+        return journal.stack_frames(sid, self.stacks.rendered[sid])
 
     def record_parent(self, name: str, parent, token=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
@@ -964,10 +970,9 @@ class Runtime:
         if not lines:
             return
         with self._lock:
-            if stack is not None and stack[0] not in self._emitted_stacks:
-                sid, at = stack
-                self._emitted_stacks.add(sid)
-                lines.insert(at, journal.stack_frames(sid, self.stacks.rendered[sid]))
+            frames = None if stack is None else self._frames_on_first_use(stack[0])
+            if frames is not None:
+                lines.insert(stack[1], frames)
             self._pending.extend([(writer, line) for line in lines])
             full = self._added_to_batch(slots)
         self._asked += asked
