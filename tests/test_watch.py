@@ -484,6 +484,9 @@ def test_a_step_beyond_the_step_bound_keeps_its_latest_entries_and_says_so(tmp_p
     dropped = int(log.split("its first ")[1].split()[0])
     assert dropped >= first and "MiB of encoded records of the open step" in log
     debugger.step()
+    partial = msprobe.dump.load(d).header["partial"]
+    assert partial == (f"watch mode kept the latest {20000 / 2 ** 20:g} MiB of encoded records of this "
+                       f"step before the anomaly: its first {dropped} entries are not in this dump")
 
 
 class Tokens(nn.Cell):
@@ -678,6 +681,37 @@ def test_the_trigger_message_says_what_was_written(tmp_path, capsys, caplog):
     for step, count in ((1, 3), (2, per_step)):  # what the message says is what is on disk
         (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
         assert len(msprobe.dump.load(d).data) == count
+
+
+def test_a_step_partly_kept_by_the_history_says_so(tmp_path):
+    """An earlier step of which the history kept only its tail has ``partial`` in its dump.json
+    (what is left out, in words); whole steps have none; the files pass the schema and ``summarize``
+    shows it."""
+    from msprobe.format.validate import validate_dump_tree
+    plain, plain_path = _debugger(tmp_path, "L1", None, name="plain")
+    ms.set_seed(0)
+    _train(Net(), plain, 2)
+    plain.service.close()
+    per_step = len(msprobe.dump.load(glob.glob(os.path.join(plain_path, "step0", "*"))[0]).data)
+    debugger, dump_path = _debugger(tmp_path, "L1", {"history": per_step + 3})
+    ms.set_seed(0)
+    _train(Net(), debugger, 4, at=3, poison=_forward_nan)
+    debugger.service.close()
+    headers = {}
+    for step in (1, 2, 3):
+        (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
+        headers[step] = msprobe.dump.load(d).header
+    assert headers[1]["partial"] == (f"watch mode's history kept the last 3 of this step's {per_step} "
+                                     f"entries (watch.history {per_step + 3})")
+    assert "partial" not in headers[2] and "partial" not in headers[3]
+    assert validate_dump_tree(dump_path)
+    (line,) = [x for x in msprobe.dump.summarize(dump_path).splitlines() if "step1/" in x]
+    assert "(PARTIAL: watch mode's history kept the last 3 of" in line
+    # against a whole dump of the same step, first-diff says why the entries before the tail are missing
+    from click.testing import CliRunner
+    from msprobe.cli import main
+    out = CliRunner().invoke(main, ["first-diff", dump_path, plain_path, "--step", "1"]).output
+    assert "present on one side only (the target dump holds only part of its step (watch mode's" in out, out
 
 
 class _JitThenPoison(nn.Cell):

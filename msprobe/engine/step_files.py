@@ -22,6 +22,8 @@ class StepExtras:
     Attributes:
         notes: ``coverage.json`` items by key (``not_captured``, ``unwaited_async_handles``, ...).
         abnormal: why the step ended abnormally (``dump.json["abnormal"]``), or ``None``.
+        partial: what of the step's records the files leave out, when they hold only part of a step
+            that ran to its end (watch mode's history: ``dump.json["partial"]``), or ``None``.
         anomaly_extra: fields added to ``anomalies.json`` (watch mode: what triggered it), or ``None``.
         changed: something changed since the files were last written.
     """
@@ -29,6 +31,7 @@ class StepExtras:
     def __init__(self):
         self.notes: dict = {}
         self.abnormal: str | None = None
+        self.partial: str | None = None
         self.anomaly_extra: dict | None = None
         self.changed = True
 
@@ -46,11 +49,11 @@ class StepExtras:
 
 
 def dump_document(header: dict, data: dict, abnormal: str | None = None,
-                  empty_reason: str | None = None) -> dict:
+                  empty_reason: str | None = None, partial: str | None = None) -> dict:
     """``dump.json``/``debug.json``: the header's fields (``task``, ``level``, ``framework``,
     ``dump_data_dir``, ``schema``, ``run_id``, ``msprobe_version``, in that order), ``data``, then
-    ``abnormal`` when given and ``empty_reason`` exactly when ``data`` is empty (default
-    :data:`DEFAULT_EMPTY_REASON`)."""
+    ``abnormal`` and ``partial`` when given and ``empty_reason`` exactly when ``data`` is empty
+    (default :data:`DEFAULT_EMPTY_REASON`)."""
     dump = {k: header[k] for k in ("task", "level", "framework", "dump_data_dir", "schema") if k in header}
     for k in ("run_id", "msprobe_version"):
         if header.get(k) is not None:
@@ -58,6 +61,8 @@ def dump_document(header: dict, data: dict, abnormal: str | None = None,
     dump["data"] = data
     if abnormal:
         dump["abnormal"] = abnormal
+    if partial:
+        dump["partial"] = partial
     if not data:  # an empty step is written with its reason, never left missing
         dump["empty_reason"] = empty_reason or DEFAULT_EMPTY_REASON
     return dump
@@ -82,7 +87,8 @@ def write_step(writer, extras: StepExtras, empty_reason: str | None = None) -> N
         return
     with target.lock:  # no line lands between reading the records and writing the files
         header, data, stacks, construct = target.replayed()
-        documents = {target.data_file: dump_document(header, data, extras.abnormal, empty_reason)}
+        documents = {target.data_file: dump_document(header, data, extras.abnormal, empty_reason,
+                                                                 extras.partial)}
         if target.extra_info:
             if header.get("task") != "structure":
                 construct = report.without_empty_backward(construct, data)

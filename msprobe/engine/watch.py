@@ -511,15 +511,18 @@ class WatchWriter:
                 written.append((directory, f"step {step}, another tree of it: {count} entries so far, "
                                            "the rest added as it runs"))
                 continue
-            write_step(writer, StepExtras(), kept)
-            writer.close(announce=False)
             total = totals.get((step, directory))
+            extras = StepExtras()
             if step == self.step:  # no writer of that tree is open any more: only what came so far
                 what = f"step {step}, another tree of it: {count} entries"
             elif total is None or total == count:
                 what = f"step {step}: all its {count} entries"
             else:
                 what = f"step {step}: its last {count} of {total} entries"
+                extras.partial = (f"watch mode's history kept the last {count} of this step's {total} "
+                                  f"entries (watch.history {watch.settings.history})")
+            write_step(writer, extras, kept)
+            writer.close(announce=False)
             written.append((directory, what))
         if self.real is None:  # nothing of this step in the history yet
             self.real = self.make_writer(self.directory)
@@ -528,6 +531,10 @@ class WatchWriter:
         for message in self._errors:
             self.real.error(message)
         if dropped:
+            self.extras.partial = (f"watch mode kept the latest {watch_history.STEP_BYTES / 2 ** 20:g} MiB "
+                                   f"of encoded records of this step before the anomaly: its first "
+                                   f"{dropped} entries are not in this dump")
+            self.extras.changed = True
             self.real.error(f"watch mode keeps the latest {watch_history.STEP_BYTES / 2 ** 20:g} MiB of "
                             f"encoded records of the open step: its first {dropped} entries before the "
                             "anomaly are not in this dump")

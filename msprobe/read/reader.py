@@ -123,7 +123,8 @@ def iter_bodies(directory: str):
     """Yield ``(entry, body)`` of one ``step{N}/rank{R}`` directory in written (execution) order,
     after first yielding ``(None, header)`` (for ``dump.json``: the keys written before ``data``, i.e.
     ``task``, ``level``, ``framework``, ``dump_data_dir``, ``schema``, ``run_id``, ``msprobe_version``;
-    :func:`load` has all).
+    the keys written after it, ``abnormal``, ``partial``, ``empty_reason``, are added to that same
+    dict once the last entry has been read; :func:`load` has all at once).
 
     A finished ``dump.json`` is streamed: it is parsed one entry at a time from 1 MiB chunks, so
     memory does not grow with the dump (the JSON libraries that stream do not accept the ``NaN`` /
@@ -142,7 +143,7 @@ def iter_bodies(directory: str):
         return
     with open(path, encoding="utf-8") as f:
         members = _ObjectStream(f, path)
-        header = {}
+        header, seen_data = {}, False
         for key in members.keys():
             if key != "data":
                 header[key] = members.value()
@@ -153,6 +154,8 @@ def iter_bodies(directory: str):
             for entry in inner.keys():
                 yield entry, inner.value()
             members.take_over(inner)
+            seen_data = True
+        if seen_data:  # the keys after data (abnormal, partial, empty_reason) are in header now
             return
     raise DumpFormatError(f"{path}: no \"data\" object")
 
@@ -378,6 +381,8 @@ def summarize(dump_path: str) -> str:
         state = "" if dump.complete else "  (INCOMPLETE)"
         if dump.header.get("abnormal"):
             state += f"  (ABNORMAL: {dump.header['abnormal']})"
+        if dump.header.get("partial"):
+            state += f"  (PARTIAL: {dump.header['partial']})"
         where = f"{tree}step{step}/{rank}"
         lines.append(f"  {where}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
                      f"{grads} parameter-gradient) prefixes: {', '.join(prefixes)}{state}")
