@@ -266,7 +266,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
 
     Exit 0: the runs agree (no producer); 1: they diverge (a producer exists); 2: bad input.
     """
-    from msprobe.compare import first_divergence, nan_producer
+    from msprobe.compare import first_divergence, level_notes, nan_producer
     from msprobe.compare.output import json_safe
 
     diverged = []
@@ -283,6 +283,8 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     else:
         if golden is not None and not diverged:
             click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance")
+            for note in level_notes(target, golden, step, rank):
+                click.echo(f"  note: {note}")
         for f in diverged:
             _print_finding(f, {"divergence": "first divergence", "input": "first difference",
                                "precision": "first difference of precision",

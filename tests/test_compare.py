@@ -435,15 +435,25 @@ def test_report_of_a_dump_with_several_steps_names_the_step_it_shows(tmp_path):
 
 
 def test_dumps_of_different_levels_say_so_instead_of_different_calls(dumps, tmp_path):
-    """An L1 dump against a mix dump: the Cell entries only mix records are unmatched because of the
-    level, and first-diff says that rather than "the runs executed different calls"."""
+    """An L1 dump against a mix dump: the Cell entries only mix records are left out of the first
+    divergence and the API entries both record are compared (the same run agrees, and says on what);
+    L0 against L1 share no entry kind: the first unmatched entry is named, with the levels as the
+    reason rather than "the runs executed different calls"."""
     l1 = make_dump(tmp_path, "l1", level="L1")
-    (found,) = first_divergence(l1, dumps["base"])
-    assert found.kind == "unmatched" and found.note is not None
-    assert "different levels (L1 vs mix)" in found.note
-    out = cli("first-diff", l1, dumps["base"], check_code=1).stdout
-    assert "different levels (L1 vs mix)" in out and "executed different calls" not in out
-    # with the entries of one level only ignored, the rest is compared: the same run agrees
+    assert first_divergence(l1, dumps["base"]) == []
+    out = cli("first-diff", l1, dumps["base"], check_code=0).stdout
+    assert "the runs agree within tolerance" in out, out
+    assert ("note: the dumps were taken at different levels (L1 vs mix): the API entries both record "
+            "are compared, those only mix records are left out") in out, out
+    # a real difference is still found across levels, and its note says what was compared
+    (tanh,) = first_divergence(dumps["tanh"], l1)
+    assert tanh.kind == "divergence" and "(mix vs L1)" in tanh.note
+    l0 = make_dump(tmp_path, "l0", level="L0")
+    (found,) = first_divergence(l0, l1)
+    assert found.kind == "unmatched" and "different levels (L0 vs L1)" in found.note
+    out = cli("first-diff", l0, l1, check_code=1).stdout
+    assert "different levels (L0 vs L1)" in out and "executed different calls" not in out
+    # the --ignore patterns still leave entries out by hand
     out = cli("first-diff", l1, dumps["base"], "--ignore", "Cell.*", check_code=0).stdout
     assert "the runs agree" in out, out
     (same,) = first_divergence(dumps["extra"], dumps["base"])

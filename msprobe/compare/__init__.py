@@ -15,19 +15,19 @@ import logging
 import os
 from typing import List, Optional, Sequence, Union
 
-from msprobe.compare.divergence import DivergenceFinder, Finding, nan_producers
+from msprobe.compare.divergence import DivergenceFinder, Finding, level_note, nan_producers
 from msprobe.compare.divergence import first_divergence as _first_divergence
-from msprobe.compare.engine import StepComparison, columns, entry_values
+from msprobe.compare.engine import StepComparison, columns, entry_values, levels_compared_in_part
 from msprobe.compare.inputs import InputError, pair, rank_number, resolve
 from msprobe.compare.judge import MODES
 from msprobe.compare.matching import load_mapping
 from msprobe.compare.output import ResultWriter, json_safe, result_name, write_summary
 from msprobe.compare.thresholds import Thresholds
-from msprobe.dump import load_stacks
+from msprobe.dump import iter_bodies, load_stacks
 
 logger = logging.getLogger("msprobe")
 
-__all__ = ["compare", "first_divergence", "nan_producer", "compare_to_files", "comparisons",
+__all__ = ["compare", "first_divergence", "level_notes", "nan_producer", "compare_to_files", "comparisons",
            "Finding", "InputError", "Thresholds", "StepComparison", "MODES"]
 
 
@@ -87,6 +87,19 @@ def first_divergence(target: str, golden: str, exact: bool = False, **options) -
     return found
 
 
+def level_notes(target: str, golden: str, step: Optional[Sequence[int]] = None,
+                rank: Optional[Sequence[int]] = None) -> List[str]:
+    """The distinct notes of the paired step/rank directories whose dumps are compared in part (a
+    ``mix`` dump against an ``L0``/``L1`` one: :func:`msprobe.compare.divergence.level_note`);
+    reads each side's header only. Raises InputError as :func:`comparisons` does."""
+    notes = []
+    for p in pair(target, golden, step, rank):
+        headers = [next(iter(iter_bodies(d)))[1] for d in (p.target, p.golden)]
+        if levels_compared_in_part(*headers) and level_note(*headers) not in notes:
+            notes.append(level_note(*headers))
+    return notes
+
+
 def nan_producer(dump: str, step: Optional[Sequence[int]] = None,
                  rank: Optional[Sequence[int]] = None) -> List[Finding]:
     """Per step/rank of one dump (all ranks), the first NaN/Inf producer, by step then rank."""
@@ -116,7 +129,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
         base = os.path.join(out_dir, result_name(c.rank, stamp, c.step, several))
         writer = ResultWriter(base, columns(c.mode, stack), xlsx)
         matches, verdicts, first_source = {}, {}, None
-        finder = DivergenceFinder()  # the same rule as first-diff, from this pass
+        finder = DivergenceFinder(leave_out=c.recorded_at_one_level_only)  # first-diff's rule, this pass
         stacks = load_stacks(c.target.directory) if stack else None
         try:
             for entry in c.entries():

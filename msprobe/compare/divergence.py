@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from msprobe.compare import judge as J
-from msprobe.compare.engine import EntryResult, StepComparison
+from msprobe.compare.engine import EntryResult, StepComparison, levels_compared_in_part
 from msprobe.compare.records import TENSOR_TYPES, Side
 from msprobe.dump import load_construct, load_stacks
 from msprobe.format import naming
@@ -98,7 +98,7 @@ def first_divergence(comparison: StepComparison, exact: bool = False) -> Optiona
     only (``kind="unmatched"``) that runs before the first divergence is named instead: the runs
     executed different calls there. When no entry has agreeing inputs and differing outputs, the
     first differing entry is returned with ``kind="input"``."""
-    finder = DivergenceFinder(exact)
+    finder = DivergenceFinder(exact, comparison.recorded_at_one_level_only)
     for entry in comparison.entries():
         finder.add(entry)
     return finder.result(comparison)
@@ -108,8 +108,11 @@ class DivergenceFinder:
     """The rule of :func:`first_divergence`, fed one compared entry at a time (in execution order), so
     ``msprobe compare`` names the same entry as ``msprobe first-diff`` from its own pass."""
 
-    def __init__(self, exact: bool = False):
+    def __init__(self, exact: bool = False, leave_out=None):
+        """``leave_out``: a predicate on unmatched entries that are not counted as a difference
+        (:meth:`StepComparison.recorded_at_one_level_only`), or None."""
         self.exact = exact
+        self.leave_out = leave_out
         self.found = {"forward": [], "backward": []}
         self.unmatched = {"forward": None, "backward": None}
         self.first_precision = None
@@ -120,6 +123,8 @@ class DivergenceFinder:
         way = naming.direction_of(entry.name)
         if entry.match == "unmatched":
             if not entry.records:  # every record of it matched an ``ignore`` pattern: left out
+                return
+            if self.leave_out is not None and self.leave_out(entry):  # only mix records it
                 return
             if self.unmatched[way] is None and not self.found[way]:
                 self.unmatched[way] = entry
@@ -174,6 +179,8 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
     history), or ``None``: entries of one level only, or left out of a partial step, are unmatched
     without the runs having executed different calls."""
     t, g = comparison.target.header, comparison.golden.header
+    if levels_compared_in_part(t, g):
+        return level_note(t, g)
     for key, what in (("level", "levels"), ("task", "tasks")):
         if t.get(key) and g.get(key) and t[key] != g[key]:
             return (f"the dumps were taken at different {what} ({t[key]} vs {g[key]}): entries that "
@@ -184,6 +191,14 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
             return (f"the {side} dump holds only part of its step ({header['partial']}): the entries "
                     f"it leaves out are unmatched")
     return None
+
+
+def level_note(target_header: dict, golden_header: dict) -> str:
+    """What is compared of a ``mix`` dump against an ``L0``/``L1`` one (:func:`levels_compared_in_part`)."""
+    t, g = target_header["level"], golden_header["level"]
+    lower = t if g == "mix" else g
+    return (f"the dumps were taken at different levels ({t} vs {g}): the {'Cell' if lower == 'L0' else 'API'} "
+            f"entries both record are compared, those only mix records are left out")
 
 
 def _forward_of(entry: Optional[str]) -> Optional[str]:

@@ -70,6 +70,15 @@ class EntryResult:
         return self.target or self.golden
 
 
+def levels_compared_in_part(target_header: dict, golden_header: dict) -> bool:
+    """Whether one dump is ``mix`` and the other ``L0`` or ``L1``: then what the lower level records
+    (Cells at L0, APIs at L1) is compared, and the entries only ``mix`` records are left out of the
+    first divergence (:meth:`StepComparison.recorded_at_one_level_only`). L0 against L1 have no
+    entry kind in common and are not compared in part."""
+    levels = {target_header.get("level"), golden_header.get("level")}
+    return levels in ({"mix", "L0"}, {"mix", "L1"})
+
+
 def detect_mode(target: Side, golden: Side) -> str:
     """``tensor`` when both dumps are task tensor with tensor files, else ``md5`` when both carry
     CRC-32 values, else ``statistics``."""
@@ -114,6 +123,15 @@ class StepComparison:
         if self.mode == J.TENSOR and not (self.target.has_tensor_files() and self.golden.has_tensor_files()):
             raise ValueError("tensor mode needs both dumps written with task \"tensor\"")
         self.pairs = match(self.target, self.golden, mapping)
+
+    def recorded_at_one_level_only(self, entry: EntryResult) -> bool:
+        """Whether ``entry`` is present on one side only because the other dump's level does not
+        record its kind: a Cell entry against an L1 dump, an API entry against an L0 dump, when
+        the other dump is ``mix`` (:func:`levels_compared_in_part`)."""
+        if entry.match != "unmatched" or not levels_compared_in_part(self.target.header, self.golden.header):
+            return False
+        other = (self.golden if entry.target is not None else self.target).header["level"]
+        return other != "mix" and (other == "L0") != entry.name.startswith("Cell.")
 
     def entries(self) -> Iterator[EntryResult]:
         """Every entry pair in target execution order (tensor files loaded one pair at a time).
