@@ -15,18 +15,18 @@ class CompareNet(nn.Cell):
     """Dense(8,16) -> ReLU Cell -> ops.relu -> Scale Cell -> gelu -> Dense(16,4) -> ops.relu.
 
     Variants: ``extra_relu`` calls ``ops.relu`` once more right after the first (same values: relu is
-    idempotent), ``approximate`` is gelu's argument and ``factor`` the ``mint.mul`` factor inside the
+    idempotent; ``inner_relu``: inside the ``Scale`` Cell, on its result), ``approximate`` is gelu's argument and ``factor`` the ``mint.mul`` factor inside the
     ``Scale`` Cell (changed-op cases), ``mint_relu`` calls ``mint.nn.functional.relu`` instead of
     the last ``ops.relu`` (a name mapping case), ``cast_out`` ends with ``ops.cast`` to float32 (the
     float32 loss of a mixed-precision run), ``nan`` takes ``ops.sqrt``
     of a tensor holding negative values (NaN produced at ``Functional.sqrt.0.forward``, after one extra ``Tensor.__sub__``)."""
 
     def __init__(self, extra_relu=False, approximate="none", nan=False, factor=2.0,
-                 mint_relu=False, cast_out=False):
+                 mint_relu=False, cast_out=False, inner_relu=False):
         super().__init__()
         self.fc1 = nn.Dense(8, 16)
         self.relu = nn.ReLU()
-        self.scale = Scale(factor)
+        self.scale = Scale(factor, inner_relu)
         self.fc2 = nn.Dense(16, 4)
         self.extra_relu, self.approximate, self.nan = extra_relu, approximate, nan
         self.mint_relu = mint_relu
@@ -50,12 +50,13 @@ class CompareNet(nn.Cell):
 
 
 class Scale(nn.Cell):
-    def __init__(self, factor):
+    def __init__(self, factor, inner_relu=False):
         super().__init__()
-        self.factor = factor
+        self.factor, self.inner_relu = factor, inner_relu
 
     def construct(self, h):
-        return mint.mul(h, self.factor) * 0.5
+        h = mint.mul(h, self.factor) * 0.5
+        return ops.relu(h) if self.inner_relu else h
 
 
 def build(seed=0, dtype=ms.float32, **variant):

@@ -34,6 +34,7 @@ def dumps(tmp_path_factory):
         "seed1": make_dump(root, "seed1", seed=1),
         "fp16": make_dump(root, "fp16", dtype=ms.float16),
         "extra": make_dump(root, "extra", extra_relu=True),
+        "inner": make_dump(root, "inner", inner_relu=True),
         "tanh": make_dump(root, "tanh", approximate="tanh"),
         "factor": make_dump(root, "factor", factor=2.5),
         "nan": make_dump(root, "nan", nan=True),
@@ -143,6 +144,15 @@ def test_one_extra_call_does_not_shift_later_names(dumps):
     assert {r["Result"] for r in rows if r["Match"] == "unmatched"} == {"unmatched"}
     (found,) = first_divergence(dumps["extra"], dumps["base"])
     assert (found.kind, found.entry) == ("unmatched", "Functional.relu.1.forward")
+
+def test_an_unmatched_entry_has_its_cell_path_on_either_side(dumps):
+    """An extra call inside a Cell: its Cell path comes from the dump it is in, whether that dump is
+    the target or the golden."""
+    (found,) = first_divergence(dumps["inner"], dumps["base"])
+    (other,) = first_divergence(dumps["base"], dumps["inner"])
+    assert (found.kind, other.kind) == ("unmatched", "unmatched")
+    assert found.entry == other.entry and found.entry.startswith("Functional.relu."), (found, other)
+    assert found.cell_path == other.cell_path == ["Cell.scale.Scale.forward.0"]
 
 
 def test_first_divergence_names_the_changed_op(dumps):

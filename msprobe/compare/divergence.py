@@ -143,8 +143,10 @@ class DivergenceFinder:
     def result(self, comparison: StepComparison) -> Optional[Finding]:
         construct = load_construct(comparison.target.directory)
         for way in ("forward", "backward"):
-            if self.unmatched[way] is not None:
-                return _finding("unmatched", comparison, self.unmatched[way], construct)
+            if self.unmatched[way] is not None:  # its Cell path from the side it is on
+                entry = self.unmatched[way]
+                own = construct if entry.target is not None else load_construct(comparison.golden.directory)
+                return _finding("unmatched", comparison, entry, own)
             if self.found[way]:
                 return _finding("divergence", comparison, _innermost(self.found[way], construct), construct)
         if self.first_precision is not None:
