@@ -14,6 +14,7 @@ import pytest
 from mindspore import Parameter, Tensor, ops
 
 from msprobe.engine import flush, stacks, writer
+from msprobe.format import journal
 from msprobe.format.journal import encode_json
 from msprobe.tensors import hotpath, records, stats
 from conftest import build_mlp, mlp_batch, only_step_dir, run_steps
@@ -219,6 +220,57 @@ def test_resolve_and_lines_match_python():
         py_any |= flags[0]
     text, resolved, non_finite = ext.encode_lines(recs, encode_json)
     assert (bytes(text), resolved, non_finite) == (py_lines, py_resolved, py_any)
+
+
+def _replay_cases():
+    """Journal lines of every kind, in orders that exercise each handler's branches."""
+    leaf = {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2], "Max": 1.0, "Min": 0.0}
+    return [
+        journal.header("statistics", "mix", "mindspore", None),
+        journal.construct_edge("Cell.a.A.forward.0", None),
+        journal.stack_frames(0, ["File x.py, line 1, in f, \n f()"]),
+        journal.stack_ref("Functional.relu.0.forward", 0, {"input_args": [leaf], "input_kwargs": {},
+                                                           "output": [leaf]}),
+        journal.stack_ref("Functional.relu.0.forward", 0),  # a second use of the same entry
+        journal.stack_ref("Functional.add.0.forward", 0, None),
+        journal.key_line("Functional.relu.0.forward", "output", [leaf, None]),  # overwrites a key
+        journal.key_line("Functional.relu.0.backward", "input", [leaf]),
+        journal.item_line("Functional.relu.0.backward", "output", 1, 3, leaf),  # grows a missing list
+        journal.item_line("Functional.relu.0.backward", "output", 0, 3, leaf),  # fills it in place
+        journal.item_line("Functional.relu.0.backward", "output", 2, 2, leaf),  # the longer list stays
+        journal.item_line("Functional.relu.0.backward", "input", 2, 4, leaf),  # grows an existing list
+        journal.item_line("Functional.mul.0.backward", "output", 0, 1, leaf),  # a new entry
+        journal.value_line("debug.x", [leaf]),
+        journal.path_line("debug.x", [0], leaf),
+        journal.key_line("Functional.add.0.forward", "output", None),
+        journal.construct_edge("Cell.a.A.backward.0", "Cell.a.A.forward.0"),
+        journal.stack_frames(1, []),
+        journal.stack_ref("Functional.mul.0.backward", 1, {"input": [leaf]}),
+        journal.item_line("Functional.relu.0.backward", "output", -1, 3, "negative index: Python decides"),
+        {"x": 1},  # no kind: ignored
+    ]
+
+
+def _replayed(apply, lines):
+    state = journal.Replay()
+    apply(state, lines)
+    return json.dumps(state.result()), list(state.data), sorted(state._valued)
+
+
+def test_replay_lines_matches_python():
+    lines = _replay_cases()
+    assert _replayed(ext.replay_lines, lines) == _replayed(journal.Replay.apply_all, lines)
+    assert _replayed(flush.replay_batch, lines) == _replayed(journal.Replay.apply_all, lines)
+
+
+@pytest.mark.parametrize("line", [{"e": "a", "k": "output"}, {"e": "a", "k": "x", "i": 5, "n": 2, "v": 1},
+                                  {"e": "a", "k": "x", "i": "0", "n": 1, "v": 1}, {"c": "a"}, {"s": 0}])
+def test_replay_lines_raises_what_python_raises(line):
+    """A malformed line raises in C what Replay.apply raises (it is applied by Replay.apply)."""
+    with pytest.raises(Exception) as py_error:
+        journal.Replay().apply(line)
+    with pytest.raises(type(py_error.value)):
+        ext.replay_lines(journal.Replay(), [line])
 
 
 def test_stack_key_matches_python():

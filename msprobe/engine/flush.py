@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from msprobe.engine.writer import encode_lines
-from msprobe.format.journal import encode_json
+from msprobe.format.journal import Replay, encode_json
 from msprobe.format.npy import check_saveable
 from msprobe.tensors import hotpath, stats
 
@@ -32,6 +32,17 @@ def encode_batch(records: list) -> tuple:
     if ext is not None:
         return ext.encode_lines(records, encode_json)
     return encode_lines(records)
+
+
+def replay_batch(state: Replay, lines: list) -> None:
+    """Apply resolved journal ``lines`` to the writer's live :class:`~msprobe.format.journal.Replay`
+    ``state`` (:meth:`Replay.apply_all`): the common line kinds in C when
+    :mod:`msprobe.tensors.hotpath` runs, the same effect; the writer's ``line_replayer``."""
+    ext = hotpath.ext
+    if ext is not None and type(state) is Replay:  # a subclass's handlers are Python's to call
+        ext.replay_lines(state, lines)
+    else:
+        state.apply_all(lines)
 
 
 #: how often one synchronisation is retried after it raised (MindSpore reports a failure once)

@@ -33,7 +33,8 @@ from msprobe.engine import layout
 from msprobe.engine.budget import TensorBudget
 from msprobe.engine.deferred import DeferredOutputs
 from msprobe.engine.filters import Selector
-from msprobe.engine.flush import release_tensors, FlushTimer, encode_batch, materialize, raised_by_mindspore
+from msprobe.engine.flush import (release_tensors, FlushTimer, encode_batch, materialize, raised_by_mindspore,
+                                  replay_batch)
 from msprobe.tensors.records import Describer, describe_other
 from msprobe.engine.stacks import StackTable
 from msprobe.engine.step_files import StepExtras, write_step
@@ -553,7 +554,8 @@ class Runtime:
         def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
             return StepWriter(path, header, tensor_data=tensor_data,
                               extra_info=self.config.extra_info and not debug,
-                              data_file="debug.json" if debug else "dump.json", line_encoder=encode_batch)
+                              data_file="debug.json" if debug else "dump.json", line_encoder=encode_batch,
+                              line_replayer=replay_batch)
 
         if self.watch is not None:  # memory only until an anomaly (engine/watch.py)
             rooms = self.watch.rooms  # directories this run has made room for (once each)

@@ -81,15 +81,19 @@ class StepWriter:
             the documents; the writer writes what it is given).
         data_file: ``dump.json``, or ``debug.json`` for the debug level.
         line_encoder: function with the contract of :func:`encode_lines` (default: that one).
+        line_replayer: ``callable(state, resolved lines)`` with the effect of
+            :meth:`Replay.apply_all <msprobe.format.journal.Replay.apply_all>` (the default) on the
+            live state.
 
     Raises:
         OSError: the directory or the journal cannot be created.
     """
 
     def __init__(self, directory: str, header: dict, tensor_data: bool, extra_info: bool,
-                 data_file: str = "dump.json", line_encoder=None):
+                 data_file: str = "dump.json", line_encoder=None, line_replayer=None):
         self.directory = directory
         self._encode_lines = line_encoder or encode_lines
+        self._replay_lines = line_replayer or Replay.apply_all
         self.tensor_dir = os.path.join(directory, TENSOR_DIR) if tensor_data else None
         self.extra_info = extra_info
         self.data_file = data_file
@@ -144,8 +148,7 @@ class StepWriter:
             if self._state is not None and self._journal_bytes > LIVE_STATE_BYTES:
                 self._state = None  # too big to mirror: replayed() reads the journal back
             if self._state is not None:
-                for rec in resolved:
-                    self._state.apply(rec)
+                self._replay_lines(self._state, resolved)
         self.last_flush = time.monotonic()
 
     def replayed(self):

@@ -190,6 +190,11 @@ class Replay:
             return self.on_header(rec["h"])
         return None
 
+    def apply_all(self, lines) -> None:
+        """:meth:`apply` each of ``lines`` (dicts), in order."""
+        for rec in lines:
+            self.apply(rec)
+
     # handlers: rebuild the step's files
     def on_header(self, fields: dict):
         self.header = fields

@@ -1194,6 +1194,141 @@ static PyObject *setup_calls(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
+
+/* ------------------------------------------------------------------ replay (journal) */
+static PyObject *S_e, *S_stack, *S_p, *S_i, *S_n, *S_k, *S_v, *S_c, *S_s, *S_f, *S_apply;
+static PyObject *S_data, *S_construct, *S_frames_attr, *S_stack_names;
+
+/* dict.setdefault(key, new empty dict or list) of a mapping; borrowed, NULL with an error set */
+static PyObject *set_default(PyObject *dict, PyObject *key, int list) {
+    PyObject *got = PyDict_GetItemWithError(dict, key);
+    if (got != NULL || PyErr_Occurred()) return got;
+    PyObject *fresh = list ? PyList_New(0) : PyDict_New();
+    if (fresh == NULL) return NULL;
+    int bad = PyDict_SetItem(dict, key, fresh);
+    Py_DECREF(fresh);
+    return bad ? NULL : fresh;
+}
+
+/* Replay.on_item: item `i` of the `n`-item list data[e][k] (a shorter or missing list replaced by one
+   padded with None); 1 applied, 0 a case left to Replay.apply, -1 error */
+static int replay_item(PyObject *rec, PyObject *e, PyObject *data) {
+    PyObject *k = PyDict_GetItemWithError(rec, S_k), *i = k ? PyDict_GetItemWithError(rec, S_i) : NULL;
+    PyObject *n = i ? PyDict_GetItemWithError(rec, S_n) : NULL, *v = n ? PyDict_GetItemWithError(rec, S_v) : NULL;
+    if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyLong_CheckExact(i) || !PyLong_CheckExact(n)) return 0;
+    Py_ssize_t index = PyLong_AsSsize_t(i), size = PyLong_AsSsize_t(n);
+    if ((index == -1 || size == -1) && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    PyObject *body = PyDict_GetItemWithError(data, e);
+    if (body == NULL && PyErr_Occurred()) return -1;
+    if (body != NULL && !PyDict_CheckExact(body)) return 0;
+    PyObject *seq = body ? PyDict_GetItemWithError(body, k) : NULL;
+    if (seq == NULL && PyErr_Occurred()) return -1;
+    if (seq == Py_None) seq = NULL;
+    if (seq != NULL && !PyList_CheckExact(seq)) return 0;
+    Py_ssize_t have = seq ? PyList_GET_SIZE(seq) : 0, length = have < size ? size : have;
+    if (index < 0 || index >= length) return 0;  /* negative or out of range: Python's indexing decides */
+    if (body == NULL && (body = set_default(data, e, 0)) == NULL) return -1;
+    if (have < size) {  /* a new list, as (seq or []) + [None] * (size - len(seq or [])) makes */
+        PyObject *grown = PyList_New(size);
+        if (grown == NULL) return -1;
+        for (Py_ssize_t j = 0; j < size; j++) {
+            PyObject *item = j < have ? PyList_GET_ITEM(seq, j) : Py_None;
+            Py_INCREF(item);
+            PyList_SET_ITEM(grown, j, item);
+        }
+        int bad = PyDict_SetItem(body, k, grown);
+        Py_DECREF(grown);
+        if (bad) return -1;
+        seq = grown;  /* held by body */
+    }
+    Py_INCREF(v);
+    return PyList_SetItem(seq, index, v) < 0 ? -1 : 1;
+}
+
+/* 1: applied, 0: not one of the common cases (the caller asks Replay.apply), -1: error */
+static int replay_line(PyObject *rec, PyObject *data, PyObject *construct, PyObject *frames, PyObject *names) {
+    PyObject *e, *a, *b;
+    if (!PyDict_CheckExact(rec)) return 0;
+    if ((e = PyDict_GetItemWithError(rec, S_e)) != NULL) {
+        if ((a = PyDict_GetItemWithError(rec, S_stack)) != NULL) {  /* stack_ref */
+            b = PyDict_GetItemWithError(rec, S_v);
+            if (b == NULL && PyErr_Occurred()) return -1;
+            if (b == Py_None) b = NULL;
+            if (b != NULL && !PyDict_CheckExact(b)) return 0;
+            PyObject *got = PyDict_GetItemWithError(data, e);
+            if (got == NULL && PyErr_Occurred()) return -1;
+            if (got != NULL && !PyDict_CheckExact(got)) return 0;
+            PyObject *list = PyDict_GetItemWithError(names, a);
+            if (list == NULL && PyErr_Occurred()) return -1;
+            if (list != NULL && !PyList_CheckExact(list)) return 0;
+            if (got == NULL && (got = set_default(data, e, 0)) == NULL) return -1;
+            if (list == NULL && (list = set_default(names, a, 1)) == NULL) return -1;
+            if (PyList_Append(list, e) < 0) return -1;
+            return b == NULL ? 1 : (PyDict_Update(got, b) < 0 ? -1 : 1);
+        }
+        if (PyErr_Occurred()) return -1;
+        if (PyDict_Contains(rec, S_p)) return 0;
+        if (PyDict_Contains(rec, S_i) || PyDict_Contains(rec, S_n)) return replay_item(rec, e, data);
+        a = PyDict_GetItemWithError(rec, S_k);
+        b = a != NULL ? PyDict_GetItemWithError(rec, S_v) : NULL;
+        if (b == NULL) return PyErr_Occurred() ? -1 : 0;  /* a whole entry, or a malformed line */
+        PyObject *got = PyDict_GetItemWithError(data, e);  /* set_key */
+        if (got == NULL && PyErr_Occurred()) return -1;
+        if (got != NULL && !PyDict_CheckExact(got)) return 0;
+        if (got == NULL && (got = set_default(data, e, 0)) == NULL) return -1;
+        return PyDict_SetItem(got, a, b) < 0 ? -1 : 1;
+    }
+    if (PyErr_Occurred()) return -1;
+    if ((a = PyDict_GetItemWithError(rec, S_c)) != NULL) {  /* construct_edge */
+        b = PyDict_GetItemWithError(rec, S_p);
+        if (b == NULL) return PyErr_Occurred() ? -1 : 0;
+        return PyDict_SetItem(construct, a, b) < 0 ? -1 : 1;
+    }
+    if (PyErr_Occurred()) return -1;
+    if ((a = PyDict_GetItemWithError(rec, S_s)) != NULL) {  /* stack_frames */
+        b = PyDict_GetItemWithError(rec, S_f);
+        if (b == NULL) return PyErr_Occurred() ? -1 : 0;
+        return PyDict_SetItem(frames, a, b) < 0 ? -1 : 1;
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *replay_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "replay_lines(state, lines)");
+        return NULL;
+    }
+    PyObject *state = args[0], *parts[4] = {NULL, NULL, NULL, NULL}, *attrs[4] = {S_data, S_construct,
+                                                                                   S_frames_attr, S_stack_names};
+    PyObject *seq = NULL, *result = NULL;
+    for (int j = 0; j < 4; j++) {
+        if ((parts[j] = PyObject_GetAttr(state, attrs[j])) == NULL) goto done;
+        if (!PyDict_Check(parts[j])) {
+            PyErr_SetString(PyExc_TypeError, "replay_lines() needs a Replay state (dicts data, construct, ...)");
+            goto done;
+        }
+    }
+    if ((seq = PySequence_Fast(args[1], "replay_lines() needs a sequence of lines")) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *rec = PySequence_Fast_GET_ITEM(seq, i);
+        int got = replay_line(rec, parts[0], parts[1], parts[2], parts[3]);
+        if (got < 0) goto done;
+        if (got == 0) {  /* the other kinds (header, items, paths, whole entries): Replay.apply */
+            PyObject *r = PyObject_CallMethodOneArg(state, S_apply, rec);
+            if (r == NULL) goto done;
+            Py_DECREF(r);
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(seq);
+    for (int j = 0; j < 4; j++) Py_XDECREF(parts[j]);
+    return result;
+}
+
 /* ------------------------------------------------------------------ setup */
 static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"tensor", "parameter", "dtype_names", "kinds", "scan", "split", "is_contiguous",
@@ -1271,6 +1406,10 @@ static PyMethodDef methods[] = {
     {"resolve", (PyCFunction)resolve, METH_O,
      "resolve(record: dict) -> (dict, bool): slots replaced by their leaves, and whether a float in it\n"
      "(an argument or a statistic) is NaN or infinite."},
+    {"replay_lines", (PyCFunction)(void (*)(void))replay_lines, METH_FASTCALL,
+     "replay_lines(state, lines) -> None: msprobe.format.journal.Replay.apply(line) for each line, the\n"
+     "stack-use, key, item, construct-edge and stack-frames lines applied in C to the state's data,\n"
+     "construct, _frames and _stack_names (the other kinds by state.apply)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1291,6 +1430,10 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_output_index, "_output_index"); INTERN(S_unique_id, "_unique_id"); INTERN(S_class, "__class__");
     INTERN(S_input_metadata, "_input_metadata"); INTERN(S_next_functions, "next_functions"); INTERN(S_is_leaf, "is_leaf");
     INTERN(S_name, "name"); INTERN(S_Contiguous, "Contiguous");
+    INTERN(S_e, "e"); INTERN(S_stack, "stack"); INTERN(S_p, "p"); INTERN(S_i, "i"); INTERN(S_n, "n");
+    INTERN(S_k, "k"); INTERN(S_v, "v"); INTERN(S_c, "c"); INTERN(S_s, "s"); INTERN(S_f, "f"); INTERN(S_apply, "apply");
+    INTERN(S_data, "data"); INTERN(S_construct, "construct"); INTERN(S_frames_attr, "_frames");
+    INTERN(S_stack_names, "_stack_names");
     if ((ObjectClass = _PyType_Lookup(&PyBaseObject_Type, S_class)) == NULL) return NULL;
     Py_INCREF(ObjectClass);
     if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;

@@ -19,6 +19,10 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
 * ``resolve``/``encode_lines`` — :func:`msprobe.engine.writer.resolve_slots` over journal records,
   then their lines encoded with orjson (a record holding a non-finite float, or one orjson refuses,
   by :func:`msprobe.format.journal.encode_json`).
+* ``replay_lines`` — :meth:`msprobe.format.journal.Replay.apply_all` of a batch's resolved lines on the
+  writer's live state (:func:`msprobe.engine.flush.replay_batch`): stack uses, keys, items, construct
+  edges and stack frames in C, the other kinds (and any line not of the common shape) by
+  ``Replay.apply``.
 * ``stack_key`` — the ``(id(code), f_lasti, ...)`` key of the calling frames of
   :meth:`msprobe.engine.stacks.StackTable.current`.
 * ``grad_node``/``grad_targets`` — :func:`msprobe.capture.backward._node_of` and ``_targets`` (which
