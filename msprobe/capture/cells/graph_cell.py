@@ -78,7 +78,7 @@ from msprobe.capture.cells import graph_probes
 from msprobe.capture.cells.cell import is_jit_cell
 from msprobe.format import naming
 from msprobe.engine.handles import Handle
-from msprobe.tensors import stats
+from msprobe.tensors import hotpath, stats
 
 logger = logging.getLogger("msprobe")
 
@@ -125,6 +125,12 @@ class _Direct:
         self.param_grad = rt.record_param_grad
         self.stack = functools.partial(rt.record_stack, compiled=True)
 
+    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
+        """``data[entry][key]``: the probe's arrays (``None`` items stay ``None``) as host Tensors;
+        with ``keys``, ``[{key: tensor}]``."""
+        self.data(entry, key, _wrapped([None if a is None else Tensor.from_numpy(a) for a in arrays], keys),
+                  category)
+
 
 class _Batch:
     """The records of the reports in a list, for :meth:`msprobe.engine.runtime.Runtime.queue_graph_records`
@@ -137,6 +143,28 @@ class _Batch:
         self.stack = lambda entry: append((entry,))
         self.data = lambda entry, key, value, category: append((entry, key, value))
         self.param_grad = lambda entry, pname, grad: append((entry, pname, [grad]))
+
+    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
+        """As :meth:`_Direct.arrays`, the arrays described straight into statistics slots
+        (:func:`msprobe.tensors.hotpath.host_slots`: the leaves of their host Tensors, without making
+        them) when the extension reads them all, else as host Tensors."""
+        present = [a for a in arrays if a is not None]
+        slots = hotpath.host_slots(present)
+        if slots is None:
+            self.data(entry, key, _wrapped([None if a is None else Tensor.from_numpy(a) for a in arrays], keys),
+                      category)
+            return
+        if len(present) < len(arrays):
+            made = iter(slots)
+            described = [None if a is None else next(made) for a in arrays]
+        else:
+            described = list(slots)
+        self.records.append((entry, key, _wrapped(described, keys), slots))
+
+
+def _wrapped(values: list, keys):
+    """``values``, or ``[{key: value}]`` with ``keys`` (a Cell's dict output)."""
+    return values if keys is None else [dict(zip(keys, values))]
 
 
 class GraphCellCapture:
@@ -170,6 +198,9 @@ class GraphCellCapture:
         self.collecting = False
         self.step = None  # the step number whose calls are tracked (None: none since end_step())
         self.param_values: dict = {}  # id(cell) -> {name: host Tensor}, taken at begin of step
+        #: id(cell) -> {name: dump.json leaf}, read at begin of step, instead of param_values when
+        #: the records are queued at once (snapshot_parameters)
+        self.param_leaves: dict = {}
         self._own_parameters = None  # [(id(cell), [(short name, Parameter)])] of the probed Cells
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
         self._observers = ()  # graph_probes.make_observers, shared by every probed Cell and optimizer
@@ -181,7 +212,10 @@ class GraphCellCapture:
 
     def snapshot_parameters(self, cells, synced: bool) -> None:
         """Copy the Cells' own parameters to host (main thread, before the step runs); ``synced``:
-        every operation launched so far has run, so their memory is read directly.
+        every operation launched so far has run, so their memory is read directly. When the step's
+        records are queued at once (:meth:`_plain`) and synced, their statistics are taken now
+        instead (:meth:`msprobe.engine.runtime.Runtime.parameter_leaves`: the same leaves the flush
+        makes from a copy).
 
         A probe cannot read a Parameter while its graph runs (``asnumpy()`` there waits for the
         graph: deadlock), so forward ``parameters`` are the values at ``start()``: the values the
@@ -194,7 +228,17 @@ class GraphCellCapture:
             owned = self._own_parameters = [(id(cell), [(name.rsplit(".", 1)[-1], p) for name, p in
                                                         cell.parameters_and_names(expand=False)])
                                             for _, cell in cells]
+        if synced and self._plain():  # statistics taken now, in place: no copy, no Tensor
+            leaves = {key: self.rt.parameter_leaves(dict(params)) if params else {} for key, params in owned}
+            if all(v is not None for v in leaves.values()):
+                self.param_leaves, self.param_values = leaves, {}
+                return
+        self.param_leaves = {}
         self.param_values = {key: _own_parameter_values(params, synced) for key, params in owned}
+
+    def _plain(self) -> bool:
+        """Whether :meth:`drain` queues the step's records at once (:attr:`batched`)."""
+        return self.batched and self.rt.takes_plain_records()
 
     def _reset(self) -> None:
         self.stack: list = []  # open forward calls, outermost first (construct.json parents)
@@ -216,7 +260,7 @@ class GraphCellCapture:
         self._collect(False)
         self.take_reports()
         self.step = None
-        self.param_values = {}
+        self.param_values, self.param_leaves = {}, {}
         self._reset()
 
     # ------------------------------------------------------------------ probe callbacks
@@ -284,7 +328,7 @@ class GraphCellCapture:
                 return
             scope.enter_context(rt.bulk())
             scope.enter_context(rt.tool_code())
-            sink = _Batch() if rt.takes_plain_records() and self.batched else _Direct(rt)
+            sink = _Batch() if self._plain() else _Direct(rt)
             for kind, code, *arrays in reports:
                 if kind >= 0:  # a whole call
                     prefix, cell = cells[code]
@@ -314,7 +358,7 @@ class GraphCellCapture:
         selected = rt.selector.selects(fwd)
         rt.selector.enter_cell(fwd)
         if selected and self.fwd_in:
-            sink.data(fwd, "input_args", [Tensor.from_numpy(a) for a in arrays], "input")
+            sink.arrays(fwd, "input_args", arrays, "input")
             sink.data(fwd, "input_kwargs", {}, "kwargs")
         self.stack.append(fwd)
         self.open[prefix].append((fwd, selected, parent))
@@ -329,8 +373,12 @@ class GraphCellCapture:
         rt = self.rt
         rt.selector.exit_cell(fwd)
         if selected and self.fwd_out:
-            sink.data(fwd, "output", self._output_record(prefix, arrays), "output")
-            sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
+            sink.arrays(fwd, "output", arrays, "output", self._output_keys(prefix, len(arrays)))
+            leaves = self.param_leaves.get(id(cell)) if isinstance(sink, _Batch) else None
+            if leaves is not None:  # read at start() (snapshot_parameters)
+                sink.records.append((fwd, "parameters", dict(leaves), ()))
+            else:
+                sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
         if self.bwd_in or self.bwd_out:
             bwd = naming.backward_of(fwd)
             if rt.selector.selects(bwd):
@@ -347,8 +395,8 @@ class GraphCellCapture:
         if self.bwd_in:
             # gradients of floating-point tensors only (as the PyNative probes: others give null);
             # numpy knows MindSpore's bfloat16 as a kind "V" type
-            sink.data(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" or a.dtype.name == "bfloat16"
-                                     else None for a in arrays], "input")
+            sink.arrays(bwd, "input", [a if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else None
+                                       for a in arrays], "input")
 
     def _param_grads(self, sink, owners: list, grads) -> None:
         """Gradients entering an optimizer (or reaching a Parameter's hook): ``owners[i]`` =
@@ -441,16 +489,16 @@ class GraphCellCapture:
             return n
         return note_keys
 
-    def _output_record(self, prefix: str, arrays) -> list:
-        """Forward ``output``: the tensors, or ``[{key: tensor}]`` where every compiled call of the
-        Cell with that many output tensors returns a dict with the same keys (as PyNative records)."""
-        values = [Tensor.from_numpy(a) for a in arrays]
-        kinds = self._output_kinds.get((prefix, len(values)), set())
+    def _output_keys(self, prefix: str, n: int):
+        """The keys of forward ``output`` recorded as ``[{key: tensor}]``: where every compiled call
+        of the Cell with ``n`` output tensors returns a dict with the same keys (as PyNative
+        records); else ``None`` (a list of the tensors)."""
+        kinds = self._output_kinds.get((prefix, n), set())
         if len(kinds) == 1:
             (keys,) = kinds
-            if keys is not None and len(keys) == len(values):
-                return [dict(zip(keys, values))]
-        return values
+            if keys is not None and len(keys) == n:
+                return keys
+        return None
 
     def _instrument_optimizers(self, models, cells, undo: list) -> None:
         """Probe the gradients entering each optimizer of the models' parameters (GRAPH_MODE)."""
