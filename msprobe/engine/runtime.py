@@ -925,7 +925,10 @@ class Runtime:
         * ``(entry, key, value)``: ``data[entry][key] = describe(value)``;
         * ``(entry, key, described, slots)``: ``data[entry][key] = described``, a value described
           already (:func:`msprobe.tensors.hotpath.host_slots`, :meth:`parameter_leaves`), ``slots``
-          its tensors waiting for statistics.
+          its tensors waiting for statistics;
+        * ``(entry, None, body, slots)``: ``(entry,)`` followed by ``data[entry][key] = described`` for
+          each item of ``body`` (described already), as one stack-use line with a body
+          (:func:`journal.stack_ref`) when ``extra_info`` is on.
 
         A value that cannot be described this way (the tool's failure) and a run without the compiled
         extension go through :meth:`record`, which decides the case; the records before it are queued
@@ -940,9 +943,20 @@ class Runtime:
         for record in records:
             size = len(record)
             if size == 4:
-                lines.append(key_line(record[0], record[1], record[2]))
-                slots.extend(record[3])
-                asked += 1
+                entry, key, value, described_slots = record
+                slots.extend(described_slots)
+                if key is not None:
+                    lines.append(key_line(entry, key, value))
+                    asked += 1
+                    continue
+                asked += len(value)
+                if not extra_info:
+                    lines.extend([key_line(entry, k, v) for k, v in value.items()])
+                    continue
+                if sid is None:
+                    with self._lock:
+                        sid = (self.stacks.empty(), len(lines))
+                lines.append(stack_ref(entry, sid[0], value or None))
             elif size == 3:
                 entry, key, value = record
                 kind = type(value)

@@ -122,8 +122,11 @@ class _Direct:
     def __init__(self, rt):
         self.edge = rt.record_parent
         self.data = rt.record
-        self.param_grad = rt.record_param_grad
         self.stack = functools.partial(rt.record_stack, compiled=True)
+        self._param_grad = rt.record_param_grad
+
+    def param_grad(self, entry: str, pname: str, grad) -> None:
+        self._param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray) else grad)
 
     def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
         """``data[entry][key]``: the probe's arrays (``None`` items stay ``None``) as host Tensors;
@@ -134,15 +137,46 @@ class _Direct:
 
 class _Batch:
     """The records of the reports in a list, for :meth:`msprobe.engine.runtime.Runtime.queue_graph_records`
-    (the same lines as :class:`_Direct` makes, queued at once)."""
+    (the same lines as :class:`_Direct` makes, queued at once). Values described already that follow
+    their entry's stack use, with no other record between, go into that stack use's body (one line
+    instead of one per key: the same ``dump.json``, see :func:`msprobe.format.journal.stack_ref`)."""
 
     def __init__(self):
         self.records: list = []
-        append = self.records.append
-        self.edge = lambda name, parent: append((name, parent))
-        self.stack = lambda entry: append((entry,))
-        self.data = lambda entry, key, value, category: append((entry, key, value))
-        self.param_grad = lambda entry, pname, grad: append((entry, pname, [grad]))
+        self._body = None  # the stack use ``[entry, None, body, slots]`` taking the next values
+
+    def edge(self, name: str, parent) -> None:
+        self._body = None
+        self.records.append((name, parent))
+
+    def stack(self, entry: str) -> None:
+        self._body = [entry, None, {}, []]
+        self.records.append(self._body)
+
+    def data(self, entry: str, key: str, value, category: str) -> None:
+        kind = type(value)
+        if (kind is dict or kind is tuple or kind is list) and not value:  # nothing to describe
+            self.described(entry, key, {} if kind is dict else [], ())
+            return
+        self._body = None
+        self.records.append((entry, key, value))
+
+    def described(self, entry: str, key: str, value, slots) -> None:
+        """``data[entry][key] = value``, described already (``slots``: its tensors)."""
+        body = self._body
+        if body is not None and body[0] == entry:
+            body[2][key] = value
+            body[3].extend(slots)
+            return
+        self._body = None
+        self.records.append((entry, key, value, slots))
+
+    def param_grad(self, entry: str, pname: str, grad) -> None:
+        slots = hotpath.host_slots((grad,)) if type(grad) is np.ndarray else None
+        if slots is None:
+            self.data(entry, pname, [Tensor.from_numpy(grad) if type(grad) is np.ndarray else grad], "")
+        else:
+            self.described(entry, pname, list(slots), slots)
 
     def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
         """As :meth:`_Direct.arrays`, the arrays described straight into statistics slots
@@ -159,7 +193,7 @@ class _Batch:
             described = [None if a is None else next(made) for a in arrays]
         else:
             described = list(slots)
-        self.records.append((entry, key, _wrapped(described, keys), slots))
+        self.described(entry, key, _wrapped(described, keys), slots)
 
 
 def _wrapped(values: list, keys):
@@ -376,7 +410,7 @@ class GraphCellCapture:
             sink.arrays(fwd, "output", arrays, "output", self._output_keys(prefix, len(arrays)))
             leaves = self.param_leaves.get(id(cell)) if isinstance(sink, _Batch) else None
             if leaves is not None:  # read at start() (snapshot_parameters)
-                sink.records.append((fwd, "parameters", dict(leaves), ()))
+                sink.described(fwd, "parameters", dict(leaves), ())
             else:
                 sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
         if self.bwd_in or self.bwd_out:
@@ -410,7 +444,7 @@ class GraphCellCapture:
             g = rt.next_count(key) if first else max(rt.counters[key] - 1, 0)
             entry = naming.param_grad_entry(prefix, g)
             if rt.selector.selects_param_grad(prefix, entry):
-                sink.param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray) else grad)
+                sink.param_grad(entry, pname, grad)
 
     # ------------------------------------------------------------------ installation
     def install(self, cells, models, graph_mode: bool = True) -> Handle:
