@@ -120,6 +120,7 @@ class _Direct:
     one by one (they decide selection-dependent file names, the user's failed values, ...)."""
 
     def __init__(self, rt):
+        self.selector = rt.selector
         self.edge = rt.record_parent
         self.data = rt.record
         self.stack = functools.partial(rt.record_stack, compiled=True)
@@ -142,6 +143,7 @@ class _Batch:
     instead of one per key: the same ``dump.json``, see :func:`msprobe.format.journal.stack_ref`)."""
 
     def __init__(self):
+        self.selector = _EVERY
         self.records: list = []
         self._body = None  # the stack use ``[entry, None, body, slots]`` taking the next values
 
@@ -194,6 +196,29 @@ class _Batch:
         else:
             described = list(slots)
         self.described(entry, key, _wrapped(described, keys), slots)
+
+
+class _EveryEntry:
+    """The selection of a config that selects every entry and keeps no state (no ``scope``, no
+    ``list``: :meth:`msprobe.engine.runtime.Runtime.takes_plain_records`), answering as
+    :class:`msprobe.engine.filters.Selector` does then, without reading the names."""
+
+    @staticmethod
+    def selects(entry: str) -> bool:
+        return True
+
+    @staticmethod
+    def selects_param_grad(cell_prefix: str, entry: str) -> bool:
+        return True
+
+    @staticmethod
+    def enter_cell(entry: str) -> None:
+        pass
+
+    exit_cell = note_backward = enter_cell
+
+
+_EVERY = _EveryEntry()
 
 
 def _wrapped(values: list, keys):
@@ -389,8 +414,8 @@ class GraphCellCapture:
         parent = self.stack[-1] if self.stack else None
         sink.edge(fwd, parent)
         sink.stack(fwd)  # probes run on MindSpore's executor thread: no Python frames
-        selected = rt.selector.selects(fwd)
-        rt.selector.enter_cell(fwd)
+        selected = sink.selector.selects(fwd)
+        sink.selector.enter_cell(fwd)
         if selected and self.fwd_in:
             sink.arrays(fwd, "input_args", arrays, "input")
             sink.data(fwd, "input_kwargs", {}, "kwargs")
@@ -405,7 +430,7 @@ class GraphCellCapture:
         if self.stack and self.stack[-1] == fwd:
             self.stack.pop()
         rt = self.rt
-        rt.selector.exit_cell(fwd)
+        sink.selector.exit_cell(fwd)
         if selected and self.fwd_out:
             sink.arrays(fwd, "output", arrays, "output", self._output_keys(prefix, len(arrays)))
             leaves = self.param_leaves.get(id(cell)) if isinstance(sink, _Batch) else None
@@ -415,8 +440,8 @@ class GraphCellCapture:
                 sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
         if self.bwd_in or self.bwd_out:
             bwd = naming.backward_of(fwd)
-            if rt.selector.selects(bwd):
-                rt.selector.note_backward(prefix)
+            if sink.selector.selects(bwd):
+                sink.selector.note_backward(prefix)
                 self.done[prefix].append((bwd, naming.backward_of(parent) if parent else None))
 
     def _output_grads(self, sink, prefix: str, arrays) -> None:
@@ -443,7 +468,7 @@ class GraphCellCapture:
             key = f"{prefix}.parameters_grad"
             g = rt.next_count(key) if first else max(rt.counters[key] - 1, 0)
             entry = naming.param_grad_entry(prefix, g)
-            if rt.selector.selects_param_grad(prefix, entry):
+            if sink.selector.selects_param_grad(prefix, entry):
                 sink.param_grad(entry, pname, grad)
 
     # ------------------------------------------------------------------ installation
