@@ -133,6 +133,7 @@ def threads(net_name: str, rounds: int, dump_dir: str | None, block: int = 20) -
               + ", ".join(f"{k} {v:.2f}" for v, k in per if v >= 0.02))
     total = {name: sum(cpu[name].values()) / steps[name] for name in runs}
     per_round = sorted(on / off for on, off in zip(rounds_wall["on"], rounds_wall["off"]))
+    print(f"dumps written under {os.path.dirname(tmp)} (--dump-dir)")
     print(f"in one process ({net_name}, {rounds} rounds of {block} steps per copy): ratio wall "
           f"{wall['on'] / wall['off']:.2f}x, CPU {total['on'] / total['off']:.2f}x; per-round wall ratio median "
           f"{statistics.median(per_round):.2f}x (range {per_round[0]:.2f}-{per_round[-1]:.2f})", flush=True)
@@ -148,6 +149,7 @@ def processes(pairs_wanted: int, steps: int, dump_dir: str | None) -> None:
             pairs.append((off, on))
             print(f"pair {i}: off {off[0]:.2f} ms/step ({off[1]:.2f} ms CPU), on {on[0]:.2f} ms/step "
                   f"({on[1]:.2f} ms CPU), ratio {on[0] / off[0]:.2f} (CPU {on[1] / off[1]:.2f})", flush=True)
+        print(f"dumps written under {os.path.dirname(tmp)} (--dump-dir)")
     med = statistics.median
     print(f"separate processes (LeNet, 7 Cells, 9 Cell calls/step, {len(pairs)} pairs): off "
           f"{med(p[0][0] for p in pairs):.2f} ms/step, on {med(p[1][0] for p in pairs):.2f} ms/step, ratio "

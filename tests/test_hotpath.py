@@ -507,3 +507,31 @@ def test_tensor_checks_follow_isinstance():
     claimed[0] = Plain  # what it claims may change: not kept per type
     assert not isinstance(claims, Tensor) and ext.grad_node(claims) is None is backward._node_of(claims)
     assert ext.grad_node(Plain()) is None and ext.grad_node(Stub()) == "stub node"
+
+
+@pytest.mark.parametrize("md5", [False, True], ids=["statistics", "md5"])
+def test_host_slots_give_the_leaves_of_their_host_tensors(md5):
+    """Arrays described by host_slots (the graph probes' copies) get, through the flush, the leaves of
+    Tensor.from_numpy of the same arrays (every dtype the kernel reads, values whose float64 sums
+    overflow); an array of another dtype, 0-d, empty or not C-contiguous gets none (the caller then
+    describes its Tensor)."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((2, 3, 4)).astype(dt) for dt in (np.float16, np.float32, np.float64)]
+    arrays += [rng.integers(-9, 9, 7).astype(dt) for dt in (np.int8, np.int16, np.int32, np.int64)]
+    arrays += [rng.integers(0, 9, 5).astype(dt) for dt in (np.uint8, np.uint16, np.uint32, np.uint64)]
+    arrays += [rng.standard_normal(6) > 0, np.array([1e308, 1e308, -np.inf, np.nan]),
+               np.array([3.0e38, 3.0e38], np.float32)]
+
+    def leaves(values, slots):
+        flush.materialize(slots, md5=md5, tensor_dir=None, on_error=pytest.fail)
+        return [json.dumps(v.leaf) for v in values]
+
+    slots = hotpath.host_slots(arrays)
+    tensor_slots: list = []
+    described = ext.describe([Tensor.from_numpy(a) for a in arrays], lambda t: t, tensor_slots,
+                             records.describe_other)
+    assert [s.leaf is None for s in slots] == [True] * len(arrays)
+    assert leaves(slots, list(slots)) == leaves(described, tensor_slots)
+    for odd in (np.float32(1.0) * np.ones(()), np.zeros((3, 0), np.float32), np.ones((4, 4), np.float32)[:, ::2],
+                np.array(["a"]), np.ones(2, np.complex64)):
+        assert hotpath.host_slots([np.ones(2, np.float32), odd]) is None

@@ -924,7 +924,13 @@ class Runtime:
 
         * ``(name, parent)``: a ``construct.json`` edge (``extra_info``);
         * ``(entry,)``: ``entry`` ran inside a compiled graph, so its stack has no frames (``extra_info``);
-        * ``(entry, key, value)``: ``data[entry][key] = describe(value)``.
+        * ``(entry, key, value)``: ``data[entry][key] = describe(value)``;
+        * ``(entry, key, described, slots)``: ``data[entry][key] = described``, a value described
+          already (:func:`msprobe.tensors.hotpath.host_slots`, :meth:`parameter_leaves`), ``slots``
+          its tensors waiting for statistics;
+        * ``(entry, None, body, slots)``: ``(entry,)`` followed by ``data[entry][key] = described`` for
+          each item of ``body`` (described already), as one stack-use line with a body
+          (:func:`journal.stack_ref`) when ``extra_info`` is on.
 
         A value that cannot be described this way (the tool's failure) and a run without the compiled
         extension go through :meth:`record`, which decides the case; the records before it are queued
@@ -938,7 +944,22 @@ class Runtime:
         lines, slots, asked, sid = [], [], 0, None
         for record in records:
             size = len(record)
-            if size == 3:
+            if size == 4:
+                entry, key, value, described_slots = record
+                slots.extend(described_slots)
+                if key is not None:
+                    lines.append(key_line(entry, key, value))
+                    asked += 1
+                    continue
+                asked += len(value)
+                if not extra_info:
+                    lines.extend([key_line(entry, k, v) for k, v in value.items()])
+                    continue
+                if sid is None:
+                    with self._lock:
+                        sid = (self.stacks.empty(), len(lines))
+                lines.append(stack_ref(entry, sid[0], value or None))
+            elif size == 3:
                 entry, key, value = record
                 kind = type(value)
                 if (kind is dict or kind is tuple or kind is list) and not value:
@@ -964,6 +985,21 @@ class Runtime:
                         sid = (self.stacks.empty(), len(lines))
                 lines.append(stack_ref(record[0], sid[0]))
         self._queue_lines(writer, lines, slots, asked, sid)
+
+    def parameter_leaves(self, parameters: dict) -> dict | None:
+        """``{short name: dump.json leaf}`` of a Cell's ``{short name: Parameter}``, their statistics
+        taken now from their memory by the extension (``fill_parameters``: the leaves the flush makes
+        from a host copy of the same bytes). Call when every operation launched so far has run.
+        ``None`` when one of them cannot be read that way, the extension does not run, or the config
+        asks for more (``summary_mode`` counts, ``.npy`` files: :meth:`takes_plain_records`)."""
+        ext = hotpath.ext
+        if ext is None or self.config.stat_counts or not self.takes_plain_records():
+            return None
+        own: list = []
+        described = ext.describe(parameters, _unchanged, own, describe_other)
+        if ext.fill_parameters(own, self.config.md5) < len(own):
+            return None
+        return {name: slot.leaf for name, slot in described.items()}
 
     def _queue_lines(self, writer, lines: list, slots: list, asked: int, stack) -> None:
         """Add ``lines`` (described values, ``slots`` their tensors, ``asked`` values handed to the

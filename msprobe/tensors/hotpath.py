@@ -90,3 +90,42 @@ def configure():
 
 #: the extension when it runs (see the module docstring), else ``None``
 ext = configure()
+
+
+#: numpy dtype -> the dump.json dtype name of a ``mindspore.Tensor`` wrapping an array of it, for the
+#: dtypes :data:`_KINDS` reads in place (filled by :func:`host_slots` at its first use)
+_HOST_NAMES: dict = {}
+
+
+def _host_names() -> dict:
+    from mindspore import Tensor
+
+    for kind, size in _KINDS.values():
+        dtype = np.dtype("?" if kind == "b1" else f"{kind[0]}{size}")
+        probe: list = []
+        ext.describe(Tensor.from_numpy(np.zeros(1, dtype)), None, probe, None)
+        _HOST_NAMES[dtype] = probe[0].dtype
+    return _HOST_NAMES
+
+
+def host_slots(arrays) -> list | None:
+    """Statistics slots of host arrays (``numpy.ndarray``, C-contiguous, the tool's own copies), one
+    per array, described as :func:`describe` describes ``mindspore.Tensor.from_numpy(array)``: the
+    same ``dump.json`` leaf, read by :func:`fill` from the array's memory (the same bytes) without
+    making the Tensor. ``None`` when the extension does not run or an array is not of a dtype
+    :func:`fill` reads, 0-d, empty or not C-contiguous (then describe the Tensor).
+
+    Args:
+        arrays: sequence of ``numpy.ndarray``.
+    """
+    if ext is None:
+        return None
+    names = _HOST_NAMES or _host_names()
+    slot, ndarray = ext.TensorSlot, np.ndarray
+    slots = []
+    for array in arrays:
+        name = names.get(array.dtype) if type(array) is ndarray else None
+        if name is None or not array.size or not array.ndim or not array.flags.c_contiguous:
+            return None
+        slots.append(slot(array, None, name, list(array.shape), "mindspore.Tensor"))
+    return slots

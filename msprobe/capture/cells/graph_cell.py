@@ -78,7 +78,7 @@ from msprobe.capture.cells import graph_probes
 from msprobe.capture.cells.cell import is_jit_cell
 from msprobe.format import naming
 from msprobe.engine.handles import Handle
-from msprobe.tensors import stats
+from msprobe.tensors import hotpath, stats
 
 logger = logging.getLogger("msprobe")
 
@@ -120,23 +120,110 @@ class _Direct:
     one by one (they decide selection-dependent file names, the user's failed values, ...)."""
 
     def __init__(self, rt):
+        self.selector = rt.selector
         self.edge = rt.record_parent
         self.data = rt.record
-        self.param_grad = rt.record_param_grad
         self.stack = functools.partial(rt.record_stack, compiled=True)
+        self._param_grad = rt.record_param_grad
+
+    def param_grad(self, entry: str, pname: str, grad) -> None:
+        self._param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray) else grad)
+
+    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
+        """``data[entry][key]``: the probe's arrays (``None`` items stay ``None``) as host Tensors;
+        with ``keys``, ``[{key: tensor}]``."""
+        self.data(entry, key, _wrapped([None if a is None else Tensor.from_numpy(a) for a in arrays], keys),
+                  category)
 
 
 class _Batch:
     """The records of the reports in a list, for :meth:`msprobe.engine.runtime.Runtime.queue_graph_records`
-    (the same lines as :class:`_Direct` makes, queued at once)."""
+    (the same lines as :class:`_Direct` makes, queued at once). Values described already that follow
+    their entry's stack use, with no other record between, go into that stack use's body (one line
+    instead of one per key: the same ``dump.json``, see :func:`msprobe.format.journal.stack_ref`)."""
 
     def __init__(self):
+        self.selector = _EVERY
         self.records: list = []
-        append = self.records.append
-        self.edge = lambda name, parent: append((name, parent))
-        self.stack = lambda entry: append((entry,))
-        self.data = lambda entry, key, value, category: append((entry, key, value))
-        self.param_grad = lambda entry, pname, grad: append((entry, pname, [grad]))
+        self._body = None  # the stack use ``[entry, None, body, slots]`` taking the next values
+
+    def edge(self, name: str, parent) -> None:
+        self._body = None
+        self.records.append((name, parent))
+
+    def stack(self, entry: str) -> None:
+        self._body = [entry, None, {}, []]
+        self.records.append(self._body)
+
+    def data(self, entry: str, key: str, value, category: str) -> None:
+        kind = type(value)
+        if (kind is dict or kind is tuple or kind is list) and not value:  # nothing to describe
+            self.described(entry, key, {} if kind is dict else [], ())
+            return
+        self._body = None
+        self.records.append((entry, key, value))
+
+    def described(self, entry: str, key: str, value, slots) -> None:
+        """``data[entry][key] = value``, described already (``slots``: its tensors)."""
+        body = self._body
+        if body is not None and body[0] == entry:
+            body[2][key] = value
+            body[3].extend(slots)
+            return
+        self._body = None
+        self.records.append((entry, key, value, slots))
+
+    def param_grad(self, entry: str, pname: str, grad) -> None:
+        slots = hotpath.host_slots((grad,)) if type(grad) is np.ndarray else None
+        if slots is None:
+            self.data(entry, pname, [Tensor.from_numpy(grad) if type(grad) is np.ndarray else grad], "")
+        else:
+            self.described(entry, pname, list(slots), slots)
+
+    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
+        """As :meth:`_Direct.arrays`, the arrays described straight into statistics slots
+        (:func:`msprobe.tensors.hotpath.host_slots`: the leaves of their host Tensors, without making
+        them) when the extension reads them all, else as host Tensors."""
+        present = [a for a in arrays if a is not None]
+        slots = hotpath.host_slots(present)
+        if slots is None:
+            self.data(entry, key, _wrapped([None if a is None else Tensor.from_numpy(a) for a in arrays], keys),
+                      category)
+            return
+        if len(present) < len(arrays):
+            made = iter(slots)
+            described = [None if a is None else next(made) for a in arrays]
+        else:
+            described = list(slots)
+        self.described(entry, key, _wrapped(described, keys), slots)
+
+
+class _EveryEntry:
+    """The selection of a config that selects every entry and keeps no state (no ``scope``, no
+    ``list``: :meth:`msprobe.engine.runtime.Runtime.takes_plain_records`), answering as
+    :class:`msprobe.engine.filters.Selector` does then, without reading the names."""
+
+    @staticmethod
+    def selects(entry: str) -> bool:
+        return True
+
+    @staticmethod
+    def selects_param_grad(cell_prefix: str, entry: str) -> bool:
+        return True
+
+    @staticmethod
+    def enter_cell(entry: str) -> None:
+        pass
+
+    exit_cell = note_backward = enter_cell
+
+
+_EVERY = _EveryEntry()
+
+
+def _wrapped(values: list, keys):
+    """``values``, or ``[{key: value}]`` with ``keys`` (a Cell's dict output)."""
+    return values if keys is None else [dict(zip(keys, values))]
 
 
 class GraphCellCapture:
@@ -170,6 +257,9 @@ class GraphCellCapture:
         self.collecting = False
         self.step = None  # the step number whose calls are tracked (None: none since end_step())
         self.param_values: dict = {}  # id(cell) -> {name: host Tensor}, taken at begin of step
+        #: id(cell) -> {name: dump.json leaf}, read at begin of step, instead of param_values when
+        #: the records are queued at once (snapshot_parameters)
+        self.param_leaves: dict = {}
         self._own_parameters = None  # [(id(cell), [(short name, Parameter)])] of the probed Cells
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
         self._observers = ()  # graph_probes.make_observers, shared by every probed Cell and optimizer
@@ -181,7 +271,10 @@ class GraphCellCapture:
 
     def snapshot_parameters(self, cells, synced: bool) -> None:
         """Copy the Cells' own parameters to host (main thread, before the step runs); ``synced``:
-        every operation launched so far has run, so their memory is read directly.
+        every operation launched so far has run, so their memory is read directly. When the step's
+        records are queued at once (:meth:`_plain`) and synced, their statistics are taken now
+        instead (:meth:`msprobe.engine.runtime.Runtime.parameter_leaves`: the same leaves the flush
+        makes from a copy).
 
         A probe cannot read a Parameter while its graph runs (``asnumpy()`` there waits for the
         graph: deadlock), so forward ``parameters`` are the values at ``start()``: the values the
@@ -194,7 +287,17 @@ class GraphCellCapture:
             owned = self._own_parameters = [(id(cell), [(name.rsplit(".", 1)[-1], p) for name, p in
                                                         cell.parameters_and_names(expand=False)])
                                             for _, cell in cells]
+        if synced and self._plain():  # statistics taken now, in place: no copy, no Tensor
+            leaves = {key: self.rt.parameter_leaves(dict(params)) if params else {} for key, params in owned}
+            if all(v is not None for v in leaves.values()):
+                self.param_leaves, self.param_values = leaves, {}
+                return
+        self.param_leaves = {}
         self.param_values = {key: _own_parameter_values(params, synced) for key, params in owned}
+
+    def _plain(self) -> bool:
+        """Whether :meth:`drain` queues the step's records at once (:attr:`batched`)."""
+        return self.batched and self.rt.takes_plain_records()
 
     def _reset(self) -> None:
         self.stack: list = []  # open forward calls, outermost first (construct.json parents)
@@ -216,7 +319,7 @@ class GraphCellCapture:
         self._collect(False)
         self.take_reports()
         self.step = None
-        self.param_values = {}
+        self.param_values, self.param_leaves = {}, {}
         self._reset()
 
     # ------------------------------------------------------------------ probe callbacks
@@ -284,7 +387,7 @@ class GraphCellCapture:
                 return
             scope.enter_context(rt.bulk())
             scope.enter_context(rt.tool_code())
-            sink = _Batch() if rt.takes_plain_records() and self.batched else _Direct(rt)
+            sink = _Batch() if self._plain() else _Direct(rt)
             for kind, code, *arrays in reports:
                 if kind >= 0:  # a whole call
                     prefix, cell = cells[code]
@@ -311,10 +414,10 @@ class GraphCellCapture:
         parent = self.stack[-1] if self.stack else None
         sink.edge(fwd, parent)
         sink.stack(fwd)  # probes run on MindSpore's executor thread: no Python frames
-        selected = rt.selector.selects(fwd)
-        rt.selector.enter_cell(fwd)
+        selected = sink.selector.selects(fwd)
+        sink.selector.enter_cell(fwd)
         if selected and self.fwd_in:
-            sink.data(fwd, "input_args", [Tensor.from_numpy(a) for a in arrays], "input")
+            sink.arrays(fwd, "input_args", arrays, "input")
             sink.data(fwd, "input_kwargs", {}, "kwargs")
         self.stack.append(fwd)
         self.open[prefix].append((fwd, selected, parent))
@@ -327,14 +430,18 @@ class GraphCellCapture:
         if self.stack and self.stack[-1] == fwd:
             self.stack.pop()
         rt = self.rt
-        rt.selector.exit_cell(fwd)
+        sink.selector.exit_cell(fwd)
         if selected and self.fwd_out:
-            sink.data(fwd, "output", self._output_record(prefix, arrays), "output")
-            sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
+            sink.arrays(fwd, "output", arrays, "output", self._output_keys(prefix, len(arrays)))
+            leaves = self.param_leaves.get(id(cell)) if isinstance(sink, _Batch) else None
+            if leaves is not None:  # read at start() (snapshot_parameters)
+                sink.described(fwd, "parameters", dict(leaves), ())
+            else:
+                sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
         if self.bwd_in or self.bwd_out:
             bwd = naming.backward_of(fwd)
-            if rt.selector.selects(bwd):
-                rt.selector.note_backward(prefix)
+            if sink.selector.selects(bwd):
+                sink.selector.note_backward(prefix)
                 self.done[prefix].append((bwd, naming.backward_of(parent) if parent else None))
 
     def _output_grads(self, sink, prefix: str, arrays) -> None:
@@ -347,8 +454,8 @@ class GraphCellCapture:
         if self.bwd_in:
             # gradients of floating-point tensors only (as the PyNative probes: others give null);
             # numpy knows MindSpore's bfloat16 as a kind "V" type
-            sink.data(bwd, "input", [Tensor.from_numpy(a) if a.dtype.kind == "f" or a.dtype.name == "bfloat16"
-                                     else None for a in arrays], "input")
+            sink.arrays(bwd, "input", [a if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else None
+                                       for a in arrays], "input")
 
     def _param_grads(self, sink, owners: list, grads) -> None:
         """Gradients entering an optimizer (or reaching a Parameter's hook): ``owners[i]`` =
@@ -361,8 +468,8 @@ class GraphCellCapture:
             key = f"{prefix}.parameters_grad"
             g = rt.next_count(key) if first else max(rt.counters[key] - 1, 0)
             entry = naming.param_grad_entry(prefix, g)
-            if rt.selector.selects_param_grad(prefix, entry):
-                sink.param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray) else grad)
+            if sink.selector.selects_param_grad(prefix, entry):
+                sink.param_grad(entry, pname, grad)
 
     # ------------------------------------------------------------------ installation
     def install(self, cells, models, graph_mode: bool = True) -> Handle:
@@ -441,16 +548,16 @@ class GraphCellCapture:
             return n
         return note_keys
 
-    def _output_record(self, prefix: str, arrays) -> list:
-        """Forward ``output``: the tensors, or ``[{key: tensor}]`` where every compiled call of the
-        Cell with that many output tensors returns a dict with the same keys (as PyNative records)."""
-        values = [Tensor.from_numpy(a) for a in arrays]
-        kinds = self._output_kinds.get((prefix, len(values)), set())
+    def _output_keys(self, prefix: str, n: int):
+        """The keys of forward ``output`` recorded as ``[{key: tensor}]``: where every compiled call
+        of the Cell with ``n`` output tensors returns a dict with the same keys (as PyNative
+        records); else ``None`` (a list of the tensors)."""
+        kinds = self._output_kinds.get((prefix, n), set())
         if len(kinds) == 1:
             (keys,) = kinds
-            if keys is not None and len(keys) == len(values):
-                return [dict(zip(keys, values))]
-        return values
+            if keys is not None and len(keys) == n:
+                return keys
+        return None
 
     def _instrument_optimizers(self, models, cells, undo: list) -> None:
         """Probe the gradients entering each optimizer of the models' parameters (GRAPH_MODE)."""
