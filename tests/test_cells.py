@@ -899,3 +899,42 @@ def test_to_float_cells_record_inputs_as_passed_and_outputs_as_computed(make_deb
     if level == "mix":
         assert dtypes("Primitive.matmul.MatMul.1.forward") == (["Float32", "Float32"], ["Float16"])
         assert not [e for e in data if "cast" in e.lower()]
+
+
+@pytest.mark.parametrize("registration", ["together", "one by one"])
+def test_user_forward_hooks_keep_their_order_around_the_tools(tmp_path, monkeypatch, registration):
+    """The tool's Cell hooks are appended after the user's hooks already on a Cell and before the ones
+    the user adds while the dump is on, as ``register_forward_pre_hook``/``register_forward_hook`` append
+    them (``together``: the tool fills MindSpore's hook dictionaries for all Cells at once; ``one by one``:
+    through the public calls, what runs on a MindSpore that keeps hooks otherwise). A user pre-hook before
+    the tool's changes what the tool records as the input, one after it does not; the user's output hook
+    after the tool's changes the output the caller gets, not the recorded one. After ``stop()`` only the
+    user's hooks are left and their handles still remove them."""
+    from msprobe.capture.cells import cell as cell_module
+
+    if registration == "one by one":
+        monkeypatch.setattr(cell_module, "_hook_dicts", lambda: None)
+    debugger, dump_path = make_debugger(tmp_path, data_mode=("forward",))
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(4, 3)])
+    fc = net[0]
+    x = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4))
+    early = fc.register_forward_pre_hook(lambda c, args: (args[0] * 2,))
+    debugger.start(net)
+    late = fc.register_forward_pre_hook(lambda c, args: (args[0] + 100,))
+    late_out = fc.register_forward_hook(lambda c, args, out: out * 0)
+    out = net(x)
+    debugger.stop()
+    debugger.step()
+    assert not out.asnumpy().any()  # the user's output hook ran after the tool's
+    entry = load_step(dump_path, 0).data["Cell.0.Dense.forward.0"]
+    recorded = np.float32(x.asnumpy() * 2)  # the early hook's value, before the late one's + 100
+    assert entry["input_args"][0]["Max"] == float(recorded.max())
+    assert entry["input_args"][0]["Min"] == float(recorded.min())
+    expected = (x.asnumpy() * 2 + 100) @ fc.weight.asnumpy().T + fc.bias.asnumpy()
+    assert entry["output"][0]["Max"] == pytest.approx(float(expected.max()), rel=1e-6)
+    assert len(fc._forward_pre_hook) == 2 and len(fc._forward_hook) == 1
+    assert not fc._forward_pre_hook_with_kwargs and not fc._forward_hook_always_called
+    for handle in (early, late, late_out):
+        handle.remove()
+    assert not fc._forward_pre_hook and not fc._forward_hook

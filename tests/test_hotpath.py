@@ -437,6 +437,63 @@ def test_single_mapping_matches_python():
     assert None in results and any(r not in (None, []) for r in results[3:])
 
 
+def _python_consumer_edges(nodes, targets, mark, limit=None):
+    from msprobe.capture import backward
+
+    saved, saved_limit = hotpath.ext, backward.MAX_WALK
+    hotpath.ext = None
+    backward.MAX_WALK = saved_limit if limit is None else limit
+    try:
+        return backward.consumer_edges(nodes, targets, mark)
+    finally:
+        hotpath.ext, backward.MAX_WALK = saved, saved_limit
+
+
+def _plain_edges(found):
+    if found is None:
+        return None
+    return {key: [(node._unique_id(), j) for node, j in edges] for key, edges in found.items()}
+
+
+def test_consumer_edges_match_python():
+    """``consumer_edges`` in C walks back from a call's output nodes through the nodes made after the mark
+    and finds the edges into the arguments' nodes the Python walk finds, in the same order: an argument used
+    by several nodes, one used twice by one node, a node made before the mark (not walked), a Parameter
+    (a leaf, not walked), a view read through an automatic ``Contiguous``, a target reached through nothing;
+    and both give up alike past the walk limit."""
+    from msprobe.capture import backward
+
+    w = Parameter(Tensor(np.ones((3, 3), np.float32)), name="w_consumer_edges")
+    cases = []
+
+    def case(outs, args, mark, limit=None):
+        nodes = [backward._node_of(t) for t in outs]
+        uids = {key[0] for *_, key in _python_targets(args)}
+        c_found = ext.consumer_edges(nodes, uids, mark, backward.MAX_WALK if limit is None else limit)
+        cases.append((_plain_edges(c_found), _plain_edges(_python_consumer_edges(nodes, uids, mark, limit))))
+
+    def forward(x, w):
+        before = x * 3
+        mark = backward.watermark(x)
+        out = ops.sin(x) + ops.cos(x) * before + ops.matmul(x, w) + x * x
+        case([out], (x,), mark)
+        case([out], (x, before), mark)
+        case([out], (x, before), -1)
+        view = ops.transpose(out, (1, 0))
+        mark2 = backward.watermark(view)
+        tail = ops.matmul(view, w) + ops.exp(view)
+        case([tail, ops.relu(tail)], (view,), mark2)
+        case([tail], (x,), mark2)  # x is not reached after mark2
+        case([out], (x,), mark, limit=2)
+        return out.sum()
+
+    ms.grad(forward, grad_position=(0, 1))(Tensor(np.ones((3, 3), np.float32)), w)
+    for c_found, py_found in cases:
+        assert c_found == py_found
+    assert len(cases[0][0]) == 1 and len(next(iter(cases[0][0].values()))) == 5  # sin, cos, matmul, mul twice
+    assert len(cases[1][0]) == 2 and cases[4][0] == {} and cases[5][0] is None
+
+
 def test_grad_node_raises_what_python_raises():
     """A tensor whose dtype cannot be read (a failed operation's output) raises the same from both."""
     from msprobe.capture import backward

@@ -797,3 +797,24 @@ def test_the_trigger_message_counts_the_entries_each_written_dump_holds(tmp_path
         held = len(msprobe.dump.load(d).data)
         assert held == int(whole or last), (step, message)
         assert int(whole or total) == per_step, (step, message)
+
+
+def test_heartbeat_rewritten_in_place_holds_one_whole_document(tmp_path):
+    """The heartbeat is written over itself: a shorter document than the one before is padded with
+    JSON whitespace (the file holds exactly the new document, never a tail of the old one), the file
+    keeps its inode (no rename per step), and a heartbeat removed meanwhile is written again."""
+    from msprobe.engine.watch import HeartbeatFile
+
+    path = tmp_path / "watch_heartbeat.proc1.json"
+    beat = HeartbeatFile(str(path))
+    long_doc = {"last_step": 123456789, "records_seen": 10 ** 12, "anomaly": None}
+    short_doc = {"last_step": 7, "anomaly": None}
+    beat.write(json.dumps(long_doc).encode())
+    inode = os.stat(path).st_ino
+    beat.write(json.dumps(short_doc).encode())
+    assert json.loads(path.read_bytes()) == short_doc
+    assert path.read_bytes().rstrip() == json.dumps(short_doc).encode()
+    assert os.stat(path).st_ino == inode
+    os.remove(path)
+    beat.write(json.dumps(long_doc).encode())
+    assert json.loads(path.read_bytes()) == long_doc

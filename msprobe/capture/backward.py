@@ -520,7 +520,11 @@ def consumer_edges(nodes: list, targets: set, mark: int):
     outputs) into nodes whose unique
     id is in ``targets``: ``{(target id, producer output index): [(node, edge index)]}``; an edge
     through an automatic ``Contiguous`` made after ``mark`` counts as the ``Contiguous``'s own edge.
-    ``None`` when the walk exceeds :data:`MAX_WALK` nodes."""
+    ``None`` when the walk exceeds :data:`MAX_WALK` nodes. (Walked in C when :mod:`msprobe.tensors.hotpath`
+    is built: ``consumer_edges``, the same attributes read in the same order.)"""
+    ext = hotpath.ext
+    if ext is not None:
+        return ext.consumer_edges(nodes, targets, mark, MAX_WALK)
     stack = []
     seen = set()
     for node in nodes:

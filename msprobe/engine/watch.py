@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import time
+import weakref
 
 from msprobe.read import report
 from msprobe.tensors import stats
@@ -41,7 +42,7 @@ from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.watch_history import History
 from msprobe.engine.writer import StepWriter
 from msprobe.format import journal, naming
-from msprobe.format.journal import SCHEMA, TENSOR_DIR, atomic_write_json
+from msprobe.format.journal import SCHEMA, TENSOR_DIR
 
 logger = logging.getLogger("msprobe")
 
@@ -130,6 +131,7 @@ class Watch:
         #: directory -> the open step's writer of that directory (one per tree: pynative/, graph/)
         self.open_writers: dict = {}
         self._heartbeat_dir = False    # dump_path exists (made once)
+        self._heartbeats: dict = {}    # path -> HeartbeatFile (a process without a rank, then with one)
         #: (entry, output leaf ordinal) -> [sum of Norms, count] over earlier records (norm_jump)
         self.norms: dict = {}
         #: every output is checked (not only a batch's non-finite pieces): a bound or a Norm jump
@@ -202,10 +204,53 @@ class Watch:
             if not self._heartbeat_dir:
                 os.makedirs(self.dump_path, exist_ok=True)
                 self._heartbeat_dir = True
-            who = layout.rank_dir_name(rank)
-            atomic_write_json(os.path.join(self.dump_path, HEARTBEAT.format(who=who)), body, False)
+            path = os.path.join(self.dump_path, HEARTBEAT.format(who=layout.rank_dir_name(rank)))
+            beat = self._heartbeats.get(path)
+            if beat is None:
+                beat = self._heartbeats[path] = HeartbeatFile(path)
+            beat.write(journal.encode_json(body, False))
         except OSError as exc:
             logger.warning("msprobe: watch heartbeat not written: %r", exc)
+
+
+class HeartbeatFile:
+    """The heartbeat file, rewritten in place: the document is written over the old one with one
+    ``pwrite`` from offset 0 through a descriptor kept open, padded with spaces (JSON whitespace) to the
+    file's length, so the file never shrinks and always holds one whole document, even when the process
+    is killed (a system call is not interrupted half-way). Writing a temporary file and renaming it
+    over the old one costs more on ext4, which starts writing the new file's data back at such a
+    rename: 0.45 vs 0.10 ms CPU per step, 3-20 vs 0.1 ms wall (median) on this loaded 2-core machine,
+    TinyLM watch-L0. A reader racing the write could see part of each version and should read again.
+    A file removed meanwhile (link count 0) is created again at the next write.
+
+    Args:
+        path: the heartbeat's path (its directory exists).
+
+    Raises:
+        OSError: from ``open``/``fstat``/``pwrite`` (the caller warns).
+    """
+
+    __slots__ = ("path", "_fd", "_closer", "__weakref__")
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd = None
+        self._closer = None
+
+    def write(self, data: bytes) -> None:
+        """Make ``data`` (one JSON document) the file's content, padded to the file's length."""
+        fd = self._fd
+        size = os.fstat(fd) if fd is not None else None
+        if size is not None and size.st_nlink == 0:  # removed: write a new file
+            self._closer()
+            fd = size = None
+        if fd is None:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            self._fd, self._closer = fd, weakref.finalize(self, os.close, fd)
+            size = os.fstat(fd)
+        if len(data) < size.st_size:
+            data += b" " * (size.st_size - len(data))
+        os.pwrite(fd, data, 0)
 
 
 class WatchWriter:

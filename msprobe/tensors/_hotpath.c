@@ -71,6 +71,7 @@ static PyObject *DtypeBase;      /* mindspore.common.dtype.Type: dtype objects d
 static PyObject *FloatDtypes;    /* frozenset of the floating-point dtypes that take gradients */
 static PyObject *S_ms_dtype, *S_grad_node, *S_requires_grad, *S_output_index, *S_unique_id, *S_class;
 static PyObject *S_input_metadata, *S_next_functions, *S_is_leaf, *S_name, *S_Contiguous;
+static PyObject *S_sequence_nr;
 
 /* ------------------------------------------------------------------ TensorSlot */
 typedef struct {
@@ -1163,6 +1164,117 @@ done:
     return out;
 }
 
+/* backward.consumer_edges(nodes, targets, mark, max_walk): walking back from `nodes` through the nodes made
+ * after `mark` (sequence number), the edges into nodes whose unique id is in the set `targets`:
+ * {(target id, output index): [(node, edge index)]}; None when more than `max_walk` nodes are walked. The
+ * same attributes read in the same order as the Python function. */
+static PyObject *consumer_edges(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "consumer_edges(nodes, targets, mark, max_walk)");
+        return NULL;
+    }
+    PyObject *targets = args[1], *mark = args[2];
+    Py_ssize_t max_walk = PyLong_AsSsize_t(args[3]);
+    if (max_walk == -1 && PyErr_Occurred()) return NULL;
+    if (!PyAnySet_Check(targets)) {
+        PyErr_SetString(PyExc_TypeError, "consumer_edges(): targets is a set of node ids");
+        return NULL;
+    }
+    PyObject *nodes = PySequence_Fast(args[0], "consumer_edges(): nodes is a sequence");
+    if (nodes == NULL) return NULL;
+    PyObject *stack = PyList_New(0), *seen = PySet_New(NULL), *found = PyDict_New(), *out = NULL;
+    if (stack == NULL || seen == NULL || found == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(nodes); i++) {
+        PyObject *node = PySequence_Fast_GET_ITEM(nodes, i);
+        PyObject *uid = PyObject_CallMethodNoArgs(node, S_unique_id);
+        if (uid == NULL) goto done;
+        int known = PySet_Contains(seen, uid);
+        if (known == 0) known = PySet_Contains(targets, uid);
+        int bad = known < 0 || (known == 0 && (PySet_Add(seen, uid) < 0 || PyList_Append(stack, node) < 0));
+        Py_DECREF(uid);
+        if (bad) goto done;
+    }
+    while (PyList_GET_SIZE(stack) > 0) {
+        Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
+        PyObject *node = PyList_GET_ITEM(stack, last);
+        Py_INCREF(node);
+        if (PyList_SetSlice(stack, last, last + 1, NULL) < 0) { Py_DECREF(node); goto done; }
+        PyObject *next = PyObject_GetAttr(node, S_next_functions), *edges = NULL;
+        if (next != NULL) edges = PySequence_Fast(next, "next_functions is no sequence");
+        Py_XDECREF(next);
+        int bad = edges == NULL;
+        for (Py_ssize_t j = 0; !bad && j < PySequence_Fast_GET_SIZE(edges); j++) {
+            PyObject *pair = PySequence_Fast(PySequence_Fast_GET_ITEM(edges, j), "an edge is no pair");
+            if (pair == NULL || PySequence_Fast_GET_SIZE(pair) != 2) {
+                if (pair != NULL) {
+                    Py_DECREF(pair);
+                    PyErr_SetString(PyExc_ValueError, "an edge of next_functions is no (node, output index) pair");
+                }
+                bad = 1;
+                break;
+            }
+            PyObject *edge = PySequence_Fast_GET_ITEM(pair, 0), *uid = NULL;
+            if (edge == Py_None) { Py_DECREF(pair); continue; }
+            uid = PyObject_CallMethodNoArgs(edge, S_unique_id);
+            int target = uid == NULL ? -1 : PySet_Contains(targets, uid);
+            if (target > 0) {
+                PyObject *key = PyTuple_Pack(2, uid, PySequence_Fast_GET_ITEM(pair, 1)), *list = NULL, *index = NULL,
+                         *item = NULL;
+                if (key != NULL) {
+                    list = PyDict_GetItemWithError(found, key);  /* borrowed */
+                    if (list == NULL && !PyErr_Occurred() && (list = PyList_New(0)) != NULL) {
+                        if (PyDict_SetItem(found, key, list) < 0) list = NULL;
+                        Py_XDECREF(list);  /* the dict holds it (or it is gone on an error) */
+                    }
+                }
+                if (list != NULL) index = PyLong_FromSsize_t(j);
+                if (index != NULL) item = PyTuple_Pack(2, node, index);
+                bad = item == NULL || PyList_Append(list, item) < 0;
+                Py_XDECREF(key); Py_XDECREF(index); Py_XDECREF(item);
+            } else if (target == 0) {
+                int walk = PySet_Contains(seen, uid) == 0 ? 1 : -2;  /* -2: seen (or an error, checked below) */
+                if (walk == -2 && PyErr_Occurred()) walk = -1;
+                if (walk == 1) {
+                    PyObject *seq = PyObject_CallMethodNoArgs(edge, S_sequence_nr);
+                    walk = seq == NULL ? -1 : PyObject_RichCompareBool(seq, mark, Py_GT);
+                    Py_XDECREF(seq);
+                }
+                if (walk == 1) {
+                    PyObject *flag = PyObject_CallMethodNoArgs(edge, S_is_leaf);
+                    int leaf = flag == NULL ? -1 : PyObject_IsTrue(flag);
+                    Py_XDECREF(flag);
+                    walk = leaf < 0 ? -1 : !leaf;
+                }
+                if (walk == 1) {
+                    bad = PySet_Add(seen, uid) < 0;
+                    if (!bad && PySet_GET_SIZE(seen) > max_walk) {
+                        Py_DECREF(uid); Py_DECREF(pair); Py_DECREF(edges); Py_DECREF(node);
+                        out = Py_None; Py_INCREF(out);
+                        goto done;
+                    }
+                    bad = bad || PyList_Append(stack, edge) < 0;
+                } else if (walk == -1) {
+                    bad = 1;
+                }
+            } else {
+                bad = 1;
+            }
+            Py_XDECREF(uid);
+            Py_DECREF(pair);
+        }
+        Py_XDECREF(edges);
+        Py_DECREF(node);
+        if (bad) goto done;
+    }
+    out = found;
+    found = NULL;
+done:
+    Py_DECREF(nodes);
+    Py_XDECREF(stack); Py_XDECREF(seen); Py_XDECREF(found);
+    return out;
+}
+
 /* sum of slot.nbytes() over a list of slots (Runtime._added_to_batch) */
 static PyObject *slots_nbytes(PyObject *self, PyObject *slots) {
     (void)self;
@@ -1401,6 +1513,10 @@ static PyMethodDef methods[] = {
      "single_mapping(nodes, targets) -> [(edge index, (position, element))] or None: which edge of the one\n"
      "autograd node that made every output of a call leads to which argument (msprobe.capture.backward.\n"
      "_single_mapping, the same attributes read in the same order)."},
+    {"consumer_edges", (PyCFunction)(void (*)(void))consumer_edges, METH_FASTCALL,
+     "consumer_edges(nodes, targets: set, mark: int, max_walk: int) -> {(node id, output index): [(node, edge\n"
+     "index)]} or None: the edges from the nodes made after mark into the target nodes (msprobe.capture.\n"
+     "backward.consumer_edges, the same attributes read in the same order)."},
     {"slots_nbytes", (PyCFunction)slots_nbytes, METH_O,
      "slots_nbytes(slots) -> int: the sum of slot.nbytes() over a sequence of slots."},
     {"resolve", (PyCFunction)resolve, METH_O,
@@ -1429,7 +1545,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_ms_dtype, "mindspore.dtype"); INTERN(S_grad_node, "_grad_node"); INTERN(S_requires_grad, "_requires_grad");
     INTERN(S_output_index, "_output_index"); INTERN(S_unique_id, "_unique_id"); INTERN(S_class, "__class__");
     INTERN(S_input_metadata, "_input_metadata"); INTERN(S_next_functions, "next_functions"); INTERN(S_is_leaf, "is_leaf");
-    INTERN(S_name, "name"); INTERN(S_Contiguous, "Contiguous");
+    INTERN(S_name, "name"); INTERN(S_Contiguous, "Contiguous"); INTERN(S_sequence_nr, "_sequence_nr");
     INTERN(S_e, "e"); INTERN(S_stack, "stack"); INTERN(S_p, "p"); INTERN(S_i, "i"); INTERN(S_n, "n");
     INTERN(S_k, "k"); INTERN(S_v, "v"); INTERN(S_c, "c"); INTERN(S_s, "s"); INTERN(S_f, "f"); INTERN(S_apply, "apply");
     INTERN(S_data, "data"); INTERN(S_construct, "construct"); INTERN(S_frames_attr, "_frames");

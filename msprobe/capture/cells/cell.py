@@ -84,7 +84,8 @@ class CellCapture:
         # parameter gradients: not collected when only forward data is asked for
         self.param_grads = self.bwd_in or self.bwd_out
         #: (models key, [(prefix, weakref to the Cell, pre-hook, post-hook, [(weakref to a Parameter,
-        #: hook)])]): user objects are held weakly, so the plan never keeps a network alive
+        #: hook)])], ForwardHookTable of the plain Cells): user objects are held weakly, so the plan
+        #: never keeps a network alive
         self._plan = None
         self._param_token = None  # step token of the step whose parameter hooks are registered
         #: every entry recorded, statistics only (:meth:`Runtime.takes_whole_calls`): a hook's records
@@ -99,10 +100,15 @@ class CellCapture:
         """
         key = [(index, id(root)) for index, root in models]
         if self._plan is None or self._plan[0] != key:
-            self._plan = (key, self._build_plan(models))
+            plan = self._build_plan(models)
+            self._plan = (key, plan, ForwardHookTable([(ref, pre, post) for _, ref, pre, post, _ in plan
+                                                       if pre is not None and pre != "recompute"]))
         self._whole = self.rt.takes_whole_calls()
         handles = HandleSet()
+        table = self._plan[2]
         for prefix, cell_ref, pre, post, param_hooks in self._plan[1]:
+            if pre is not None and pre != "recompute" and table.direct:
+                continue  # registered together below
             cell = cell_ref()
             if cell is None:
                 continue
@@ -117,6 +123,8 @@ class CellCapture:
                 continue
             handles.add(_hook_handle(cell.register_forward_pre_hook(pre, with_kwargs=True)))
             handles.add(_hook_handle(cell.register_forward_hook(post, with_kwargs=True, always_call=True)))
+        if table.direct:
+            handles.add(table.install())
         return handles
 
     def _hook_parameters(self) -> None:
@@ -447,3 +455,78 @@ def _own_parameters(cell) -> dict:
 
 def _hook_handle(ms_handle) -> Handle:
     return Handle(ms_handle.remove)
+
+
+def _hook_dicts():
+    """``(HookHandle, _update_hook_version)`` of MindSpore when ``Cell`` keeps its forward hooks in the
+    dictionaries ``Cell.register_forward_pre_hook``/``register_forward_hook`` fill (MindSpore 2.x), else
+    ``None``."""
+    try:
+        from mindspore.common.hook_handle import HookHandle, _update_hook_version
+        from mindspore.nn import Cell
+    except ImportError:  # pragma: no cover - other MindSpore layouts
+        return None
+    names = ("_forward_pre_hook", "_forward_pre_hook_with_kwargs", "_forward_hook", "_forward_hook_with_kwargs",
+             "_forward_hook_always_called")
+    if not isinstance(getattr(HookHandle, "unique_id", None), int) or not all(
+            isinstance(getattr(Cell, name, None), property) for name in names):
+        return None
+    return HookHandle, _update_hook_version
+
+
+class ForwardHookTable:
+    """The forward pre-hook and forward hook of many Cells, registered and removed together.
+
+    Args:
+        entries: ``[(weakref to a Cell, pre_hook(cell, args, kwargs), hook(cell, args, kwargs, output))]``.
+
+    :meth:`install` does to each Cell's hook dictionaries what ``Cell.register_forward_pre_hook(pre,
+    with_kwargs=True)`` and ``Cell.register_forward_hook(hook, with_kwargs=True, always_call=True)`` do
+    (the same entries, appended in the same order after the hooks already there, under ids reserved from
+    MindSpore's ``HookHandle`` counter once, when the table is built), and its handle what
+    ``HookHandle.remove`` does; MindSpore's hook version is bumped once per install and once per removal
+    rather than once per hook. It makes one object per install (the public calls make two handles per Cell:
+    ~13 us per hook and removal, 0.36 ms per TinyLM step against 0.10 ms here). :attr:`direct` is False
+    on a MindSpore whose Cells keep hooks otherwise; the caller then registers them one by one.
+    """
+
+    __slots__ = ("direct", "_entries", "_bump")
+
+    def __init__(self, entries: list):
+        found = _hook_dicts()
+        self.direct = found is not None
+        self._entries = []
+        self._bump = None
+        if found is None:
+            return
+        hook_handle, self._bump = found
+        for ref, pre, post in entries:
+            first = hook_handle.unique_id
+            hook_handle.unique_id = first + 2
+            self._entries.append((ref, first, pre, first + 1, post))
+
+    def install(self) -> Handle:
+        """Register every hook on the Cells still alive; the handle removes them."""
+        for ref, pre_id, pre, post_id, post in self._entries:
+            cell = ref()
+            if cell is None:
+                continue
+            cell._forward_pre_hook[pre_id] = pre
+            cell._forward_pre_hook_with_kwargs[pre_id] = True
+            cell._forward_hook[post_id] = post
+            cell._forward_hook_with_kwargs[post_id] = True
+            cell._forward_hook_always_called[post_id] = True
+        self._bump()
+        return Handle(self._remove, "Cell forward hooks")
+
+    def _remove(self) -> None:
+        for ref, pre_id, _, post_id, _ in self._entries:
+            cell = ref()
+            if cell is None:
+                continue
+            cell._forward_pre_hook.pop(pre_id, None)
+            cell._forward_pre_hook_with_kwargs.pop(pre_id, None)
+            cell._forward_hook.pop(post_id, None)
+            cell._forward_hook_with_kwargs.pop(post_id, None)
+            cell._forward_hook_always_called.pop(post_id, None)
+        self._bump()
