@@ -400,10 +400,8 @@ static int gather(PyObject *t, PyObject *shape, Py_ssize_t itemsize, Py_ssize_t 
     Py_ssize_t inner = dims[ndim - 1], step = steps[ndim - 1];
     for (Py_ssize_t k = 0; k < count; k += inner) {  /* rows of the last index, in C order */
         const char *p = src;
-        if (step == itemsize)  /* the last index is contiguous (e.g. a permutation of outer axes): one copy */
-            memcpy(dst, p, (size_t)(inner * itemsize));
-        /* else a constant size per loop: each memcpy becomes one load and one store */
-        else if (itemsize == 4)
+        /* a constant size per loop: each memcpy becomes one load and one store */
+        if (itemsize == 4)
             for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 4 * j, p, 4);
         else if (itemsize == 2)
             for (Py_ssize_t j = 0; j < inner; j++, p += step) memcpy(dst + 2 * j, p, 2);
