@@ -158,7 +158,7 @@ def test_fill_of_views_and_host_snapshots_matches_python(monkeypatch, md5):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int8])
 def test_fill_of_views_with_contiguous_rows_matches_python(monkeypatch, dtype):
     """Views whose last index is contiguous but whose rows are not (outer axes permuted, as attention
-    heads are, or columns sliced) are read in C, copied row by row in C order: Python's leaves."""
+    heads are, or columns sliced) are read in C, copied into C order: Python's leaves."""
     rng = np.random.default_rng(7)
     base = Tensor((rng.standard_normal((4, 32, 3, 16)) * 50).astype(dtype))
     values = [base.permute(0, 2, 1, 3), base.permute(2, 1, 0, 3), base[:, 3:29, :, 2:15],
