@@ -45,9 +45,14 @@ Method
 * Dump entries per step = median number of entries in ``dump.json["data"]`` over the dumped steps;
   MB written per step = median bytes under one ``step{N}/{rank}/`` directory (JSON and ``.npy``).
 * The physical floor: ``tensorMB`` = bytes of the tensors recorded per step (shape x dtype size of every
-  tensor record in dump.json); ``floor`` = (off ms + tensorMB / read bandwidth) / off ms, the ratio if
-  the tool cost nothing but one read of each tensor (bandwidth: ``numpy.add.reduce`` over 100 MB,
-  fastest of 7, measured at the start). Tensor-mode rows add the cost of writing their ``.npy`` files
+  tensor record in dump.json); ``readMB`` = bytes the flush reads per step, counted in the last warm-up
+  step: each distinct memory of a flushed batch once (address and size), as the flush reads it — a
+  gradient and the tensor it arrives as are one memory, so readMB < tensorMB; ``floor`` = (off ms +
+  readMB / read bandwidth) / off ms, the ratio if the tool cost nothing but one read of each memory
+  (bandwidth: ``numpy.add.reduce`` over 100 MB, fastest of 7, measured at the start). ``flush ms``:
+  training-thread CPU time per step in the flush's reading (``materialize``: statistics, CRC-32,
+  host arrays), median of the on runs, with the GB/s at which it read readMB: how far the tool is
+  above the floor inside the flush, and (thr ratio minus it) outside. Tensor-mode rows add the cost of writing their ``.npy`` files
   once: files per step x the per-file cost (create, write, rename) + tensorMB / page-cache write
   bandwidth, both measured by :func:`file_write_cost` before the first such row and again after it;
   the floor uses the cheaper of the two. Both are printed because the kernel's cost of a file varies
@@ -257,6 +262,7 @@ def worker(args) -> dict:
     config_path = spec.get("config_path")
     start_mode = spec.get("start", "model")
     state = {"dbg": None, "i": 0}
+    flush = {"cpu": 0.0, "wall": 0.0, "count_bytes": False, "bytes": 0}
 
     def one_step(on: bool):
         x, y = batches[state["i"] % len(batches)]
@@ -275,6 +281,7 @@ def worker(args) -> dict:
             from msprobe.mindspore import PrecisionDebugger
 
             state["dbg"] = PrecisionDebugger(config_path=config_path)
+            _time_flushes(flush)
 
     def unpark():
         # the capture stays installed between consecutive dumped steps: an off run must run
@@ -290,26 +297,77 @@ def worker(args) -> dict:
             ensure_debugger()
         else:
             unpark()
-        for _ in range(warmup):
+        for n in range(warmup):
+            flush["count_bytes"] = kind == "on" and n == warmup - 1  # the last warm-up step's reads
             one_step(kind == "on")
+        flush["count_bytes"] = False
+    read_bytes = flush["bytes"]
     runs = []
     for kind in phases:
         if kind == "off":
             unpark()
         gc.collect()
+        flush.update(cpu=0.0, wall=0.0)
         w0, c0, t0 = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(steps):
             one_step(kind == "on")
         w1, c1, t1 = time.perf_counter(), time.process_time(), time.thread_time()
         runs.append({"phase": kind, "wall_ms": 1000 * (w1 - w0) / steps, "cpu_ms": 1000 * (c1 - c0) / steps,
-                     "thread_ms": 1000 * (t1 - t0) / steps})
+                     "thread_ms": 1000 * (t1 - t0) / steps, "flush_cpu_ms": 1000 * flush["cpu"] / steps,
+                     "flush_wall_ms": 1000 * flush["wall"] / steps})
     if state["dbg"] is not None:
         state["dbg"].service.close()
-    out = {"runs": runs, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    out = {"runs": runs, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "read_bytes_per_step": read_bytes}
     if config_path:
         with open(config_path, encoding="utf-8") as f:
             out.update(_dump_stats(json.load(f)["dump_path"]))
     return out
+
+
+def _time_flushes(acc: dict) -> None:
+    """Add each flush's statistics reading (``materialize``: its thread's CPU time and wall time, s)
+    to ``acc["cpu"]``/``acc["wall"]``; while ``acc["count_bytes"]`` is true also add the bytes it
+    reads to ``acc["bytes"]``: each distinct memory once per batch, as the flush reads it (a
+    gradient and the tensor it arrives as are one memory), where dump.json's tensorMB counts every
+    record."""
+    from msprobe.engine import runtime
+
+    materialize = runtime.materialize
+
+    def timed(slots, *args, **kwargs):
+        if acc["count_bytes"]:
+            acc["bytes"] += _distinct_bytes(slots)
+        w, c = time.perf_counter(), time.thread_time()
+        try:
+            return materialize(slots, *args, **kwargs)
+        finally:
+            acc["cpu"] += time.thread_time() - c
+            acc["wall"] += time.perf_counter() - w
+
+    runtime.materialize = timed
+
+
+def _distinct_bytes(slots) -> int:
+    """Bytes a flush reads for a batch's tensor slots: a contiguous tensor's memory once however many
+    tensor objects view it (keyed by address and size), a non-contiguous view once per tensor object
+    (the flush copies it in C order)."""
+    seen = {}
+    for slot in slots:
+        value = slot.tensor
+        if value is None:
+            continue
+        try:
+            if hasattr(value, "ctypes"):  # numpy.ndarray (a Parameter's host snapshot)
+                key = (value.ctypes.data, value.nbytes)
+            elif value.is_contiguous():
+                key = (value.data_ptr(), value.nbytes)
+            else:
+                key = id(value)
+        except Exception:  # not readable in place (e.g. another device): its own memory
+            key = id(value)
+        seen[key] = getattr(value, "nbytes", 0)
+    return sum(seen.values())
 
 
 #: the ``--model``/``--launch`` of this benchmark run, added to every worker's spec
@@ -346,24 +404,29 @@ def bench_config(name: str, pairs: int, steps: int, warmup: int, isolation: str)
             runs = res["runs"]
             dump = res
         else:
-            runs = []
+            runs, read = [], []
             for _ in range(pairs):
                 for phase in ("off", "on"):
                     r = run_worker({"phases": [phase], "steps": steps, "warmup": warmup,
                                     "config_path": config_path if phase == "on" else None, "start": start})
                     runs += r["runs"]
-            dump = _dump_stats(os.path.join(tmp, "dump"))
+                    read.append(r.get("read_bytes_per_step", 0))
+            dump = dict(_dump_stats(os.path.join(tmp, "dump")), read_bytes_per_step=max(read))
         off = [r for r in runs if r["phase"] == "off"]
         on = [r for r in runs if r["phase"] == "on"]
         off_ms, on_ms, ratio, ratios = _summarise(off, on, "wall_ms")
         coff, con, cratio, _ = _summarise(off, on, "cpu_ms")
         toff, ton, tratio, _ = _summarise(off, on, "thread_ms")
+        flush_cpu = statistics.median(r["flush_cpu_ms"] for r in on)
+        flush_wall = statistics.median(r["flush_wall_ms"] for r in on)
         return {"config": name, "description": desc, "off_ms": off_ms, "on_ms": on_ms, "ratio": ratio,
                 "pair_ratios": ratios, "cpu_off_ms": coff, "cpu_on_ms": con, "cpu_ratio": cratio,
                 "thread_off_ms": toff, "thread_on_ms": ton, "thread_ratio": tratio,
                 "entries_per_step": dump.get("entries_per_step", 0),
                 "mb_per_step": dump.get("mb_per_step", 0.0),
                 "tensor_bytes_per_step": dump.get("tensor_bytes_per_step", 0),
+                "read_bytes_per_step": dump.get("read_bytes_per_step", 0),
+                "flush_cpu_ms": flush_cpu, "flush_wall_ms": flush_wall,
                 "npy_files_per_step": dump.get("npy_files_per_step", 0), "runs": runs}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -395,6 +458,12 @@ def bench_rss(pairs: int, steps: int, warmup: int) -> dict:
                 "ratio": statistics.median(on) / statistics.median(off), "off_all": off, "on_all": on}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _flush_column(r: dict) -> str:
+    """``flush ms (GB/s)``: the flush's reading per step and the rate at which it read ``readMB``."""
+    rate = r["read_bytes_per_step"] / (r["flush_cpu_ms"] / 1000) / 1e9 if r["flush_cpu_ms"] else 0.0
+    return f"{r['flush_cpu_ms']:.1f} ({rate:.1f})"
 
 
 def main(argv=None) -> int:
@@ -429,10 +498,12 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     bandwidth = memory_bandwidth()
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (numpy add.reduce of 100 MB, fastest of 7); "
-          "floor = off ms + (bytes of tensors recorded per step / bandwidth): one read of each tensor")
-    fmt = "{:<12} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}  {}"
+          "floor = off ms + (readMB / bandwidth): one read of each distinct memory the flush reads "
+          "(readMB; tensorMB counts every tensor record of dump.json); flush ms: training-thread CPU "
+          "per step in the flush's reading (statistics), median of the on runs, and its GB/s of readMB")
+    fmt = "{:<12} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7} {:>7} {:>14}  {}"
     print(fmt.format("config", "off ms", "on ms", "ratio", "cpu ratio", "thr ratio", "entries", "MB/step",
-                     "tensorMB", "floor", "pair ratios"))
+                     "tensorMB", "readMB", "floor", "flush ms", "pair ratios"))
     write_cost = None  # measured before and after the first tensor-mode row
     cost_dir = tempfile.mkdtemp(prefix="msprobe_bench_write_cost_")
     before = (file_write_cost(cost_dir) if any(CONFIGS.get(n, ("", {}))[1].get("task") == "tensor" for n in names)
@@ -444,7 +515,7 @@ def main(argv=None) -> int:
         results.append(r)
         if not r["tensor_bytes_per_step"] and name in FLOOR_FROM:
             r["tensor_bytes_per_step"] = recorded_bytes(FLOOR_FROM[name], args.warmup)
-        floor_ms = 1000 * r["tensor_bytes_per_step"] / bandwidth
+        floor_ms = 1000 * (r["read_bytes_per_step"] or r["tensor_bytes_per_step"]) / bandwidth
         if r["npy_files_per_step"]:  # tensor mode: the files cannot cost less than writing them once
             if write_cost is None:
                 after = file_write_cost(cost_dir)
@@ -459,7 +530,8 @@ def main(argv=None) -> int:
         r["floor_ratio"] = (r["off_ms"] + floor_ms) / r["off_ms"] if r["off_ms"] else None
         print(fmt.format(name, f"{r['off_ms']:.1f}", f"{r['on_ms']:.1f}", f"{r['ratio']:.2f}x",
                          f"{r['cpu_ratio']:.2f}x", f"{r['thread_ratio']:.2f}x", f"{r['entries_per_step']:.0f}", f"{r['mb_per_step']:.2f}",
-                         f"{r['tensor_bytes_per_step'] / 1e6:.2f}", f"{r['floor_ratio']:.3f}x",
+                         f"{r['tensor_bytes_per_step'] / 1e6:.2f}", f"{r['read_bytes_per_step'] / 1e6:.2f}",
+                         f"{r['floor_ratio']:.3f}x", _flush_column(r),
                          " ".join(f"{x:.2f}" for x in r["pair_ratios"])), flush=True)
     if "rss" in names:
         r = bench_rss(max(2, pairs // 2), steps, args.warmup)

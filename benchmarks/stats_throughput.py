@@ -14,6 +14,9 @@ For every size and dtype, on one host array of random values (already in memory,
 * ``numpy``: ``compute_stats(x, backend="numpy")``, the fallback used when the kernel is not built
   (the same chunked NumPy arithmetic as before the kernel existed).
 
+``--cold``: instead, the flush's access pattern read from memory rather than cache, 1 thread against
+all of them, beside the bandwidth ``benchmarks/overhead.py`` takes for its floor (:func:`cold_read`).
+
 Each cell is input GB/s = bytes / wall time of the fastest repeat (the machine is shared by other
 processes: the fastest repeat is the least disturbed one); ``cpu`` is the CPU time of the process
 (all threads) per call in that repeat, beside its wall time. bfloat16 arrays are MindSpore's own
@@ -63,12 +66,53 @@ def timed(fn, repeats: int, calls: int):
     return min(runs)
 
 
+def cold_read(total_mb: int = 640, repeats: int = 5) -> None:
+    """Print the read bandwidth of a flush's access pattern from memory, not cache: float32 tensors of
+    2**21 and 2**20 elements (8 and 4 MB, the larger LM's largest), ``total_mb`` MB in all, each
+    scanned once by the kernel with 1 thread and with ``THREADS`` threads for those of 2**21
+    elements or more (as the dump does when :func:`msprobe.tensors.scan.free_cpus` finds a core free),
+    after reading a 1.2 GB array that pushes them out of the caches (reading, not writing, so no dirty
+    lines are written back meanwhile). Beside it ``numpy.add.reduce`` over 100 MB, fastest of 7 (the
+    bandwidth ``benchmarks/overhead.py`` takes for its floor: a buffer read again and again, which
+    a large last-level cache partly holds) and over the 1.2 GB array once."""
+    big = 1 << 21
+    sizes = [big, big // 2] * max(1, (total_mb << 20) // (12 << 20))
+    tensors = [np.ones(n, np.float32) for n in sizes]
+    nbytes = sum(t.nbytes for t in tensors)
+    evict = np.ones((1200 << 20) // 4, np.float32)
+    hundred = np.ones((100 << 20) // 4, np.float32)
+    probe = timed(lambda: np.add.reduce(hundred), 7, 1)[0]
+    w0 = time.perf_counter()
+    np.add.reduce(evict)
+    once = time.perf_counter() - w0
+    print(f"numpy add.reduce: 100 MB fastest of 7 {hundred.nbytes / probe / 1e9:.1f} GB/s, "
+          f"1.2 GB once {evict.nbytes / once / 1e9:.1f} GB/s; loadavg {os.getloadavg()[0]:.1f}")
+    for threads in (1, stats_scan.THREADS) * 2:
+        walls, cpus = [], []
+        for _ in range(repeats):
+            np.add.reduce(evict)
+            c0, w0 = time.process_time(), time.perf_counter()
+            for t in tensors:
+                stats_scan.scan(t, backend="kernel", threads=threads if t.size >= big else 1)
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+        walls.sort()
+        print(f"{len(tensors)} tensors, {nbytes / 1e6:.0f} MB from memory, {threads} thread(s) for 2**21: "
+              f"fastest {nbytes / walls[0] / 1e9:.1f} GB/s, median {nbytes / walls[len(walls) // 2] / 1e9:.1f} "
+              f"GB/s, CPU {nbytes / min(cpus) / 1e9:.1f} GB/s of process CPU", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int)
     p.add_argument("--json", metavar="OUT")
+    p.add_argument("--cold", action="store_true",
+                   help="only the flush's pattern read from memory, 1 vs all threads (see cold_read)")
     args = p.parse_args(argv)
+    if args.cold:
+        cold_read(repeats=args.repeats or 5)
+        return 0
     repeats = args.repeats or (3 if args.quick else 7)
     dtypes = QUICK_DTYPES if args.quick else DTYPES
     kernel = stats_scan.KERNEL_AVAILABLE

@@ -156,6 +156,28 @@ def test_fill_of_views_and_host_snapshots_matches_python(monkeypatch, md5):
     assert not any(v.is_contiguous() for v in values[-3:])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int8])
+def test_fill_of_views_with_contiguous_rows_matches_python(monkeypatch, dtype):
+    """Views whose last index is contiguous but whose rows are not (outer axes permuted, as attention
+    heads are, or columns sliced) are read in C, copied into C order: Python's leaves."""
+    rng = np.random.default_rng(7)
+    base = Tensor((rng.standard_normal((4, 32, 3, 16)) * 50).astype(dtype))
+    values = [base.permute(0, 2, 1, 3), base.permute(2, 1, 0, 3), base[:, 3:29, :, 2:15],
+              base.permute(0, 2, 1, 3)[1:, :, ::2]]
+    assert not any(v.is_contiguous() for v in values)
+
+    def slots_of():
+        slots: list = []
+        ext.describe(values, lambda t: t, slots, records.describe_other)
+        return slots
+
+    assert _leaves(slots_of, monkeypatch, True) == _leaves(slots_of, monkeypatch, False)
+    filled = slots_of()
+    assert flush.wait_for_device() is None
+    ext.fill(filled)
+    assert all(s.leaf is not None for s in filled)  # all read in C
+
+
 def test_fill_reads_each_memory_once(monkeypatch):
     """fill() reduces memory that several tensor objects show (same address, elements and dtype) once,
     and every other memory on its own; the host snapshot of a Parameter is read in C too."""
