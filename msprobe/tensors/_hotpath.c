@@ -1576,6 +1576,26 @@ static PyObject *parent_of(PyObject *rt) {
     return parent;
 }
 
+/* How CallRecorder._finish records `out` when it holds no work handle (async_handles._find_handle) and
+ * is its own output list or one item of it (semantics.as_output_list): 1 for a Tensor (also a
+ * Parameter), 2 for an exact list or tuple of exact Tensors, 0 for anything else; -1 on an error. */
+static int plain_output(PyObject *out) {
+    PyTypeObject *tp = Py_TYPE(out);
+    if (tp == &PyTuple_Type || tp == &PyList_Type) {
+        PyObject *seq = PySequence_Fast(out, "output");
+        if (seq == NULL) return -1;
+        int all = 1;
+        for (Py_ssize_t i = 0; all && i < PySequence_Fast_GET_SIZE(seq); i++)
+            all = Py_TYPE(PySequence_Fast_GET_ITEM(seq, i)) == (PyTypeObject *)TensorType;
+        Py_DECREF(seq);
+        return all ? 2 : 0;
+    }
+    if (tp == &PyBool_Type || tp == &PyLong_Type || tp == &PyFloat_Type || tp == &PyUnicode_Type ||
+        tp == &PyDict_Type || out == Py_None)
+        return 0;
+    return is_tensor(out);
+}
+
 /* CallRecorder.fast_call(api, original, args, kwargs) */
 static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyObject *args, PyObject *kwargs) {
     PyObject *rt = r->rt;
@@ -1668,11 +1688,18 @@ call:
         }
     } else if (fwd != NULL) {
         int done = 0;
-        if (Py_TYPE(out) == (PyTypeObject *)TensorType) {  /* one exact Tensor: described and queued here */
+        int plain = plain_output(out);
+        if (plain < 0) PyErr_Clear();  /* the Python tail decides */
+        if (plain > 0) {  /* described and queued here */
             Py_ssize_t before = PyList_GET_SIZE(slots);
-            PyObject *d = describe_value(out, 1, snapshot, slots, r->fallback), *list = NULL;
-            if (d != NULL && (list = PyList_New(1)) != NULL) PyList_SET_ITEM(list, 0, d);
-            else Py_XDECREF(d);
+            PyObject *list = NULL;
+            if (plain == 1) {  /* a Tensor: the list of it */
+                PyObject *d = describe_value(out, 1, snapshot, slots, r->fallback);
+                if (d != NULL && (list = PyList_New(1)) != NULL) PyList_SET_ITEM(list, 0, d);
+                else Py_XDECREF(d);
+            } else {  /* a list or tuple of Tensors is its own output list */
+                list = describe_value(out, 0, snapshot, slots, r->fallback);
+            }
             if (list == NULL) {  /* the Python tail describes it again and decides about the failure */
                 PyErr_Clear();
                 if (PyList_SetSlice(slots, before, PyList_GET_SIZE(slots), NULL) < 0) PyErr_Clear();
