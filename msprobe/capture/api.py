@@ -30,6 +30,7 @@ import yaml
 
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.semantics import is_inplace
+from msprobe.tensors import hotpath
 
 SUPPORT_WRAP_OPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support_wrap_ops.yaml")
 
@@ -163,17 +164,28 @@ def _mindspore_internal(caller_globals: dict) -> bool:
     return name == "mindspore" or name.startswith("mindspore.")
 
 
-def make_wrapper(runtime, recorder: CallRecorder, original, api: str, home: dict | None = None):
+def make_wrapper(runtime, recorder: CallRecorder, original, api: str, home: dict | None = None,
+                 method: bool = False):
     """A function that records calls of ``original`` as API ``api`` while the dump runs.
 
     ``home``: the globals of the module the wrapper is installed in (aliases only); a call made
     through such an alias by MindSpore's own code (a module of the ``mindspore`` package: the
     defining module, or e.g. ``Tensor.__setitem__``'s implementation calling ``F.cast``) is
     MindSpore-internal and is not recorded; user and third-party code (``mindformers``) is.
+    ``method``: the wrapper is installed on a class (``Tensor``). There it is the compiled
+    ``CallWrapper`` when the extension is built (the same behaviour without a Python frame per
+    call); functions of modules stay Python functions, since ``mindspore.jit`` compiles a function
+    it finds in a module from its source, which a compiled callable has none of.
     """
     inplace = is_inplace(api)
     # the common case's path (same records, fewer steps) when the API and the config allow it
-    record = recorder.fast_call if recorder.has_fast_path(api, inplace) else recorder.call
+    record = recorder.fast_record if recorder.has_fast_path(api, inplace) else recorder.call
+    ext = hotpath.ext
+    if method and ext is not None:  # the same function in C (no Python frame per call)
+        wrapper = ext.CallWrapper(runtime, runtime.compiled_call_parts()["forks"], record, original, api,
+                                  inplace, home)
+        functools.update_wrapper(wrapper, original)
+        return wrapper
 
     if home is None:
         def wrapper(*args, **kwargs):
@@ -200,7 +212,7 @@ def build_wrappers(runtime, targets: list, recorder: CallRecorder | None = None,
         raw = vars(owner).get(attr) if isinstance(owner, type) else None
         if isinstance(raw, classmethod):
             continue
-        wrapper = make_wrapper(runtime, recorder, getattr(owner, attr), api)
+        wrapper = make_wrapper(runtime, recorder, getattr(owner, attr), api, method=isinstance(owner, type))
         out.append((owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper))
     for module, attr, api in aliases:
         out.append((module, attr, make_wrapper(runtime, recorder, getattr(module, attr), api, vars(module))))

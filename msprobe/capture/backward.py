@@ -72,6 +72,11 @@ def grad_enabled() -> bool:
     return _requires_grad()
 
 
+def grad_enabled_fn():
+    """:func:`grad_enabled` as MindSpore's own callable (no Python frame): what compiled code calls."""
+    return _requires_grad
+
+
 #: exact builtin types, none of them a Tensor: looked up before ``isinstance(value, Tensor)``, which asks
 #: the ``abc`` machinery of ``mindspore.Tensor`` in Python for every value that is not a Tensor
 _NOT_TENSORS = frozenset((type(None), int, float, bool, str, tuple, list, dict))

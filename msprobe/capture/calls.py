@@ -21,9 +21,10 @@ import logging
 from mindspore import Tensor
 
 from msprobe.capture.async_handles import defer_until_wait
-from msprobe.capture.backward import BackwardProbe, grad_enabled
+from msprobe.capture.backward import BackwardProbe, grad_enabled, grad_enabled_fn
 from msprobe.capture.semantics import as_output_list, written_output
 from msprobe.format import naming
+from msprobe.tensors import hotpath
 
 logger = logging.getLogger("msprobe")
 
@@ -39,6 +40,18 @@ class CallRecorder:
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
         self._whole = runtime.takes_whole_calls()
+        #: what records a call of :meth:`has_fast_path`: :meth:`fast_call`, in C when the extension
+        #: is built (``hotpath.ext.Recorder``, the same records; it hands every case but the common
+        #: one back to the methods here)
+        self.fast_record = self.fast_call
+        ext = hotpath.ext
+        if self._whole and ext is not None:
+            parts = runtime.compiled_call_parts()
+            parts.update(slow=self._call, python=self.fast_call, finish=self._finish,
+                         tool_error=self._tool_error, probe=BackwardProbe, grad_enabled=grad_enabled_fn(),
+                         backward_of=naming.backward_of, bwd_in=self.bwd_in, bwd_out=self.bwd_out,
+                         backward=self.bwd_in or self.bwd_out)
+            self.fast_record = ext.Recorder(runtime, hotpath, parts)
 
     def has_fast_path(self, api: str, inplace: bool) -> bool:
         """Whether calls of ``api`` go through :meth:`fast_call`: not an in-place API, not a
@@ -79,21 +92,16 @@ class CallRecorder:
                 out = original(*args, **kwargs)
             except BaseException:
                 if body is not None:  # the inputs are recorded, the user's exception goes on
-                    try:
-                        rt.end_call(fwd, body, slots, None, edges)
-                    except Exception as exc:
-                        self._tool_error(api, exc, (args, kwargs))
+                    self._finish(api, fwd, body, slots, edges, args, kwargs, None, None, True)
                 raise
             if fwd is None:
                 return out
-            try:
-                if body is None:  # inputs recorded by the general path: so is the output
-                    if not defer_until_wait(rt, fwd, api, args, kwargs, out):
-                        rt.record(fwd, "output", as_output_list(out), "output")
-                elif type(out) is not Tensor and defer_until_wait(rt, fwd, api, args, kwargs, out):
-                    rt.end_call(fwd, body, slots, None, edges)
-                else:
-                    rt.end_call(fwd, body, slots, [out] if type(out) is Tensor else as_output_list(out), edges)
+            if body is not None:
+                self._finish(api, fwd, body, slots, edges, args, kwargs, out, probe, False)
+                return out
+            try:  # inputs recorded by the general path: so is the output
+                if not defer_until_wait(rt, fwd, api, args, kwargs, out):
+                    rt.record(fwd, "output", as_output_list(out), "output")
                 if probe is not None:
                     probe.observe(args, out)
             except Exception as exc:
@@ -101,6 +109,30 @@ class CallRecorder:
             return out
         finally:
             rt.leave()
+
+    def _finish(self, api: str, fwd: str, body: dict, slots: list, edges: tuple, args: tuple, kwargs: dict,
+                out, probe, raised: bool) -> None:
+        """The end of :meth:`fast_call` for a call whose inputs are described into ``body``: its output
+        ``out`` described and queued with them (:meth:`Runtime.end_call`; an output that comes at an
+        asynchronous ``wait()`` later), then ``probe`` (a :class:`BackwardProbe` or ``None``) hooks
+        its gradients; ``raised``: the original raised, only the inputs are queued. A failure of the
+        tool is reported (:meth:`_tool_error`), never raised."""
+        rt = self.rt
+        if raised:
+            try:
+                rt.end_call(fwd, body, slots, None, edges)
+            except Exception as exc:
+                self._tool_error(api, exc, (args, kwargs))
+            return
+        try:
+            if type(out) is not Tensor and defer_until_wait(rt, fwd, api, args, kwargs, out):
+                rt.end_call(fwd, body, slots, None, edges)
+            else:
+                rt.end_call(fwd, body, slots, [out] if type(out) is Tensor else as_output_list(out), edges)
+            if probe is not None:
+                probe.observe(args, out)
+        except Exception as exc:
+            self._tool_error(api, exc, out)
 
     def call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False,
              mutates: bool = False):
@@ -110,7 +142,7 @@ class CallRecorder:
         ``mutates``: the call may write tensors it is not given (a compiled region such as an
         optimizer assigning Parameters): everything pending is read before it runs."""
         if self._whole and not (inplace or mutates) and not api.startswith(_COLLECTIVES):
-            return self.fast_call(api, original, args, kwargs)
+            return self.fast_record(api, original, args, kwargs)
         return self._call(api, original, args, kwargs, inplace, mutates)
 
     def _call(self, api: str, original, args: tuple, kwargs: dict, inplace: bool = False,

@@ -68,7 +68,7 @@ def install_primitive_hooks(recorder, targets: list) -> Handle:
             prim.__class__ = _hooked_class(original_class)
             inplace = primitive_is_inplace(prim)
             # the recording path is chosen here, once: the common case's when the API and config allow it
-            record = recorder.fast_call if recorder.has_fast_path(api, inplace) else recorder.call
+            record = recorder.fast_record if recorder.has_fast_path(api, inplace) else recorder.call
             prim.__dict__[_PROBE] = (recorder.rt, record, api, inplace)
             hooked.append((prim, original_class))
 

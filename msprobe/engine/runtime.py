@@ -36,7 +36,7 @@ from msprobe.engine.filters import Selector
 from msprobe.engine.flush import (release_tensors, FlushTimer, encode_batch, materialize, raised_by_mindspore,
                                   replay_batch)
 from msprobe.tensors.records import Describer, describe_other
-from msprobe.engine.stacks import StackTable
+from msprobe.engine.stacks import MAX_WALK as STACK_WALK, StackTable
 from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.tensor_files import FileQueue
 from msprobe.engine.watch import Watch, WatchAnomaly, WatchWriter
@@ -785,6 +785,15 @@ class Runtime:
         return (self.records_data and not self.save_tensors and not cfg.tensor_list and not self._watch_names
                 and not self.selector.scope and not self.selector.items
                 and cfg.allows("forward", "input") and cfg.allows("forward", "output"))
+
+    def compiled_call_parts(self) -> dict:
+        """What the compiled per-call path (``hotpath.ext.Recorder``, ``CallWrapper``) reads of this
+        runtime besides its attributes: the fork marks of :meth:`capturing`, the lock of the batch,
+        the stack table and its walk limit, the describer's fallback, and the config's switches of
+        :meth:`end_call` (``extra_info``) and of the construct edges (``track_parents``)."""
+        return {"forks": _FORKS, "lock": self._lock, "stacks": self.stacks, "max_walk": STACK_WALK,
+                "fallback": describe_other, "extra_info": bool(self.config.extra_info),
+                "track_parents": bool(self.track_parents)}
 
     def begin_call(self, api: str, args: tuple, kwargs: dict):
         """``(n, body, slots)``: the call number of ``api`` (advanced, as :meth:`next_count`) and the

@@ -47,15 +47,28 @@ class StackTable:
         else:
             key = stack_key(sys._getframe(1))
         sid = self._ids.get(key)
-        if sid is None:  # several instructions of one line (``f(a) + f(b)``) render alike: one id
-            codes = stack_codes(sys._getframe(1))  # the frames the key was read from
-            rendered = self._render(codes, key[1::2])
-            sid = self._by_render.get(tuple(rendered))
-            if sid is None:
-                sid = self._by_render[tuple(rendered)] = len(self.rendered)
-                self.rendered.append(rendered)
-            self._ids[key] = sid
-            self._codes.append(codes)
+        if sid is None:
+            sid = self._add(key, stack_codes(sys._getframe(1)))  # the frames the key was read from
+        return sid
+
+    def of_caller(self, key: tuple) -> int:
+        """Id of the stack whose :func:`stack_key` is ``key``, read from the frame calling this method
+        (the compiled per-call path reads the key of its caller's frames, then asks here when the
+        key is new), rendering it if new."""
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._add(key, stack_codes(sys._getframe(1)))
+        return sid
+
+    def _add(self, key: tuple, codes: tuple) -> int:
+        # several instructions of one line (``f(a) + f(b)``) render alike: one id
+        rendered = self._render(codes, key[1::2])
+        sid = self._by_render.get(tuple(rendered))
+        if sid is None:
+            sid = self._by_render[tuple(rendered)] = len(self.rendered)
+            self.rendered.append(rendered)
+        self._ids[key] = sid
+        self._codes.append(codes)
         return sid
 
     def empty(self) -> int:

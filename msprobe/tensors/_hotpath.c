@@ -888,21 +888,8 @@ done:
 }
 
 /* ------------------------------------------------------------------ stack key */
-static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "stack_key(skip, limit)");
-        return NULL;
-    }
-    Py_ssize_t skip = PyLong_AsSsize_t(args[0]), limit = PyLong_AsSsize_t(args[1]);
-    if ((skip == -1 || limit == -1) && PyErr_Occurred()) return NULL;
-    PyFrameObject *frame = PyEval_GetFrame();  /* borrowed: the caller's frame */
+static PyObject *frames_key(PyFrameObject *frame, Py_ssize_t limit) {
     Py_XINCREF(frame);
-    for (Py_ssize_t i = 0; i < skip && frame != NULL; i++) {
-        PyFrameObject *back = PyFrame_GetBack(frame);
-        Py_DECREF(frame);
-        frame = back;
-    }
     PyObject *key = PyList_New(0);
     if (key == NULL) { Py_XDECREF(frame); return NULL; }
     for (Py_ssize_t depth = 0; frame != NULL && depth < limit; depth++) {
@@ -927,6 +914,26 @@ static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *out = PyList_AsTuple(key);
     Py_DECREF(key);
     return out;
+}
+
+static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stack_key(skip, limit)");
+        return NULL;
+    }
+    Py_ssize_t skip = PyLong_AsSsize_t(args[0]), limit = PyLong_AsSsize_t(args[1]);
+    if ((skip == -1 || limit == -1) && PyErr_Occurred()) return NULL;
+    PyFrameObject *frame = PyEval_GetFrame();  /* borrowed: the caller's frame */
+    Py_XINCREF(frame);
+    for (Py_ssize_t i = 0; i < skip && frame != NULL; i++) {
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    PyObject *key = frames_key(frame, limit);
+    Py_XDECREF(frame);
+    return key;
 }
 
 /* ------------------------------------------------------------------ gradient nodes (backward.py) */
@@ -1478,6 +1485,640 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ one recorded call (capture/calls.py) */
+/* Recorder(recorder, runtime, hotpath_module, parts: dict): CallRecorder.fast_call in C, for a call whose
+ * inputs and Tensor output are described here. Called as recorder(api, original, args, kwargs,
+ * inplace=False) like the Python method; CallWrapper calls it without building a call. What is not the
+ * common case is handed to the Python parts (the general path `slow`, the Python common case `python`
+ * when the inputs cannot be described in C, `finish` for any output but one exact Tensor), so both give
+ * the same journal lines in the same order. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *rt, *hotpath, *slow, *python, *finish, *tool_error, *probe_type, *grad_enabled, *backward_of,
+        *fallback, *forks, *stacks, *stack_ids, *rendered, *stack_miss, *lock_acquire, *lock_release;
+    int extra_info, track_parents, backward, max_walk;
+    PyObject *bwd_in, *bwd_out;
+    vectorcallfunc vectorcall;
+} Recorder;
+
+static PyObject *S_recomputing, *S_failed, *S_tls, *S_depth, *S_counters, *S_snapshot, *S_asked, *S_input_args,
+    *S_input_kwargs, *S_output, *S_writer, *S_pending, *S_emitted, *S_added, *S_flush, *S_user_error, *S_raise_user_error, *S_cell_stack, *S_running, *S_fork,
+    *S_ext, *S_forward, *S_backward, *S_wait_kw, *S_ms_prefix;
+
+static PyTypeObject RecorderType;
+
+static int recorder_traverse(Recorder *r, visitproc visit, void *arg) {
+    Py_VISIT(r->rt); Py_VISIT(r->hotpath); Py_VISIT(r->slow); Py_VISIT(r->python); Py_VISIT(r->finish);
+    Py_VISIT(r->tool_error); Py_VISIT(r->probe_type); Py_VISIT(r->grad_enabled); Py_VISIT(r->backward_of);
+    Py_VISIT(r->fallback); Py_VISIT(r->forks); Py_VISIT(r->stacks); Py_VISIT(r->stack_ids); Py_VISIT(r->rendered);
+    Py_VISIT(r->stack_miss); Py_VISIT(r->lock_acquire); Py_VISIT(r->lock_release); Py_VISIT(r->bwd_in);
+    Py_VISIT(r->bwd_out);
+    return 0;
+}
+
+static int recorder_clear(Recorder *r) {
+    Py_CLEAR(r->rt); Py_CLEAR(r->hotpath); Py_CLEAR(r->slow); Py_CLEAR(r->python); Py_CLEAR(r->finish);
+    Py_CLEAR(r->tool_error); Py_CLEAR(r->probe_type); Py_CLEAR(r->grad_enabled); Py_CLEAR(r->backward_of);
+    Py_CLEAR(r->fallback); Py_CLEAR(r->forks); Py_CLEAR(r->stacks); Py_CLEAR(r->stack_ids); Py_CLEAR(r->rendered);
+    Py_CLEAR(r->stack_miss); Py_CLEAR(r->lock_acquire); Py_CLEAR(r->lock_release); Py_CLEAR(r->bwd_in);
+    Py_CLEAR(r->bwd_out);
+    return 0;
+}
+
+static void recorder_dealloc(Recorder *r) {
+    PyObject_GC_UnTrack(r);
+    recorder_clear(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *part(PyObject *parts, const char *name) {
+    PyObject *v = PyDict_GetItemString(parts, name);  /* borrowed */
+    if (v == NULL) PyErr_Format(PyExc_KeyError, "Recorder: part %s missing", name);
+    else Py_INCREF(v);
+    return v;
+}
+
+static PyObject *recorder_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"runtime", "hotpath", "parts", NULL};
+    PyObject *rt, *mod, *parts;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!:Recorder", keywords, &rt, &mod, &PyDict_Type, &parts))
+        return NULL;
+    Recorder *r = PyObject_GC_New(Recorder, type);
+    if (r == NULL) return NULL;
+    memset(&r->rt, 0, offsetof(Recorder, vectorcall) - offsetof(Recorder, rt));
+    r->vectorcall = recorder_vectorcall;
+    Py_INCREF(rt); r->rt = rt;
+    Py_INCREF(mod); r->hotpath = mod;
+    PyObject_GC_Track(r);
+    PyObject *lock = NULL, *flags = NULL;
+    if ((r->slow = part(parts, "slow")) == NULL || (r->python = part(parts, "python")) == NULL ||
+        (r->finish = part(parts, "finish")) == NULL || (r->tool_error = part(parts, "tool_error")) == NULL ||
+        (r->probe_type = part(parts, "probe")) == NULL || (r->grad_enabled = part(parts, "grad_enabled")) == NULL ||
+        (r->backward_of = part(parts, "backward_of")) == NULL || (r->fallback = part(parts, "fallback")) == NULL ||
+        (r->forks = part(parts, "forks")) == NULL || (r->stacks = part(parts, "stacks")) == NULL ||
+        (r->bwd_in = part(parts, "bwd_in")) == NULL || (r->bwd_out = part(parts, "bwd_out")) == NULL ||
+        (lock = part(parts, "lock")) == NULL || (flags = part(parts, "max_walk")) == NULL)
+        goto fail;
+    r->max_walk = (int)PyLong_AsLong(flags);
+    Py_CLEAR(flags);
+    if (r->max_walk < 0 && PyErr_Occurred()) goto fail;
+    if ((r->lock_acquire = PyObject_GetAttrString(lock, "acquire")) == NULL ||
+        (r->lock_release = PyObject_GetAttrString(lock, "release")) == NULL ||
+        (r->stack_ids = PyObject_GetAttrString(r->stacks, "_ids")) == NULL ||
+        (r->rendered = PyObject_GetAttrString(r->stacks, "rendered")) == NULL ||
+        (r->stack_miss = PyObject_GetAttrString(r->stacks, "of_caller")) == NULL)
+        goto fail;
+    Py_CLEAR(lock);
+    if (!PyDict_Check(r->stack_ids) || !PyList_Check(r->rendered)) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: stacks._ids must be a dict, stacks.rendered a list");
+        goto fail;
+    }
+    const char *names[] = {"extra_info", "track_parents", "backward"};
+    int *dest[] = {&r->extra_info, &r->track_parents, &r->backward};
+    for (int i = 0; i < 3; i++) {
+        PyObject *v = part(parts, names[i]);
+        if (v == NULL) goto fail;
+        *dest[i] = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (*dest[i] < 0) goto fail;
+    }
+    return (PyObject *)r;
+fail:
+    Py_XDECREF(lock); Py_XDECREF(flags);
+    Py_DECREF(r);
+    return NULL;
+}
+
+/* ---- small pieces of the Runtime, read as its Python code reads them */
+static int truth_attr(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* getattr(rt._tls, "depth", 0), or -1 on an error */
+static Py_ssize_t tls_depth(PyObject *rt) {
+    PyObject *tls = PyObject_GetAttr(rt, S_tls);
+    if (tls == NULL) return -1;
+    PyObject *d = PyObject_GetAttr(tls, S_depth);
+    Py_DECREF(tls);
+    if (d == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(d);
+    Py_DECREF(d);
+    return n;
+}
+
+static int set_depth(PyObject *rt, Py_ssize_t depth) {
+    PyObject *tls = PyObject_GetAttr(rt, S_tls);
+    if (tls == NULL) return -1;
+    PyObject *d = PyLong_FromSsize_t(depth);
+    int r = d == NULL ? -1 : PyObject_SetAttr(tls, S_depth, d);
+    Py_XDECREF(d);
+    Py_DECREF(tls);
+    return r;
+}
+
+/* Runtime.capturing(): running, depth 0 on this thread, the process that made the runtime */
+static int capturing(PyObject *rt, PyObject *forks) {
+    int running = truth_attr(rt, S_running);
+    if (running <= 0) return running;
+    Py_ssize_t depth = tls_depth(rt);
+    if (depth != 0) return depth < 0 ? -1 : 0;
+    PyObject *fork = PyObject_GetAttr(rt, S_fork);
+    if (fork == NULL) return -1;
+    PyObject *now = PyList_Check(forks) && PyList_GET_SIZE(forks) > 0 ? PyList_GET_ITEM(forks, 0) : NULL;
+    int same = now == NULL ? 0 : PyObject_RichCompareBool(now, fork, Py_EQ);
+    Py_DECREF(fork);
+    return same;
+}
+
+/* Runtime.leave() after a call that returned `out` (stolen; NULL: an exception propagates, which goes on
+ * unchanged, as Python's `finally: rt.leave()` does while it is handled). */
+static PyObject *leave(PyObject *rt, PyObject *out) {
+    PyObject *type, *value, *tb;
+    if (out == NULL) PyErr_Fetch(&type, &value, &tb);
+    Py_ssize_t depth = tls_depth(rt);
+    int bad = depth < 0 || set_depth(rt, depth - 1) < 0;
+    if (out == NULL) {
+        if (bad) PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+        return NULL;
+    }
+    if (bad) { Py_DECREF(out); return NULL; }
+    if (depth - 1 == 0) {
+        PyObject *pending = PyObject_GetAttr(rt, S_user_error);
+        if (pending == NULL) { Py_DECREF(out); return NULL; }
+        int waiting = pending != Py_None;
+        Py_DECREF(pending);
+        if (waiting) {
+            PyObject *r = PyObject_CallMethodNoArgs(rt, S_raise_user_error);
+            if (r == NULL) { Py_DECREF(out); return NULL; }
+            Py_DECREF(r);
+        }
+    }
+    return out;
+}
+
+static int add_asked(PyObject *rt, long n) {
+    PyObject *v = PyObject_GetAttr(rt, S_asked);
+    if (v == NULL) return -1;
+    PyObject *k = PyLong_FromLong(n), *sum = k ? PyNumber_Add(v, k) : NULL;
+    Py_DECREF(v); Py_XDECREF(k);
+    int r = sum == NULL ? -1 : PyObject_SetAttr(rt, S_asked, sum);
+    Py_XDECREF(sum);
+    return r;
+}
+
+/* counters[api] (0 when absent), advanced; -1 on an error. No other thread runs in between (the GIL is
+ * held and no Python code runs), which is what Runtime.begin_call's lock gives the Python code. */
+static Py_ssize_t next_count(PyObject *rt, PyObject *api) {
+    PyObject *counters = PyObject_GetAttr(rt, S_counters);
+    if (counters == NULL) return -1;
+    if (!PyDict_Check(counters)) {
+        Py_DECREF(counters);
+        PyErr_SetString(PyExc_TypeError, "Runtime.counters is not a dict");
+        return -1;
+    }
+    PyObject *v = PyDict_GetItemWithError(counters, api);
+    Py_ssize_t n = 0;
+    if (v != NULL) n = PyLong_AsSsize_t(v);
+    if ((v == NULL && PyErr_Occurred()) || (n == -1 && PyErr_Occurred())) { Py_DECREF(counters); return -1; }
+    PyObject *next = PyLong_FromSsize_t(n + 1);
+    int bad = next == NULL || PyDict_SetItem(counters, api, next) < 0;
+    Py_XDECREF(next);
+    Py_DECREF(counters);
+    return bad ? -1 : n;
+}
+
+/* a tool failure (an Exception, not a BaseException such as KeyboardInterrupt) reported as the Python code
+ * does (CallRecorder._tool_error); 0 when reported, -1 when the error must propagate */
+static int report(Recorder *r, PyObject *api, PyObject *value) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    if (tb != NULL && exc != NULL) PyException_SetTraceback(exc, tb);
+    PyObject *res = exc == NULL ? NULL : PyObject_CallFunctionObjArgs(r->tool_error, api, exc, value, NULL);
+    Py_XDECREF(type); Py_XDECREF(exc); Py_XDECREF(tb);
+    if (res == NULL) return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+static int append_pair(PyObject *pending, PyObject *writer, PyObject *line) {
+    if (line == NULL) return -1;
+    PyObject *pair = PyTuple_Pack(2, writer, line);
+    Py_DECREF(line);
+    if (pair == NULL) return -1;
+    int bad = PyList_Append(pending, pair);
+    Py_DECREF(pair);
+    return bad;
+}
+
+static PyObject *dict2(PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2) {
+    PyObject *d = PyDict_New();
+    if (d != NULL && (PyDict_SetItem(d, k1, v1) < 0 || PyDict_SetItem(d, k2, v2) < 0)) Py_CLEAR(d);
+    return d;
+}
+
+/* (id(code), f_lasti, ...) from `frame` outwards, at most `limit` frames (stacks.stack_key) */
+static PyObject *frames_key(PyFrameObject *frame, Py_ssize_t limit);
+
+/* Runtime.end_call for a Tensor output described into `body`: the stack-use line with the body (the
+ * stack's frames line before it on its first use in the step) or one key line per body item, then the
+ * construct edges, added to the batch under the runtime's lock; the batch flushed when due. */
+static int queue_call(Recorder *r, PyObject *fwd, PyObject *body, PyObject *slots, PyObject *edges) {
+    PyObject *rt = r->rt, *key = NULL;
+    if (r->extra_info) {
+        key = frames_key(PyEval_GetFrame(), r->max_walk);
+        if (key == NULL) return -1;
+    }
+    PyObject *writer = PyObject_GetAttr(rt, S_writer), *pending = NULL, *emitted = NULL, *sid = NULL;
+    if (writer == NULL) { Py_XDECREF(key); return -1; }
+    PyObject *held = PyObject_CallNoArgs(r->lock_acquire);
+    if (held == NULL) { Py_DECREF(writer); Py_XDECREF(key); return -1; }
+    Py_DECREF(held);
+    int bad = 1, full = 0;
+    if ((pending = PyObject_GetAttr(rt, S_pending)) == NULL || !PyList_Check(pending)) goto unlock;
+    if (r->extra_info) {
+        sid = PyDict_GetItemWithError(r->stack_ids, key);
+        if (sid != NULL) Py_INCREF(sid);
+        else if (PyErr_Occurred() || (sid = PyObject_CallOneArg(r->stack_miss, key)) == NULL) goto unlock;
+        if ((emitted = PyObject_GetAttr(rt, S_emitted)) == NULL || !PySet_Check(emitted)) goto unlock;
+        int seen = PySet_Contains(emitted, sid);
+        if (seen < 0) goto unlock;
+        if (!seen) {
+            Py_ssize_t i = PyLong_AsSsize_t(sid);
+            if (i == -1 && PyErr_Occurred()) goto unlock;
+            if (i < 0 || i >= PyList_GET_SIZE(r->rendered)) {
+                PyErr_SetString(PyExc_IndexError, "stack id without rendered frames");
+                goto unlock;
+            }
+            if (PySet_Add(emitted, sid) < 0 ||
+                append_pair(pending, writer, dict2(S_s, sid, S_f, PyList_GET_ITEM(r->rendered, i))) < 0)
+                goto unlock;
+        }
+        PyObject *line = dict2(S_e, fwd, S_stack, sid);
+        if (line != NULL && PyDict_SetItem(line, S_v, body) < 0) Py_CLEAR(line);
+        if (append_pair(pending, writer, line) < 0) goto unlock;
+    } else {
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(body, &pos, &k, &v)) {
+            PyObject *line = dict2(S_e, fwd, S_k, k);
+            if (line != NULL && PyDict_SetItem(line, S_v, v) < 0) Py_CLEAR(line);
+            if (append_pair(pending, writer, line) < 0) goto unlock;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(edges); i++) {
+        PyObject *edge = PyTuple_GET_ITEM(edges, i);
+        if (append_pair(pending, writer, dict2(S_c, PyTuple_GET_ITEM(edge, 0), S_p, PyTuple_GET_ITEM(edge, 1))) < 0)
+            goto unlock;
+    }
+    PyObject *due = PyObject_CallMethodOneArg(rt, S_added, slots);
+    if (due == NULL) goto unlock;
+    full = PyObject_IsTrue(due);
+    Py_DECREF(due);
+    bad = full < 0;
+unlock:
+    {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *released = PyObject_CallNoArgs(r->lock_release);
+        if (released == NULL) { bad = 1; Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb); }
+        else { Py_DECREF(released); PyErr_Restore(type, value, tb); }
+    }
+    if (bad && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "Runtime._pending is not a list or _emitted_stacks not a set");
+    Py_XDECREF(key); Py_XDECREF(writer); Py_XDECREF(pending); Py_XDECREF(emitted); Py_XDECREF(sid);
+    if (bad) return -1;
+    if (full) {
+        PyObject *kw = PyDict_New(), *res = NULL, *flush = NULL;
+        if (kw != NULL && PyDict_SetItem(kw, S_wait_kw, Py_False) == 0 && (flush = PyObject_GetAttr(rt, S_flush)) != NULL)
+            res = PyObject_Call(flush, S_empty_tuple, kw);
+        Py_XDECREF(kw); Py_XDECREF(flush);
+        if (res == NULL) return -1;
+        Py_DECREF(res);
+    }
+    return 0;
+}
+
+/* the call's Cell parent (runtime.cell_stack[-1], or None): new reference */
+static PyObject *parent_of(PyObject *rt) {
+    PyObject *stack = PyObject_GetAttr(rt, S_cell_stack);
+    if (stack == NULL) return NULL;
+    PyObject *parent = PyList_Check(stack) && PyList_GET_SIZE(stack) ? PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1)
+                                                                      : Py_None;
+    Py_INCREF(parent);
+    Py_DECREF(stack);
+    return parent;
+}
+
+/* How CallRecorder._finish records `out` when it holds no work handle (async_handles._find_handle) and
+ * is its own output list or one item of it (semantics.as_output_list): 1 for a Tensor (also a
+ * Parameter), 2 for an exact list or tuple of exact Tensors, 0 for anything else; -1 on an error. */
+static int plain_output(PyObject *out) {
+    PyTypeObject *tp = Py_TYPE(out);
+    if (tp == &PyTuple_Type || tp == &PyList_Type) {
+        PyObject *seq = PySequence_Fast(out, "output");
+        if (seq == NULL) return -1;
+        int all = 1;
+        for (Py_ssize_t i = 0; all && i < PySequence_Fast_GET_SIZE(seq); i++)
+            all = Py_TYPE(PySequence_Fast_GET_ITEM(seq, i)) == (PyTypeObject *)TensorType;
+        Py_DECREF(seq);
+        return all ? 2 : 0;
+    }
+    if (tp == &PyBool_Type || tp == &PyLong_Type || tp == &PyFloat_Type || tp == &PyUnicode_Type ||
+        tp == &PyDict_Type || out == Py_None)
+        return 0;
+    return is_tensor(out);
+}
+
+/* CallRecorder.fast_call(api, original, args, kwargs) */
+static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyObject *args, PyObject *kwargs) {
+    PyObject *rt = r->rt;
+    PyObject *ext = PyObject_GetAttr(r->hotpath, S_ext);  /* tests switch the extension off at run time */
+    if (ext == NULL) return NULL;
+    Py_DECREF(ext);
+    int odd = ext == Py_None;
+    if (!odd) {
+        int rec = truth_attr(rt, S_recomputing), failed = rec ? rec : truth_attr(rt, S_failed);
+        if (rec < 0 || failed < 0) return NULL;
+        if (rec || failed)  /* recomputed forward, or the dump is off: the general path decides */
+            return PyObject_CallFunctionObjArgs(r->slow, api, original, args, kwargs, NULL);
+    }
+    if (odd || !PyTuple_Check(args) || !PyDict_Check(kwargs))
+        return PyObject_CallFunctionObjArgs(r->python, api, original, args, kwargs, NULL);
+    Py_ssize_t depth = tls_depth(rt);
+    if (depth < 0 || set_depth(rt, depth + 1) < 0) return NULL;
+    /* inputs: described first (under the tool's depth, as in Python); when that fails the Python common
+     * case runs the whole call, numbering it and deciding about the failure */
+    PyObject *slots = PyList_New(0), *snapshot = PyObject_GetAttr(rt, S_snapshot), *a = NULL, *k = NULL;
+    if (slots != NULL && snapshot != NULL) {
+        a = PyTuple_GET_SIZE(args) ? describe_value(args, 0, snapshot, slots, r->fallback) : PyList_New(0);
+        if (a != NULL) k = PyDict_GET_SIZE(kwargs) ? describe_value(kwargs, 0, snapshot, slots, r->fallback) : PyDict_New();
+    }
+    if (k == NULL) {
+        Py_XDECREF(slots); Py_XDECREF(snapshot); Py_XDECREF(a);
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return leave(rt, NULL);
+        PyErr_Clear();
+        PyObject *none = leave(rt, (Py_INCREF(Py_None), Py_None));
+        if (none == NULL) return NULL;
+        Py_DECREF(none);
+        return PyObject_CallFunctionObjArgs(r->python, api, original, args, kwargs, NULL);
+    }
+    PyObject *body = NULL, *fwd = NULL, *probe = NULL, *edges = NULL, *argskw = NULL, *out;
+    Py_ssize_t n = next_count(rt, api);
+    if (n < 0) goto tool_failed;
+    if (add_asked(rt, 2) < 0 || (body = dict2(S_input_args, a, S_input_kwargs, k)) == NULL) goto tool_failed;
+    if ((fwd = PyUnicode_FromFormat("%U.%zd.%U", api, n, S_forward)) == NULL) goto tool_failed;
+    PyObject *parent = NULL;
+    if (r->track_parents && (parent = parent_of(rt)) == NULL) goto tool_failed;
+    PyObject *bwd_edge = NULL;
+    if (r->backward) {
+        PyObject *g = PyObject_CallNoArgs(r->grad_enabled);
+        int on = g == NULL ? -1 : PyObject_IsTrue(g);
+        Py_XDECREF(g);
+        if (on < 0) { Py_XDECREF(parent); goto tool_failed; }
+        if (on) {
+            PyObject *bwd = PyUnicode_FromFormat("%U.%zd.%U", api, n, S_backward);
+            if (bwd != NULL) probe = PyObject_CallFunctionObjArgs(r->probe_type, rt, bwd, r->bwd_in, r->bwd_out, NULL);
+            if (probe != NULL && r->track_parents) {
+                PyObject *up = PyObject_CallOneArg(r->backward_of, parent);
+                bwd_edge = up == NULL ? NULL : PyTuple_Pack(2, bwd, up);
+                Py_XDECREF(up);
+                if (bwd_edge == NULL) Py_CLEAR(probe);
+            }
+            Py_XDECREF(bwd);
+            if (probe == NULL) { Py_XDECREF(parent); goto tool_failed; }
+        }
+    }
+    if (r->track_parents) {
+        PyObject *fwd_edge = PyTuple_Pack(2, fwd, parent);
+        edges = fwd_edge == NULL ? NULL : bwd_edge != NULL ? PyTuple_Pack(2, fwd_edge, bwd_edge) : PyTuple_Pack(1, fwd_edge);
+        Py_XDECREF(fwd_edge);
+    } else {
+        edges = S_empty_tuple;
+        Py_INCREF(edges);
+    }
+    Py_XDECREF(parent); Py_XDECREF(bwd_edge);
+    if (edges == NULL) goto tool_failed;
+    goto call;
+tool_failed:  /* the tool's failure before the call: reported, the call is not recorded */
+    Py_CLEAR(body); Py_CLEAR(fwd); Py_CLEAR(probe); Py_CLEAR(edges);
+    argskw = PyTuple_Pack(2, args, kwargs);
+    if (argskw == NULL || report(r, api, argskw) < 0) {
+        Py_XDECREF(argskw); Py_DECREF(slots); Py_DECREF(snapshot); Py_DECREF(a); Py_DECREF(k);
+        return leave(rt, NULL);
+    }
+    Py_CLEAR(argskw);
+call:
+    out = PyObject_Call(original, args, PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+    if (out == NULL) {
+        if (fwd != NULL) {  /* the inputs are recorded (by the Python tail), the user's exception goes on */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *res = PyObject_CallFunctionObjArgs(r->finish, api, fwd, body, slots, edges, args, kwargs,
+                                                         Py_None, Py_None, Py_True, NULL);
+            if (res == NULL) PyErr_Clear();
+            Py_XDECREF(res);
+            PyErr_Restore(type, value, tb);
+        }
+    } else if (fwd != NULL) {
+        int done = 0;
+        int plain = plain_output(out);
+        if (plain < 0) PyErr_Clear();  /* the Python tail decides */
+        if (plain > 0) {  /* described and queued here */
+            Py_ssize_t before = PyList_GET_SIZE(slots);
+            PyObject *list = NULL;
+            if (plain == 1) {  /* a Tensor: the list of it */
+                PyObject *d = describe_value(out, 1, snapshot, slots, r->fallback);
+                if (d != NULL && (list = PyList_New(1)) != NULL) PyList_SET_ITEM(list, 0, d);
+                else Py_XDECREF(d);
+            } else {  /* a list or tuple of Tensors is its own output list */
+                list = describe_value(out, 0, snapshot, slots, r->fallback);
+            }
+            if (list == NULL) {  /* the Python tail describes it again and decides about the failure */
+                PyErr_Clear();
+                if (PyList_SetSlice(slots, before, PyList_GET_SIZE(slots), NULL) < 0) PyErr_Clear();
+            } else {
+                int stored = add_asked(rt, 1) == 0 && PyDict_SetItem(body, S_output, list) == 0;
+                Py_DECREF(list);
+                int failed = stored ? truth_attr(rt, S_failed) : -1;
+                if (failed == 0 && queue_call(r, fwd, body, slots, edges) < 0) failed = -1;
+                if (failed >= 0 && probe != NULL) {
+                    PyObject *res = PyObject_CallMethod(probe, "observe", "OO", args, out);
+                    if (res == NULL) failed = -1;
+                    Py_XDECREF(res);
+                }
+                if (failed < 0 && report(r, api, out) < 0) { Py_CLEAR(out); }
+                done = 1;
+            }
+        }
+        if (!done) {
+            PyObject *res = PyObject_CallFunctionObjArgs(r->finish, api, fwd, body, slots, edges, args, kwargs, out,
+                                                         probe ? probe : Py_None, Py_False, NULL);
+            if (res == NULL) Py_CLEAR(out);
+            Py_XDECREF(res);
+        }
+    }
+    Py_XDECREF(body); Py_XDECREF(fwd); Py_XDECREF(probe); Py_XDECREF(edges);
+    Py_DECREF(slots); Py_DECREF(snapshot); Py_DECREF(a); Py_DECREF(k);
+    return leave(rt, out);
+}
+
+static PyObject *recorder_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 4 || nargs > 5 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "Recorder(api, original, args, kwargs, inplace=False)");
+        return NULL;
+    }
+    return record_call((Recorder *)self, args[0], args[1], args[2], args[3]);
+}
+
+static PyTypeObject RecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe.tensors._hotpath.Recorder",
+    .tp_basicsize = sizeof(Recorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Recorder(runtime, hotpath, parts): CallRecorder.fast_call in C (see the source).",
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_new = recorder_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Recorder, vectorcall),
+};
+
+/* ------------------------------------------------------------------ the API wrapper (capture/api.py) */
+/* CallWrapper(runtime, forks, record, original, api, inplace, home): make_wrapper's function in C. Not
+ * recording (Runtime.capturing() false), or called by MindSpore's own code through an alias (`home`: the
+ * globals of the module it is installed in), it calls the original with the same arguments; else
+ * record(api, original, args, kwargs, inplace), a Recorder called directly. Binds like a function
+ * (a Tensor method), keeps a __dict__ (functools.update_wrapper). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *rt, *forks, *record, *original, *api, *inplace, *home, *dict;
+    vectorcallfunc vectorcall;
+} CallWrapper;
+
+static int wrapper_traverse(CallWrapper *w, visitproc visit, void *arg) {
+    Py_VISIT(w->rt); Py_VISIT(w->forks); Py_VISIT(w->record); Py_VISIT(w->original); Py_VISIT(w->api);
+    Py_VISIT(w->inplace); Py_VISIT(w->home); Py_VISIT(w->dict);
+    return 0;
+}
+
+static int wrapper_clear(CallWrapper *w) {
+    Py_CLEAR(w->rt); Py_CLEAR(w->forks); Py_CLEAR(w->record); Py_CLEAR(w->original); Py_CLEAR(w->api);
+    Py_CLEAR(w->inplace); Py_CLEAR(w->home); Py_CLEAR(w->dict);
+    return 0;
+}
+
+static void wrapper_dealloc(CallWrapper *w) {
+    PyObject_GC_UnTrack(w);
+    wrapper_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"runtime", "forks", "record", "original", "api", "inplace", "home", NULL};
+    PyObject *rt, *forks, *record, *original, *api, *inplace, *home;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OOUOO:CallWrapper", keywords, &rt, &PyList_Type, &forks,
+                                     &record, &original, &api, &inplace, &home))
+        return NULL;
+    CallWrapper *w = PyObject_GC_New(CallWrapper, type);
+    if (w == NULL) return NULL;
+    PyObject *fields[] = {rt, forks, record, original, api, inplace, home == Py_None ? NULL : home};
+    PyObject **dest[] = {&w->rt, &w->forks, &w->record, &w->original, &w->api, &w->inplace, &w->home};
+    for (int i = 0; i < 7; i++) { Py_XINCREF(fields[i]); *dest[i] = fields[i]; }
+    w->dict = NULL;
+    w->vectorcall = wrapper_vectorcall;
+    PyObject_GC_Track(w);
+    return (PyObject *)w;
+}
+
+/* the caller is MindSpore's own code: a module of the mindspore package (api._mindspore_internal) */
+static int mindspore_internal(void) {
+    PyFrameObject *frame = PyEval_GetFrame();
+    if (frame == NULL) return 0;
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *globals = PyFrame_GetGlobals(frame);
+#else
+    PyObject *globals = frame->f_globals;
+    Py_XINCREF(globals);
+#endif
+    if (globals == NULL) return 0;
+    PyObject *name = PyDict_Check(globals) ? PyDict_GetItemString(globals, "__name__") : NULL;
+    int inside = 0;
+    if (name != NULL && PyUnicode_Check(name)) {
+        Py_ssize_t len = PyUnicode_GET_LENGTH(name);
+        inside = PyUnicode_CompareWithASCIIString(name, "mindspore") == 0 ||
+                 (len >= 10 && PyUnicode_Tailmatch(name, S_ms_prefix, 0, 10, -1) == 1);
+    }
+    Py_DECREF(globals);
+    return inside;
+}
+
+static PyObject *wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    CallWrapper *w = (CallWrapper *)self;
+    int on = capturing(w->rt, w->forks);
+    if (on < 0) return NULL;
+    if (!on || (w->home != NULL && mindspore_internal()))
+        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *tuple = PyTuple_New(nargs), *kwargs = PyDict_New(), *out = NULL;
+    if (tuple == NULL || kwargs == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nargs; i++) { Py_INCREF(args[i]); PyTuple_SET_ITEM(tuple, i, args[i]); }
+    if (kwnames != NULL)
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++)
+            if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) goto done;
+    if (Py_TYPE(w->record) == &RecorderType)
+        out = record_call((Recorder *)w->record, w->api, w->original, tuple, kwargs);
+    else
+        out = PyObject_CallFunctionObjArgs(w->record, w->api, w->original, tuple, kwargs, w->inplace, NULL);
+done:
+    Py_XDECREF(tuple); Py_XDECREF(kwargs);
+    return out;
+}
+
+static PyObject *wrapper_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
+    if (obj == NULL || obj == Py_None) { Py_INCREF(self); return self; }
+    return PyMethod_New(self, obj);
+}
+
+static PyGetSetDef wrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CallWrapperType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe.tensors._hotpath.CallWrapper",
+    .tp_basicsize = sizeof(CallWrapper),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "CallWrapper(runtime, forks, record, original, api, inplace, home): make_wrapper's function in C.",
+    .tp_traverse = (traverseproc)wrapper_traverse,
+    .tp_clear = (inquiry)wrapper_clear,
+    .tp_dealloc = (destructor)wrapper_dealloc,
+    .tp_new = wrapper_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = wrapper_get,
+    .tp_dictoffset = offsetof(CallWrapper, dict),
+    .tp_getset = wrapper_getset,
+    .tp_vectorcall_offset = offsetof(CallWrapper, vectorcall),
+};
+
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(tensor, parameter, dtype_names, kinds, scan, split, is_contiguous, data_ptr, dumps,\n"
@@ -1550,13 +2191,28 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_k, "k"); INTERN(S_v, "v"); INTERN(S_c, "c"); INTERN(S_s, "s"); INTERN(S_f, "f"); INTERN(S_apply, "apply");
     INTERN(S_data, "data"); INTERN(S_construct, "construct"); INTERN(S_frames_attr, "_frames");
     INTERN(S_stack_names, "_stack_names");
+    INTERN(S_recomputing, "recomputing"); INTERN(S_failed, "failed"); INTERN(S_tls, "_tls"); INTERN(S_depth, "depth");
+    INTERN(S_counters, "counters"); INTERN(S_snapshot, "snapshot"); INTERN(S_asked, "_asked"); INTERN(S_input_args, "input_args");
+    INTERN(S_input_kwargs, "input_kwargs"); INTERN(S_output, "output"); INTERN(S_writer, "writer"); INTERN(S_pending, "_pending");
+    INTERN(S_emitted, "_emitted_stacks"); INTERN(S_added, "_added_to_batch"); INTERN(S_flush, "flush"); INTERN(S_user_error, "_user_error");
+    INTERN(S_raise_user_error, "raise_user_error"); INTERN(S_cell_stack, "cell_stack"); INTERN(S_running, "running"); INTERN(S_fork, "_fork");
+    INTERN(S_ext, "ext"); INTERN(S_forward, "forward"); INTERN(S_backward, "backward"); INTERN(S_wait_kw, "wait");
+    INTERN(S_ms_prefix, "mindspore.");
     if ((ObjectClass = _PyType_Lookup(&PyBaseObject_Type, S_class)) == NULL) return NULL;
     Py_INCREF(ObjectClass);
     if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;
     Tiny = 2.2250738585072014e-308;
-    if (PyType_Ready(&SlotType) < 0) return NULL;
+    if (PyType_Ready(&SlotType) < 0 || PyType_Ready(&RecorderType) < 0 || PyType_Ready(&CallWrapperType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    Py_INCREF(&RecorderType);
+    Py_INCREF(&CallWrapperType);
+    if (PyModule_AddObject(m, "Recorder", (PyObject *)&RecorderType) < 0 ||
+        PyModule_AddObject(m, "CallWrapper", (PyObject *)&CallWrapperType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&SlotType);
     if (PyModule_AddObject(m, "TensorSlot", (PyObject *)&SlotType) < 0) {
         Py_DECREF(&SlotType);
