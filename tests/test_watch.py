@@ -289,6 +289,24 @@ def test_sigterm_writes_the_history(tmp_path):
     assert "Functional.tanh.0.forward" in dump["data"] and "SIGTERM" in dump["abnormal"]
 
 
+def test_heartbeat_names_the_anomaly_after_raise_and_exit(tmp_path):
+    """``raise`` caught by the loop, then the process ends: the heartbeat written at exit names the
+    anomaly (the write at interpreter exit used to meet an already closed descriptor)."""
+    import subprocess
+    import sys
+
+    dump_path = str(tmp_path / "dump")
+    script = os.path.join(os.path.dirname(__file__), "scripts", "watch_raise_exit_worker.py")
+    proc = subprocess.run([sys.executable, script, dump_path], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "CAUGHT 2" in proc.stdout, proc.stdout + proc.stderr
+    assert "heartbeat not written" not in proc.stderr + proc.stdout, proc.stderr
+    (beat,) = glob.glob(os.path.join(dump_path, "watch_heartbeat.*.json"))
+    with open(beat) as f:
+        body = json.load(f)
+    assert body["last_step"] == 2 and body["anomaly"]["producer"] == "Functional.log.0.forward", body
+    assert body["anomaly"]["step"] == 2
+
+
 def test_backward_first_producer_has_its_forward_calls_stack(tmp_path):
     """anomalies.json ``stack`` of a backward first producer: the frames of its forward call."""
     debugger, dump_path = _debugger(tmp_path, "L1", {})

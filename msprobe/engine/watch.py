@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import time
-import weakref
 
 from msprobe.read import report
 from msprobe.tensors import stats
@@ -215,13 +214,14 @@ class Watch:
 
 class HeartbeatFile:
     """The heartbeat file, rewritten in place: the document is written over the old one with one
-    ``pwrite`` from offset 0 through a descriptor kept open, padded with spaces (JSON whitespace) to the
-    file's length, so the file never shrinks and always holds one whole document, even when the process
-    is killed (a system call is not interrupted half-way). Writing a temporary file and renaming it
-    over the old one costs more on ext4, which starts writing the new file's data back at such a
-    rename: 0.45 vs 0.10 ms CPU per step, 3-20 vs 0.1 ms wall (median) on this loaded 2-core machine,
-    TinyLM watch-L0. A reader racing the write could see part of each version and should read again.
-    A file removed meanwhile (link count 0) is created again at the next write.
+    ``pwrite`` from offset 0, padded with spaces (JSON whitespace) to the file's length, so the file
+    never shrinks and holds one whole document, also when the process is killed (a system call is
+    not interrupted half-way). Writing a temporary file and renaming it over the old one costs more on
+    ext4, which starts writing the new file's data back at such a rename: 0.45 vs 0.10 ms CPU per
+    step, 3-20 vs 0.1 ms wall (median) on this loaded 2-core machine, TinyLM watch-L0. A reader racing
+    the write could see part of each version and should read again. The file is opened for each write
+    and closed after it (no descriptor outlives the write, also at interpreter exit); a file removed
+    meanwhile is created again.
 
     Args:
         path: the heartbeat's path (its directory exists).
@@ -230,27 +230,21 @@ class HeartbeatFile:
         OSError: from ``open``/``fstat``/``pwrite`` (the caller warns).
     """
 
-    __slots__ = ("path", "_fd", "_closer", "__weakref__")
+    __slots__ = ("path",)
 
     def __init__(self, path: str):
         self.path = path
-        self._fd = None
-        self._closer = None
 
     def write(self, data: bytes) -> None:
         """Make ``data`` (one JSON document) the file's content, padded to the file's length."""
-        fd = self._fd
-        size = os.fstat(fd) if fd is not None else None
-        if size is not None and size.st_nlink == 0:  # removed: write a new file
-            self._closer()
-            fd = size = None
-        if fd is None:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-            self._fd, self._closer = fd, weakref.finalize(self, os.close, fd)
-            size = os.fstat(fd)
-        if len(data) < size.st_size:
-            data += b" " * (size.st_size - len(data))
-        os.pwrite(fd, data, 0)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if len(data) < size:
+                data += b" " * (size - len(data))
+            os.pwrite(fd, data, 0)
+        finally:
+            os.close(fd)
 
 
 class WatchWriter:
