@@ -701,6 +701,25 @@ def test_the_trigger_message_says_what_was_written(tmp_path, capsys, caplog):
         assert len(msprobe.dump.load(d).data) == count
 
 
+def test_a_history_of_one_steps_entries_keeps_that_step_whole(tmp_path):
+    """``history`` counts what ``dump.json`` holds: as many entries as a step has keep the step before
+    the anomaly's whole (names with no data, such as a backward entry's construct edge made before its
+    gradient arrived, do not count)."""
+    plain, plain_path = _debugger(tmp_path, "mix", None, name="plain")
+    ms.set_seed(0)
+    _train(Net(), plain, 1)
+    plain.service.close()
+    per_step = len(msprobe.dump.load(glob.glob(os.path.join(plain_path, "step0", "*"))[0]).data)
+    debugger, dump_path = _debugger(tmp_path, "mix", {"history": per_step})
+    ms.set_seed(0)
+    _train(Net(), debugger, 4, at=3, poison=_forward_nan)
+    debugger.service.close()
+    (d,) = glob.glob(os.path.join(dump_path, "step2", "*"))
+    dump = msprobe.dump.load(d)
+    assert len(dump.data) == per_step and "partial" not in dump.header
+    assert not os.path.exists(os.path.join(dump_path, "step1"))
+
+
 def test_a_step_partly_kept_by_the_history_says_so(tmp_path):
     """An earlier step of which the history kept only its tail has ``partial`` in its dump.json
     (what is left out, in words); whole steps have none; the files pass the schema and ``summarize``
@@ -722,6 +741,10 @@ def test_a_step_partly_kept_by_the_history_says_so(tmp_path):
     assert headers[1]["partial"] == (f"watch mode's history kept the last 3 of this step's {per_step} "
                                      f"entries (watch.history {per_step + 3})")
     assert "partial" not in headers[2] and "partial" not in headers[3]
+    # the part kept is the step's tail in dump.json order (the same calls ran in the plain run's step 1)
+    (kept_dir,) = glob.glob(os.path.join(dump_path, "step1", "*"))
+    (whole_dir,) = glob.glob(os.path.join(plain_path, "step1", "*"))
+    assert list(msprobe.dump.load(kept_dir).data) == list(msprobe.dump.load(whole_dir).data)[-3:]
     assert validate_dump_tree(dump_path)
     (line,) = [x for x in msprobe.dump.summarize(dump_path).splitlines() if "step1/" in x]
     assert "(PARTIAL: watch mode's history kept the last 3 of" in line

@@ -28,16 +28,20 @@ class History:
     Args:
         limit: entries of earlier steps kept (``watch.history``).
 
-    ``len(history)`` is the number of entries of earlier steps kept (at most ``limit``).
+    ``len(history)`` is the number of entries of earlier steps kept that ``dump.json`` holds (at
+    most ``limit``); lines of other names (a backward entry's construct edge made at its forward
+    call before it received a gradient) ride along with no count, and go first when a step is cut.
     """
 
     def __init__(self, limit: int):
         self.limit = limit
-        #: finished steps' entries, oldest step first: each an ordered map of entry key
-        #: ``(step, directory, name)`` -> ``[(batch, index, text)]``
+        #: finished steps, oldest first: each ``(entries, with_data)``, an ordered map of entry key
+        #: ``(step, directory, name)`` -> ``[(batch, index, text)]`` and the keys of those entries
+        #: that ``dump.json`` holds (:func:`has_data`)
         self._earlier: collections.deque = collections.deque()
-        self._size = 0                   # entries in ``_earlier``
-        #: the open step's entries, in the same form, in the order they first appeared
+        self._size = 0                   # entries with data in ``_earlier`` (what ``limit`` counts)
+        #: the open step's entries, in the same form, in the order of their first data line (entries
+        #: without one yet first, in the order they appeared): the order of ``dump.json``
         self.current: collections.OrderedDict = collections.OrderedDict()
         self._step = None                # the open step's number
         self._batches: collections.deque = collections.deque()  # (batch, bytes) of the open step
@@ -80,8 +84,9 @@ class History:
             if got is None:
                 got = current[key] = []
                 self.entries_seen += 1
-            if has_data(line):
+            if has_data(line) and key not in self._with_data:
                 self._with_data.add(key)
+                current.move_to_end(key)  # an entry's place in dump.json is its first data line
             got.append((batch, i, text))
         self._batches.append((batch, len(text)))
         self._step_bytes += len(text)
@@ -120,20 +125,22 @@ class History:
             for key in self.current:  # the entries its dump.json would hold
                 if key in with_data:
                     totals[key[:2]] = totals.get(key[:2], 0) + 1
-            self._earlier.append(self.current)
-            self._size += len(self.current)
+            self._earlier.append((self.current, with_data))
+            self._size += len(with_data)
             self.current = collections.OrderedDict()
         earlier = self._earlier
         while self._size > self.limit:
-            oldest = earlier[0]
-            if len(oldest) <= self._size - self.limit:  # the whole step goes
+            oldest, data = earlier[0]
+            if len(data) <= self._size - self.limit:  # the whole step goes
                 earlier.popleft()
-                self._size -= len(oldest)
+                self._size -= len(data)
                 for step, directory, _ in oldest:
                     self.step_totals.pop((step, directory), None)
-            else:
-                oldest.popitem(last=False)
-                self._size -= 1
+            else:  # its first entries go (those without data first: they come first)
+                key, _ = oldest.popitem(last=False)
+                if key in data:
+                    data.discard(key)
+                    self._size -= 1
         self._step, self._step_bytes, self.step_dropped = None, 0, 0
         self._batches.clear()
         self._counted = set()
@@ -151,7 +158,7 @@ class History:
 
     def _kept(self):
         """``(key, items)`` of every entry kept, oldest step first (the open step last)."""
-        for entries in self._earlier:
+        for entries, _ in self._earlier:
             yield from entries.items()
         yield from self.current.items()
 
