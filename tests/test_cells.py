@@ -938,3 +938,26 @@ def test_user_forward_hooks_keep_their_order_around_the_tools(tmp_path, monkeypa
     for handle in (early, late, late_out):
         handle.remove()
     assert not fc._forward_pre_hook and not fc._forward_hook
+
+
+def test_l0_model_without_sub_cells_says_nothing_is_recorded(tmp_path, caplog):
+    """L0 records the Cells inside the model given to ``start()``: a model that is one layer has
+    none, and the user is told once, with the level that records its API calls; the step's
+    dump.json says it is empty."""
+    import logging
+
+    debugger = PrecisionDebugger(dump_path=str(tmp_path / "dump"), task="statistics", level="L0")
+    net = nn.Dense(4, 1)
+    grad_fn = ms.value_and_grad(lambda x: net(x).sum(), None, net.trainable_params())
+    x = Tensor(np.ones((2, 4), np.float32))
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        for _ in range(2):
+            debugger.start(net)
+            grad_fn(x)
+            debugger.stop()
+            debugger.step()
+    said = [r.getMessage() for r in caplog.records if "has none" in r.getMessage()]
+    assert said == ["msprobe: level L0 records the Cells inside the model given to start(); Dense has none, "
+                    "so nothing is recorded (level L1 or mix records its API calls)"]
+    with open(os.path.join(only_step_dir(str(tmp_path / "dump"), 0), "dump.json")) as f:
+        assert json.load(f)["data"] == {}

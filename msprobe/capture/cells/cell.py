@@ -101,6 +101,11 @@ class CellCapture:
         key = [(index, id(root)) for index, root in models]
         if self._plan is None or self._plan[0] != key:
             plan = self._build_plan(models)
+            if not plan and self.rt.config.level == "L0" and self.rt.first_time(("no sub-Cells", tuple(key))):
+                names = ", ".join(type(root).__name__ for _, root in models)
+                logger.warning("msprobe: level L0 records the Cells inside the model given to start(); %s "
+                               "has none, so nothing is recorded (level L1 or mix records its API calls)",
+                               names)
             self._plan = (key, plan, ForwardHookTable([(ref, pre, post) for _, ref, pre, post, _ in plan
                                                        if pre is not None and pre != "recompute"]))
         self._whole = self.rt.takes_whole_calls()
