@@ -143,7 +143,10 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
         found = item["first_divergence"]
         first = "none (the runs agree within tolerance)" if found is None else (
             f"{found['entry']} ({found['direction']}"
-            + ("; its inputs already differ" if found["kind"] == "input" else "")
+            + ("; its parameters already differ: " + ", ".join(found["parameters_differ"])
+               if found.get("parameters_differ") else "")
+            + ("; its inputs already differ" if found["kind"] == "input" and not found.get("parameters_differ")
+               else "")
             + ("; present on one side only" if found["kind"] == "unmatched" else "")
             + ("; a difference of precision, not a divergence" if found["kind"] == "precision" else "") + ")")
         click.echo(f"{where} ({item['mode']}): {counts}; first divergence (as msprobe first-diff): {first}")
@@ -162,23 +165,9 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
                + (f"  [golden: {f.golden_entry}]" if f.golden_entry and f.golden_entry != f.entry else ""))
-    if f.kind == "input":
-        differing = [rec["record"] for rec in f.records if rec.get("record", "").startswith("parameters.")
-                     and not (rec.get("bitwise_equal") if exact else rec.get("result") == "pass")]
-        if differing:
-            click.echo(f"  its parameters already differ ({', '.join(differing)}): the runs start this call "
-                       "with different values of them (initialisation, loading or an earlier update)")
-        else:
-            click.echo("  its inputs already differ: the difference comes from outside the dump "
-                       "(data, parameters or code that is not dumped)")
-    if f.kind == "precision":
-        click.echo("  its outputs fail only at a stricter precision than its inputs were judged with "
-                   "and do not amplify their error: the runs differ in precision before this entry "
-                   "and agree within the lower precision up to here")
-    if f.kind == "unmatched":
-        click.echo("  present on one side only " + (f"({f.note})" if f.note else
-                                                    "(the runs executed different calls)"))
-    elif f.note:
+    if f.kind in ("input", "precision", "unmatched"):
+        click.echo(f"  {f.reason(exact)}")
+    if f.note and f.kind != "unmatched":  # an unmatched entry's reason holds the note
         click.echo(f"  note: {f.note}")
     click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else '(none: top level, or an L1 dump)'}")
     for rec in f.records:

@@ -57,7 +57,7 @@ def by_name(rows):
     return {r["NPU Name"]: r for r in rows if r["NPU Name"]}
 
 
-def test_statistics_rows_two_seeds(dumps):
+def test_statistics_rows_two_seeds(dumps, tmp_path):
     rows = compare(dumps["seed1"], dumps["base"])
     assert list(rows[0]) == columns("statistics") + ["Step", "Rank"]
     assert columns("statistics")[:24] == [
@@ -80,6 +80,12 @@ def test_statistics_rows_two_seeds(dumps):
     out = cli("first-diff", dumps["seed1"], dumps["base"], check_code=1).stdout
     assert "its parameters already differ (parameters.weight, parameters.bias)" in out, out
     assert "outside the dump" not in out
+    # compare's summary line and the report say the same
+    out = cli("compare", "-tp", dumps["seed1"], "-gp", dumps["base"], "-o", str(tmp_path / "c"), check_code=0).stdout
+    assert "(forward; its parameters already differ: parameters.weight, parameters.bias)" in out, out
+    report = tmp_path / "r.html"
+    cli("report", dumps["seed1"], "--golden", dumps["base"], "-o", str(report), check_code=0)
+    assert "its parameters already differ (parameters.weight, parameters.bias)" in report.read_text(), out
 
 
 def test_identical_runs_agree_and_exit_zero(dumps):
@@ -458,9 +464,14 @@ def test_dumps_of_different_levels_say_so_instead_of_different_calls(dumps, tmp_
     # a real difference is still found across levels, and its note says what was compared
     (tanh,) = first_divergence(dumps["tanh"], l1)
     assert tanh.kind == "divergence" and "(mix vs L1)" in tanh.note
+    # an L1 dump has no Cells: the Cell path of a divergence inside a Cell comes from the mix dump
+    l1_factor = make_dump(tmp_path, "l1_factor", level="L1", factor=2.5)
+    (inside,) = first_divergence(l1_factor, dumps["base"])
+    assert (inside.kind, inside.cell_path) == ("divergence", ["Cell.scale.Scale.forward.0"]), inside
     l0 = make_dump(tmp_path, "l0", level="L0")
     (found,) = first_divergence(l0, l1)
     assert found.kind == "unmatched" and "different levels (L0 vs L1)" in found.note
+    assert "no entry in common" in found.note and "--ignore" not in found.note
     out = cli("first-diff", l0, l1, check_code=1).stdout
     assert "different levels (L0 vs L1)" in out and "executed different calls" not in out
     # the --ignore patterns still leave entries out by hand

@@ -147,8 +147,10 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
             "golden_dir": c.golden.directory, "csv": writer.csv_path, "xlsx": writer.xlsx_path,
             "records": writer.counts, "entries_by_match": matches, "entries_by_result": verdicts,
             "first_source_entry": first_source,
-            "first_divergence": None if found is None else {"entry": found.entry, "kind": found.kind,
-                                                            "direction": found.direction}})
+            "first_divergence": None if found is None else {
+                "entry": found.entry, "kind": found.kind, "direction": found.direction,
+                "parameters_differ": found.differing_parameters() if found.kind == "input" else [],
+                "reason": found.reason()}})
     summary_path = os.path.join(out_dir, f"compare_summary_{stamp}.json")
     write_summary(summary_path, json_safe(summary))
     summary["summary"] = summary_path

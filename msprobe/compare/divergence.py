@@ -51,6 +51,32 @@ class Finding:
     #: what the two dumps differ in besides their values (e.g. their levels), or ``None``
     note: Optional[str] = None
 
+    def differing_parameters(self, exact: bool = False) -> List[str]:
+        """The ``parameters.*`` records (a Cell's own Parameters, L0/mix) that do not agree."""
+        return [rec["record"] for rec in self.records if rec.get("record", "").startswith("parameters.")
+                and not (rec.get("bitwise_equal") if exact else rec.get("result") == J.PASS)]
+
+    def reason(self, exact: bool = False) -> str:
+        """Why this entry is named, in one sentence (``first-diff``, ``compare`` and ``report`` say
+        the same); ``""`` for a NaN/Inf producer."""
+        if self.kind == "divergence":
+            return f"inputs agree, outputs do not ({self.direction})"
+        if self.kind == "input":
+            params = self.differing_parameters(exact)
+            if params:
+                return (f"its parameters already differ ({', '.join(params)}): the runs start this call "
+                        "with different values of them (initialisation, loading or an earlier update)")
+            return ("its inputs already differ: the difference comes from outside the dump (data, "
+                    "parameters or code that is not dumped)")
+        if self.kind == "precision":
+            return ("its outputs fail only at a stricter precision than its inputs were judged with and "
+                    "do not amplify their error: the runs differ in precision before this entry and "
+                    "agree within the lower precision up to here")
+        if self.kind == "unmatched":
+            return "present on one side only " + (f"({self.note})" if self.note else
+                                                  "(the runs executed different calls)")
+        return ""
+
     def to_dict(self) -> dict:
         out = asdict(self)
         if out["gain"] is not None and math.isinf(out["gain"]):
@@ -143,10 +169,8 @@ class DivergenceFinder:
     def result(self, comparison: StepComparison) -> Optional[Finding]:
         construct = load_construct(comparison.target.directory)
         for way in ("forward", "backward"):
-            if self.unmatched[way] is not None:  # its Cell path from the side it is on
-                entry = self.unmatched[way]
-                own = construct if entry.target is not None else load_construct(comparison.golden.directory)
-                return _finding("unmatched", comparison, entry, own)
+            if self.unmatched[way] is not None:
+                return _finding("unmatched", comparison, self.unmatched[way], construct)
             if self.found[way]:
                 return _finding("divergence", comparison, _innermost(self.found[way], construct), construct)
         if self.first_precision is not None:
@@ -169,8 +193,11 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
     name = entry.name
     t_stacks = load_stacks(comparison.target.directory)
     g_stacks = load_stacks(comparison.golden.directory)
+    path = cell_path(name, construct) if entry.target is not None else []
+    if not path and entry.golden is not None:  # an entry of the golden only, or an L1 target: its Cells
+        path = cell_path(entry.golden, load_construct(comparison.golden.directory))
     return Finding(kind, comparison.step, comparison.rank, name, entry.golden, naming.direction_of(name),
-                   cell_path(name, construct), t_stacks.get(_forward_of(entry.target), []),
+                   path, t_stacks.get(_forward_of(entry.target), []),
                    g_stacks.get(_forward_of(entry.golden), []),
                    [_record_dict(r) for r in entry.records], entry.gain, _setup_difference(comparison))
 
@@ -183,6 +210,10 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
     t, g = comparison.target.header, comparison.golden.header
     if levels_compared_in_part(t, g):
         return level_note(t, g)
+    if {t.get("level"), g.get("level")} == {"L0", "L1"}:
+        return (f"the dumps were taken at different levels ({t['level']} vs {g['level']}), which record no "
+                "entry in common (L0 Cells, L1 APIs): compare each with a dump of the other run taken at "
+                "the same level, or at mix")
     for key, what in (("level", "levels"), ("task", "tasks")):
         if t.get(key) and g.get(key) and t[key] != g[key]:
             return (f"the dumps were taken at different {what} ({t[key]} vs {g[key]}): entries that "

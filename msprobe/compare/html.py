@@ -122,7 +122,7 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
         if f is None:
             return None
         return {"id": ids.get(f.entry), "entry": f.entry, "kind": f.kind, "direction": f.direction,
-                "note": f.note,
+                "note": f.note, "reason": f.reason(),
                 "cell_path": f.cell_path, "source": source_line(f.target_stack)}
 
     shown = (step, rank)
