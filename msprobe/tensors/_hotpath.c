@@ -1507,21 +1507,22 @@ static PyObject *S_recomputing, *S_failed, *S_tls, *S_depth, *S_counters, *S_sna
 
 static PyTypeObject RecorderType;
 
+/* the object fields of a Recorder, for the garbage collector's traverse and clear */
+#define RECORDER_OBJECTS(X) X(rt) X(hotpath) X(slow) X(python) X(finish) X(tool_error) X(probe_type) \
+    X(grad_enabled) X(backward_of) X(fallback) X(forks) X(stacks) X(stack_ids) X(rendered) X(stack_miss) \
+    X(lock_acquire) X(lock_release) X(bwd_in) X(bwd_out)
+
 static int recorder_traverse(Recorder *r, visitproc visit, void *arg) {
-    Py_VISIT(r->rt); Py_VISIT(r->hotpath); Py_VISIT(r->slow); Py_VISIT(r->python); Py_VISIT(r->finish);
-    Py_VISIT(r->tool_error); Py_VISIT(r->probe_type); Py_VISIT(r->grad_enabled); Py_VISIT(r->backward_of);
-    Py_VISIT(r->fallback); Py_VISIT(r->forks); Py_VISIT(r->stacks); Py_VISIT(r->stack_ids); Py_VISIT(r->rendered);
-    Py_VISIT(r->stack_miss); Py_VISIT(r->lock_acquire); Py_VISIT(r->lock_release); Py_VISIT(r->bwd_in);
-    Py_VISIT(r->bwd_out);
+#define VISIT_FIELD(name) Py_VISIT(r->name);
+    RECORDER_OBJECTS(VISIT_FIELD)
+#undef VISIT_FIELD
     return 0;
 }
 
 static int recorder_clear(Recorder *r) {
-    Py_CLEAR(r->rt); Py_CLEAR(r->hotpath); Py_CLEAR(r->slow); Py_CLEAR(r->python); Py_CLEAR(r->finish);
-    Py_CLEAR(r->tool_error); Py_CLEAR(r->probe_type); Py_CLEAR(r->grad_enabled); Py_CLEAR(r->backward_of);
-    Py_CLEAR(r->fallback); Py_CLEAR(r->forks); Py_CLEAR(r->stacks); Py_CLEAR(r->stack_ids); Py_CLEAR(r->rendered);
-    Py_CLEAR(r->stack_miss); Py_CLEAR(r->lock_acquire); Py_CLEAR(r->lock_release); Py_CLEAR(r->bwd_in);
-    Py_CLEAR(r->bwd_out);
+#define CLEAR_FIELD(name) Py_CLEAR(r->name);
+    RECORDER_OBJECTS(CLEAR_FIELD)
+#undef CLEAR_FIELD
     return 0;
 }
 
