@@ -95,8 +95,9 @@ def level_notes(target: str, golden: str, step: Optional[Sequence[int]] = None,
     notes = []
     for p in pair(target, golden, step, rank):
         headers = [next(iter(iter_bodies(d)))[1] for d in (p.target, p.golden)]
-        if levels_compared_in_part(*headers) and level_note(*headers) not in notes:
-            notes.append(level_note(*headers))
+        note = level_note(*headers) if levels_compared_in_part(*headers) else None
+        if note is not None and note not in notes:
+            notes.append(note)
     return notes
 
 
