@@ -175,6 +175,8 @@ class BackwardProbe:
         Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
         tool failure."""
         ext = hotpath.ext
+        if ext is not None and ext.observe_plain(self, args, out):
+            return  # the common cases below (no hook, the alias hook, one node's plain hook) in C
         node_of = _node_of if ext is None else ext.grad_node  # the same function in C
         targets = None
         if type(out) is Tensor or (type(out) not in _NOT_TENSORS and isinstance(out, Tensor)):

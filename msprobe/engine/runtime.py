@@ -660,10 +660,8 @@ class Runtime:
         if not (ext is None or token is None or token != self.step_token or not self.records_data
                 or self.failed or self.save_tensors or self.config.tensor_list or self._watch_names
                 or _FORKS[0] != self._fork):  # (forked(), inline)
-            snapshot, item_line = self.snapshot, journal.item_line
-            try:
-                lines = [item_line(entry, key, index, size, ext.describe(value, snapshot, slots, describe_other))
-                         for key, index, size, value in items]
+            try:  # journal.item_line of each item, its value described, in one C call
+                lines = ext.item_lines(entry, items, self.snapshot, slots, describe_other)
             except Exception:  # the general path decides (the user's failed operation, or the tool's)
                 lines = None
         if lines is None:
