@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="on",
                    help="comma-separated dumped-step variants, run in rotation with the tool-off step: on (the "
                         "tool), no-observe (BackwardProbe.observe does nothing: no gradient hooks), no-items "
-                        "(gradient hooks fire, Runtime.record_items and record_item record nothing)")
+                        "(gradient hooks fire, Runtime.record_items and record_item record nothing), copy-parameters "
+                        "(a recorded call's Parameters host-copied for the flush instead of read at once)")
     args = p.parse_args(argv)
 
     sys.path.insert(0, WORKER_DIR)
@@ -155,6 +156,8 @@ def main(argv=None) -> int:
             t0 = clock()
             if on:
                 debugger.start(net)
+                if name == "copy-parameters":
+                    debugger.service.runtime._parameters_now = False
             t1 = clock()
             loss, grads = grad_fn(tokens)
             t2 = clock()
@@ -186,7 +189,9 @@ def main(argv=None) -> int:
         on = {k: statistics.median(v) for k, v in rows[name].items()}
         print(name)
         for key in ("start", "forward", "backward", "optimizer", "stop", "step", "total"):
-            print(f"  {key:10s} off {off[key]:7.2f}  on {on[key]:7.2f}  excess {on[key] - off[key]:+7.2f}")
+            paired = statistics.median(b - a for a, b in zip(rows["off"][key], rows[name][key]))
+            print(f"  {key:10s} off {off[key]:7.2f} (minimum {min(rows['off'][key]):7.2f})  on {on[key]:7.2f}  excess {on[key] - off[key]:+7.2f}"
+                  f"  (median of the rounds' excess {paired:+7.2f}; minimum {min(rows[name][key]):7.2f})")
         for key in sorted(k for k in on if k not in off and not k.endswith(" calls")):
             calls = on.get(key + " calls", 0)
             print(f"  {key:40s} {on[key]:7.2f} ms  {calls:6.0f} calls  {1e3 * on[key] / max(calls, 1):6.1f} µs/call")

@@ -1498,9 +1498,12 @@ typedef struct {
         *fallback, *forks, *stacks, *stack_ids, *rendered, *stack_miss, *lock_acquire, *lock_release;
     int extra_info, track_parents, backward, max_walk;
     PyObject *bwd_in, *bwd_out;
+    PyObject *unchanged;  /* the runtime's _unchanged: a Parameter described as it is (read at once) */
+    int md5;
     vectorcallfunc vectorcall;
 } Recorder;
 
+static PyObject *S_parameters_now;
 static PyObject *S_recomputing, *S_failed, *S_tls, *S_depth, *S_counters, *S_snapshot, *S_asked, *S_input_args,
     *S_input_kwargs, *S_output, *S_writer, *S_pending, *S_emitted, *S_added, *S_flush, *S_user_error, *S_raise_user_error, *S_cell_stack, *S_running, *S_fork,
     *S_ext, *S_forward, *S_backward, *S_wait_kw, *S_ms_prefix;
@@ -1510,7 +1513,7 @@ static PyTypeObject RecorderType;
 /* the object fields of a Recorder, for the garbage collector's traverse and clear */
 #define RECORDER_OBJECTS(X) X(rt) X(hotpath) X(slow) X(python) X(finish) X(tool_error) X(probe_type) \
     X(grad_enabled) X(backward_of) X(fallback) X(forks) X(stacks) X(stack_ids) X(rendered) X(stack_miss) \
-    X(lock_acquire) X(lock_release) X(bwd_in) X(bwd_out)
+    X(lock_acquire) X(lock_release) X(bwd_in) X(bwd_out) X(unchanged)
 
 static int recorder_traverse(Recorder *r, visitproc visit, void *arg) {
 #define VISIT_FIELD(name) Py_VISIT(r->name);
@@ -1560,6 +1563,7 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         (r->backward_of = part(parts, "backward_of")) == NULL || (r->fallback = part(parts, "fallback")) == NULL ||
         (r->forks = part(parts, "forks")) == NULL || (r->stacks = part(parts, "stacks")) == NULL ||
         (r->bwd_in = part(parts, "bwd_in")) == NULL || (r->bwd_out = part(parts, "bwd_out")) == NULL ||
+        (r->unchanged = part(parts, "unchanged")) == NULL ||
         (lock = part(parts, "lock")) == NULL || (flags = part(parts, "max_walk")) == NULL)
         goto fail;
     r->max_walk = (int)PyLong_AsLong(flags);
@@ -1576,9 +1580,9 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         PyErr_SetString(PyExc_TypeError, "Recorder: stacks._ids must be a dict, stacks.rendered a list");
         goto fail;
     }
-    const char *names[] = {"extra_info", "track_parents", "backward"};
-    int *dest[] = {&r->extra_info, &r->track_parents, &r->backward};
-    for (int i = 0; i < 3; i++) {
+    const char *names[] = {"extra_info", "track_parents", "backward", "md5"};
+    int *dest[] = {&r->extra_info, &r->track_parents, &r->backward, &r->md5};
+    for (int i = 0; i < 4; i++) {
         PyObject *v = part(parts, names[i]);
         if (v == NULL) goto fail;
         *dest[i] = PyObject_IsTrue(v);
@@ -1843,6 +1847,42 @@ static int plain_output(PyObject *out) {
     return is_tensor(out);
 }
 
+/* The Parameters among slots[start:] (described with the runtime's _unchanged) when the runtime reads
+ * Parameters at once (Runtime._parameters_now, as Runtime._describe_parameters does for a Cell's):
+ * their statistics taken now from their memory (fill_parameters: the numbers the flush takes from a
+ * host copy of the same bytes), or, when they cannot be read that way, the slot given snapshot(Parameter)
+ * as Runtime.snapshot would have. 0, or -1 on an error. */
+static int settle_parameters(PyObject *slots, Py_ssize_t start, PyObject *snapshot, int md5) {
+    for (Py_ssize_t i = start; i < PyList_GET_SIZE(slots); i++) {
+        PyObject *item = PyList_GET_ITEM(slots, i);
+        if (Py_TYPE(item) != &SlotType) continue;
+        Slot *s = (Slot *)item;
+        if ((s->leaf != NULL && s->leaf != Py_None) || s->tensor == NULL) continue;
+        int p = is_instance(s->tensor, ParameterType);
+        if (p < 0) return -1;
+        if (!p) continue;
+        void *data = NULL;
+        Py_ssize_t count = 0;
+        PyObject *kind_code = NULL, *st = NULL;
+        int found = parameter_memory(s, &data, &count, &kind_code);
+        if (found < 0) PyErr_Clear();
+        if (found > 0 && (st = memory_stats(data, count, kind_code, md5)) == NULL) PyErr_Clear();
+        if (st != NULL && st != Py_None) {
+            int bad = make_leaf(s, st);
+            Py_DECREF(st);
+            if (bad < 0) return -1;
+            Py_INCREF(Py_None);
+            Py_SETREF(s->tensor, Py_None);  /* read: the Parameter is not held until the flush */
+            continue;
+        }
+        Py_XDECREF(st);
+        PyObject *held = PyObject_CallOneArg(snapshot, s->tensor);
+        if (held == NULL) return -1;
+        Py_SETREF(s->tensor, held);
+    }
+    return 0;
+}
+
 /* CallRecorder.fast_call(api, original, args, kwargs) */
 static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyObject *args, PyObject *kwargs) {
     PyObject *rt = r->rt;
@@ -1863,9 +1903,13 @@ static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyO
     /* inputs: described first (under the tool's depth, as in Python); when that fails the Python common
      * case runs the whole call, numbering it and deciding about the failure */
     PyObject *slots = PyList_New(0), *snapshot = PyObject_GetAttr(rt, S_snapshot), *a = NULL, *k = NULL;
-    if (slots != NULL && snapshot != NULL) {
-        a = PyTuple_GET_SIZE(args) ? describe_value(args, 0, snapshot, slots, r->fallback) : PyList_New(0);
-        if (a != NULL) k = PyDict_GET_SIZE(kwargs) ? describe_value(kwargs, 0, snapshot, slots, r->fallback) : PyDict_New();
+    int now = snapshot == NULL ? -1 : truth_attr(rt, S_parameters_now);
+    /* what describing hands a Parameter: itself, read below, when the runtime reads Parameters at once */
+    PyObject *keep = now > 0 ? r->unchanged : snapshot;
+    if (slots != NULL && now >= 0) {
+        a = PyTuple_GET_SIZE(args) ? describe_value(args, 0, keep, slots, r->fallback) : PyList_New(0);
+        if (a != NULL) k = PyDict_GET_SIZE(kwargs) ? describe_value(kwargs, 0, keep, slots, r->fallback) : PyDict_New();
+        if (k != NULL && now > 0 && settle_parameters(slots, 0, snapshot, r->md5) < 0) Py_CLEAR(k);
     }
     if (k == NULL) {
         Py_XDECREF(slots); Py_XDECREF(snapshot); Py_XDECREF(a);
@@ -1941,12 +1985,13 @@ call:
             Py_ssize_t before = PyList_GET_SIZE(slots);
             PyObject *list = NULL;
             if (plain == 1) {  /* a Tensor: the list of it */
-                PyObject *d = describe_value(out, 1, snapshot, slots, r->fallback);
+                PyObject *d = describe_value(out, 1, keep, slots, r->fallback);
                 if (d != NULL && (list = PyList_New(1)) != NULL) PyList_SET_ITEM(list, 0, d);
                 else Py_XDECREF(d);
             } else {  /* a list or tuple of Tensors is its own output list */
-                list = describe_value(out, 0, snapshot, slots, r->fallback);
+                list = describe_value(out, 0, keep, slots, r->fallback);
             }
+            if (list != NULL && now > 0 && settle_parameters(slots, before, snapshot, r->md5) < 0) Py_CLEAR(list);
             if (list == NULL) {  /* the Python tail describes it again and decides about the failure */
                 PyErr_Clear();
                 if (PyList_SetSlice(slots, before, PyList_GET_SIZE(slots), NULL) < 0) PyErr_Clear();
@@ -2476,7 +2521,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_input_side, "input"); INTERN(S_output_side, "output"); INTERN(S_want_input, "want_input");
     INTERN(S_want_output, "want_output"); INTERN(S_runtime, "runtime"); INTERN(S_entry, "entry"); INTERN(S_token, "token");
     INTERN(S_size, "size"); INTERN(S_record_items, "record_items"); INTERN(S_tensor_hooks, "tensor_hooks");
-    INTERN(S_register_hook, "register_hook");
+    INTERN(S_register_hook, "register_hook"); INTERN(S_parameters_now, "_parameters_now");
     if ((ObjectClass = _PyType_Lookup(&PyBaseObject_Type, S_class)) == NULL) return NULL;
     Py_INCREF(ObjectClass);
     if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;
