@@ -661,3 +661,15 @@ def test_parameters_of_a_call_read_at_once_give_the_python_paths_files(tmp_path,
     assert data["Primitive.matmul.MatMul.0.forward"]["input_args"][1] == cast["output"][0]
     second = outputs[0][0][(1, "dump.json")]["data"]["Primitive.cast.Cast.0.forward"]["input_args"][0]
     assert second != cast["input_args"][0]  # the optimizer changed the weight between the steps
+
+
+def test_dtype_names_kept_per_dtype_object_match_python():
+    """The dump.json dtype name of a tensor of each dtype, described again and again (the compiled path
+    keeps each dtype object's name after the first time), is the Python describer's every time."""
+    tensors = [Tensor(np.ones((2, 3)), dtype) for dtype in
+               (ms.float16, ms.float32, ms.float64, ms.bfloat16, ms.int8, ms.int16, ms.int32, ms.int64,
+                ms.uint8, ms.bool_)]
+    expected = [_plain(_python_describe(t)[0]) for t in tensors]
+    for _ in range(3):
+        assert [_plain(_c_describe(t)[0]) for t in tensors] == expected
+    assert len({leaf[3] for leaf in expected}) == len(tensors)

@@ -200,6 +200,40 @@ static int is_instance(PyObject *v, PyObject *cls) {
     return PyObject_IsInstance(v, cls);
 }
 
+/* What describing and the gradient checks ask of a MindSpore dtype object, kept per object: its dump.json
+ * name (DtypeNames[dtype]) and whether it is in FloatDtypes. Hashing a dtype calls its Python-level
+ * __hash__ (~0.6 us, once per described tensor and per gradient check); the objects are immutable
+ * singletons, so the answers are functions of the object, looked up here by identity. Only instances
+ * of MindSpore's dtype class (DtypeBase) are kept, at most DTYPES_KEPT of them (each is kept alive). */
+#define DTYPES_KEPT 32
+typedef struct { PyObject *dtype, *name; int is_float; } DtypeInfo;  /* name: borrowed from DtypeNames, or NULL */
+static DtypeInfo DtypesKept[DTYPES_KEPT];
+static int DtypesCount;
+
+static void forget_dtypes(void) {  /* setup() or setup_calls() changed DtypeNames or FloatDtypes */
+    for (int i = 0; i < DtypesCount; i++) Py_CLEAR(DtypesKept[i].dtype);
+    DtypesCount = 0;
+}
+
+/* the kept answers for `dtype`, or NULL (no exception set) when it is not kept: the caller asks the dict
+ * and the set itself, which then raise what they raise */
+static DtypeInfo *dtype_info(PyObject *dtype) {
+    for (int i = 0; i < DtypesCount; i++)
+        if (DtypesKept[i].dtype == dtype) return &DtypesKept[i];
+    if (DtypesCount == DTYPES_KEPT || DtypeBase == NULL || FloatDtypes == NULL || DtypeNames == NULL ||
+        !PyType_Check(DtypeBase) || !PyObject_TypeCheck(dtype, (PyTypeObject *)DtypeBase))
+        return NULL;
+    PyObject *name = PyDict_GetItemWithError(DtypeNames, dtype);  /* borrowed */
+    int is_float = name == NULL && PyErr_Occurred() ? -1 : PySet_Contains(FloatDtypes, dtype);
+    if (is_float < 0) { PyErr_Clear(); return NULL; }
+    DtypeInfo *info = &DtypesKept[DtypesCount++];
+    Py_INCREF(dtype);
+    info->dtype = dtype;
+    info->name = name;
+    info->is_float = is_float;
+    return info;
+}
+
 static PyObject *scalar_leaf(PyObject *name, PyObject *v) {
     PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
@@ -224,7 +258,8 @@ static PyObject *tensor_slot(PyObject *t, PyObject *snapshot, PyObject *slots) {
     }
     PyObject *dtype = PyObject_GetAttr(t, exact ? S_a_dtype : S_dtype);
     if (dtype == NULL) { Py_DECREF(held); return NULL; }
-    PyObject *name = PyDict_GetItemWithError(DtypeNames, dtype);  /* borrowed */
+    DtypeInfo *info = dtype_info(dtype);
+    PyObject *name = info != NULL ? info->name : PyDict_GetItemWithError(DtypeNames, dtype);  /* borrowed */
     if (name != NULL) Py_INCREF(name);
     else if (!PyErr_Occurred()) name = PyObject_Str(dtype);
     Py_DECREF(dtype);
@@ -947,7 +982,8 @@ static PyObject *node_of(PyObject *t) {
     /* Tensor.dtype is the property returning self._dtype: read the attribute behind it directly (one
      * Python frame less) on an exact Tensor, as tensor_slot does; subclasses may define their own */
     PyObject *dtype = PyObject_GetAttr(t, (PyObject *)Py_TYPE(t) == TensorType ? S_a_dtype : S_dtype);
-    int keep = dtype == NULL ? -1 : PySet_Contains(FloatDtypes, dtype);
+    DtypeInfo *info = dtype == NULL ? NULL : dtype_info(dtype);
+    int keep = dtype == NULL ? -1 : info != NULL ? info->is_float : PySet_Contains(FloatDtypes, dtype);
     Py_XDECREF(dtype);
     if (keep > 0) {
         PyObject *flag = PyObject_GetAttr(t, S_requires_grad);
@@ -1310,6 +1346,7 @@ static PyObject *setup_calls(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     Py_INCREF(dtype_type); Py_XSETREF(DtypeBase, dtype_type);
     Py_INCREF(floats); Py_XSETREF(FloatDtypes, floats);
+    forget_dtypes();
     Py_RETURN_NONE;
 }
 
@@ -1475,6 +1512,7 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(TensorKinds, kinds_by_type);
     Py_INCREF(parameter); Py_XSETREF(ParameterType, parameter);
     Py_INCREF(names); Py_XSETREF(DtypeNames, names);
+    forget_dtypes();
     Py_INCREF(kinds); Py_XSETREF(Kinds, kinds);
     Py_INCREF(scan); Py_XSETREF(ScanFunc, scan);
     Py_INCREF(crc); Py_XSETREF(CrcFunc, crc);
