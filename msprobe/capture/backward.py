@@ -170,7 +170,9 @@ class BackwardProbe:
     def observe(self, args: tuple, out, mark: int | None = None) -> None:
         """Hook the gradients of this call, which has just run: ``args`` its positional arguments,
         ``out`` its return value; ``mark`` a watermark (see :func:`watermark`) taken before a Cell
-        ran, ``None`` for API calls (the newest argument node bounds the walk).
+        ran, ``None`` for API calls (the newest argument node bounds the walk). With the extension
+        built, a call that ends in no hook, the alias hook or one node's plain hook is observed in C
+        (``hotpath.ext.observe_plain``: the same attributes read, the same hooks, as compiled objects).
 
         Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
         tool failure."""
