@@ -614,3 +614,62 @@ def test_host_slots_give_the_leaves_of_their_host_tensors(md5):
     for odd in (np.float32(1.0) * np.ones(()), np.zeros((3, 0), np.float32), np.ones((4, 4), np.float32)[:, ::2],
                 np.array(["a"]), np.ones(2, np.complex64)):
         assert hotpath.host_slots([np.ones(2, np.float32), odd]) is None
+
+
+class _CastsItsWeight(ms.nn.Cell):
+    """``Cast`` of a Parameter to its own dtype returns the Parameter itself; then a ``MatMul`` with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.linspace(-1.0, 1.0, 32, dtype=np.float32).reshape(8, 4)), name="weight")
+        self.cast = ops.Cast()
+        self.matmul = ops.MatMul()
+
+    def construct(self, x):
+        return self.matmul(x, self.cast(self.weight, ms.float32))
+
+
+def test_parameters_of_a_call_read_at_once_give_the_python_paths_files(tmp_path, monkeypatch, make_debugger):
+    """With synchronous CPU launch the compiled recorder takes a call's Parameter statistics when it
+    describes them (no host copy): the files of the Python path, whose copy the flush reads, and the
+    value the call saw, not the optimizer's update after it."""
+    weights = []
+    outputs = []
+    for use_c in (True, False):
+        monkeypatch.setattr(hotpath, "ext", ext if use_c else None)
+        dump = str(tmp_path / f"dump_{use_c}")
+        net = _CastsItsWeight()
+        weights.append([net.weight.asnumpy().copy()])
+        debugger = make_debugger(dump_path=dump, level="L1")
+        losses, grads = run_steps(net, debugger, steps=2, batch=mlp_batch())
+        files = {}
+        for step in (0, 1):
+            step_dir = only_step_dir(dump, step)
+            for name in ("dump.json", "stack.json", "construct.json"):
+                with open(os.path.join(step_dir, name), encoding="utf-8") as f:
+                    files[(step, name)] = json.load(f)
+            files[(step, "dump.json")]["dump_data_dir"] = None
+        outputs.append((files, [l.tobytes() for l in losses], [[g.tobytes() for g in s] for s in grads]))
+    monkeypatch.setattr(hotpath, "ext", ext)
+    assert outputs[0] == outputs[1]
+    data = outputs[0][0][(0, "dump.json")]["data"]
+    cast = data["Primitive.cast.Cast.0.forward"]
+    start = weights[0][0].astype(np.float64)
+    for leaf in (cast["input_args"][0], cast["output"][0]):
+        assert (leaf["Max"], leaf["Min"]) == (start.max(), start.min())
+        assert leaf["Norm"] == float(np.sqrt((start * start).sum()))
+    assert data["Primitive.matmul.MatMul.0.forward"]["input_args"][1] == cast["output"][0]
+    second = outputs[0][0][(1, "dump.json")]["data"]["Primitive.cast.Cast.0.forward"]["input_args"][0]
+    assert second != cast["input_args"][0]  # the optimizer changed the weight between the steps
+
+
+def test_dtype_names_kept_per_dtype_object_match_python():
+    """The dump.json dtype name of a tensor of each dtype, described again and again (the compiled path
+    keeps each dtype object's name after the first time), is the Python describer's every time."""
+    tensors = [Tensor(np.ones((2, 3)), dtype) for dtype in
+               (ms.float16, ms.float32, ms.float64, ms.bfloat16, ms.int8, ms.int16, ms.int32, ms.int64,
+                ms.uint8, ms.bool_)]
+    expected = [_plain(_python_describe(t)[0]) for t in tensors]
+    for _ in range(3):
+        assert [_plain(_c_describe(t)[0]) for t in tensors] == expected
+    assert len({leaf[3] for leaf in expected}) == len(tensors)

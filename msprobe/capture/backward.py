@@ -170,11 +170,15 @@ class BackwardProbe:
     def observe(self, args: tuple, out, mark: int | None = None) -> None:
         """Hook the gradients of this call, which has just run: ``args`` its positional arguments,
         ``out`` its return value; ``mark`` a watermark (see :func:`watermark`) taken before a Cell
-        ran, ``None`` for API calls (the newest argument node bounds the walk).
+        ran, ``None`` for API calls (the newest argument node bounds the walk). With the extension
+        built, a call that ends in no hook, the alias hook or one node's plain hook is observed in C
+        (``hotpath.ext.observe_plain``: the same attributes read, the same hooks, as compiled objects).
 
         Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
         tool failure."""
         ext = hotpath.ext
+        if ext is not None and ext.observe_plain(self, args, out):
+            return  # the common cases below (no hook, the alias hook, one node's plain hook) in C
         node_of = _node_of if ext is None else ext.grad_node  # the same function in C
         targets = None
         if type(out) is Tensor or (type(out) not in _NOT_TENSORS and isinstance(out, Tensor)):

@@ -660,10 +660,8 @@ class Runtime:
         if not (ext is None or token is None or token != self.step_token or not self.records_data
                 or self.failed or self.save_tensors or self.config.tensor_list or self._watch_names
                 or _FORKS[0] != self._fork):  # (forked(), inline)
-            snapshot, item_line = self.snapshot, journal.item_line
-            try:
-                lines = [item_line(entry, key, index, size, ext.describe(value, snapshot, slots, describe_other))
-                         for key, index, size, value in items]
+            try:  # journal.item_line of each item, its value described, in one C call
+                lines = ext.item_lines(entry, items, self.snapshot, slots, describe_other)
             except Exception:  # the general path decides (the user's failed operation, or the tool's)
                 lines = None
         if lines is None:
@@ -789,11 +787,15 @@ class Runtime:
     def compiled_call_parts(self) -> dict:
         """What the compiled per-call path (``hotpath.ext.Recorder``, ``CallWrapper``) reads of this
         runtime besides its attributes: the fork marks of :meth:`capturing`, the lock of the batch,
-        the stack table and its walk limit, the describer's fallback, and the config's switches of
-        :meth:`end_call` (``extra_info``) and of the construct edges (``track_parents``)."""
+        the stack table and its walk limit, the describer's fallback, the config's switches of
+        :meth:`end_call` (``extra_info``) and of the construct edges (``track_parents``), and what
+        reading a Parameter at once takes (``unchanged``, ``md5``: while :attr:`_parameters_now`, a
+        call's Parameters are read when it is described, as :meth:`_describe_parameters` reads a
+        Cell's)."""
         return {"forks": _FORKS, "lock": self._lock, "stacks": self.stacks, "max_walk": STACK_WALK,
                 "fallback": describe_other, "extra_info": bool(self.config.extra_info),
-                "track_parents": bool(self.track_parents)}
+                "track_parents": bool(self.track_parents), "unchanged": _unchanged,
+                "md5": bool(self.config.md5)}
 
     def begin_call(self, api: str, args: tuple, kwargs: dict):
         """``(n, body, slots)``: the call number of ``api`` (advanced, as :meth:`next_count`) and the

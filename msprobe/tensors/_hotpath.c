@@ -200,6 +200,40 @@ static int is_instance(PyObject *v, PyObject *cls) {
     return PyObject_IsInstance(v, cls);
 }
 
+/* What describing and the gradient checks ask of a MindSpore dtype object, kept per object: its dump.json
+ * name (DtypeNames[dtype]) and whether it is in FloatDtypes. Hashing a dtype calls its Python-level
+ * __hash__ (~0.6 us, once per described tensor and per gradient check); the objects are immutable
+ * singletons, so the answers are functions of the object, looked up here by identity. Only instances
+ * of MindSpore's dtype class (DtypeBase) are kept, at most DTYPES_KEPT of them (each is kept alive). */
+#define DTYPES_KEPT 32
+typedef struct { PyObject *dtype, *name; int is_float; } DtypeInfo;  /* name: borrowed from DtypeNames, or NULL */
+static DtypeInfo DtypesKept[DTYPES_KEPT];
+static int DtypesCount;
+
+static void forget_dtypes(void) {  /* setup() or setup_calls() changed DtypeNames or FloatDtypes */
+    for (int i = 0; i < DtypesCount; i++) Py_CLEAR(DtypesKept[i].dtype);
+    DtypesCount = 0;
+}
+
+/* the kept answers for `dtype`, or NULL (no exception set) when it is not kept: the caller asks the dict
+ * and the set itself, which then raise what they raise */
+static DtypeInfo *dtype_info(PyObject *dtype) {
+    for (int i = 0; i < DtypesCount; i++)
+        if (DtypesKept[i].dtype == dtype) return &DtypesKept[i];
+    if (DtypesCount == DTYPES_KEPT || DtypeBase == NULL || FloatDtypes == NULL || DtypeNames == NULL ||
+        !PyType_Check(DtypeBase) || !PyObject_TypeCheck(dtype, (PyTypeObject *)DtypeBase))
+        return NULL;
+    PyObject *name = PyDict_GetItemWithError(DtypeNames, dtype);  /* borrowed */
+    int is_float = name == NULL && PyErr_Occurred() ? -1 : PySet_Contains(FloatDtypes, dtype);
+    if (is_float < 0) { PyErr_Clear(); return NULL; }
+    DtypeInfo *info = &DtypesKept[DtypesCount++];
+    Py_INCREF(dtype);
+    info->dtype = dtype;
+    info->name = name;
+    info->is_float = is_float;
+    return info;
+}
+
 static PyObject *scalar_leaf(PyObject *name, PyObject *v) {
     PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
@@ -224,7 +258,8 @@ static PyObject *tensor_slot(PyObject *t, PyObject *snapshot, PyObject *slots) {
     }
     PyObject *dtype = PyObject_GetAttr(t, exact ? S_a_dtype : S_dtype);
     if (dtype == NULL) { Py_DECREF(held); return NULL; }
-    PyObject *name = PyDict_GetItemWithError(DtypeNames, dtype);  /* borrowed */
+    DtypeInfo *info = dtype_info(dtype);
+    PyObject *name = info != NULL ? info->name : PyDict_GetItemWithError(DtypeNames, dtype);  /* borrowed */
     if (name != NULL) Py_INCREF(name);
     else if (!PyErr_Occurred()) name = PyObject_Str(dtype);
     Py_DECREF(dtype);
@@ -947,7 +982,8 @@ static PyObject *node_of(PyObject *t) {
     /* Tensor.dtype is the property returning self._dtype: read the attribute behind it directly (one
      * Python frame less) on an exact Tensor, as tensor_slot does; subclasses may define their own */
     PyObject *dtype = PyObject_GetAttr(t, (PyObject *)Py_TYPE(t) == TensorType ? S_a_dtype : S_dtype);
-    int keep = dtype == NULL ? -1 : PySet_Contains(FloatDtypes, dtype);
+    DtypeInfo *info = dtype == NULL ? NULL : dtype_info(dtype);
+    int keep = dtype == NULL ? -1 : info != NULL ? info->is_float : PySet_Contains(FloatDtypes, dtype);
     Py_XDECREF(dtype);
     if (keep > 0) {
         PyObject *flag = PyObject_GetAttr(t, S_requires_grad);
@@ -1310,6 +1346,7 @@ static PyObject *setup_calls(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     Py_INCREF(dtype_type); Py_XSETREF(DtypeBase, dtype_type);
     Py_INCREF(floats); Py_XSETREF(FloatDtypes, floats);
+    forget_dtypes();
     Py_RETURN_NONE;
 }
 
@@ -1475,6 +1512,7 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(TensorKinds, kinds_by_type);
     Py_INCREF(parameter); Py_XSETREF(ParameterType, parameter);
     Py_INCREF(names); Py_XSETREF(DtypeNames, names);
+    forget_dtypes();
     Py_INCREF(kinds); Py_XSETREF(Kinds, kinds);
     Py_INCREF(scan); Py_XSETREF(ScanFunc, scan);
     Py_INCREF(crc); Py_XSETREF(CrcFunc, crc);
@@ -1498,9 +1536,12 @@ typedef struct {
         *fallback, *forks, *stacks, *stack_ids, *rendered, *stack_miss, *lock_acquire, *lock_release;
     int extra_info, track_parents, backward, max_walk;
     PyObject *bwd_in, *bwd_out;
+    PyObject *unchanged;  /* the runtime's _unchanged: a Parameter described as it is (read at once) */
+    int md5;
     vectorcallfunc vectorcall;
 } Recorder;
 
+static PyObject *S_parameters_now;
 static PyObject *S_recomputing, *S_failed, *S_tls, *S_depth, *S_counters, *S_snapshot, *S_asked, *S_input_args,
     *S_input_kwargs, *S_output, *S_writer, *S_pending, *S_emitted, *S_added, *S_flush, *S_user_error, *S_raise_user_error, *S_cell_stack, *S_running, *S_fork,
     *S_ext, *S_forward, *S_backward, *S_wait_kw, *S_ms_prefix;
@@ -1510,7 +1551,7 @@ static PyTypeObject RecorderType;
 /* the object fields of a Recorder, for the garbage collector's traverse and clear */
 #define RECORDER_OBJECTS(X) X(rt) X(hotpath) X(slow) X(python) X(finish) X(tool_error) X(probe_type) \
     X(grad_enabled) X(backward_of) X(fallback) X(forks) X(stacks) X(stack_ids) X(rendered) X(stack_miss) \
-    X(lock_acquire) X(lock_release) X(bwd_in) X(bwd_out)
+    X(lock_acquire) X(lock_release) X(bwd_in) X(bwd_out) X(unchanged)
 
 static int recorder_traverse(Recorder *r, visitproc visit, void *arg) {
 #define VISIT_FIELD(name) Py_VISIT(r->name);
@@ -1560,6 +1601,7 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         (r->backward_of = part(parts, "backward_of")) == NULL || (r->fallback = part(parts, "fallback")) == NULL ||
         (r->forks = part(parts, "forks")) == NULL || (r->stacks = part(parts, "stacks")) == NULL ||
         (r->bwd_in = part(parts, "bwd_in")) == NULL || (r->bwd_out = part(parts, "bwd_out")) == NULL ||
+        (r->unchanged = part(parts, "unchanged")) == NULL ||
         (lock = part(parts, "lock")) == NULL || (flags = part(parts, "max_walk")) == NULL)
         goto fail;
     r->max_walk = (int)PyLong_AsLong(flags);
@@ -1576,9 +1618,9 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         PyErr_SetString(PyExc_TypeError, "Recorder: stacks._ids must be a dict, stacks.rendered a list");
         goto fail;
     }
-    const char *names[] = {"extra_info", "track_parents", "backward"};
-    int *dest[] = {&r->extra_info, &r->track_parents, &r->backward};
-    for (int i = 0; i < 3; i++) {
+    const char *names[] = {"extra_info", "track_parents", "backward", "md5"};
+    int *dest[] = {&r->extra_info, &r->track_parents, &r->backward, &r->md5};
+    for (int i = 0; i < 4; i++) {
         PyObject *v = part(parts, names[i]);
         if (v == NULL) goto fail;
         *dest[i] = PyObject_IsTrue(v);
@@ -1843,6 +1885,42 @@ static int plain_output(PyObject *out) {
     return is_tensor(out);
 }
 
+/* The Parameters among slots[start:] (described with the runtime's _unchanged) when the runtime reads
+ * Parameters at once (Runtime._parameters_now, as Runtime._describe_parameters does for a Cell's):
+ * their statistics taken now from their memory (fill_parameters: the numbers the flush takes from a
+ * host copy of the same bytes), or, when they cannot be read that way, the slot given snapshot(Parameter)
+ * as Runtime.snapshot would have. 0, or -1 on an error. */
+static int settle_parameters(PyObject *slots, Py_ssize_t start, PyObject *snapshot, int md5) {
+    for (Py_ssize_t i = start; i < PyList_GET_SIZE(slots); i++) {
+        PyObject *item = PyList_GET_ITEM(slots, i);
+        if (Py_TYPE(item) != &SlotType) continue;
+        Slot *s = (Slot *)item;
+        if ((s->leaf != NULL && s->leaf != Py_None) || s->tensor == NULL) continue;
+        int p = is_instance(s->tensor, ParameterType);
+        if (p < 0) return -1;
+        if (!p) continue;
+        void *data = NULL;
+        Py_ssize_t count = 0;
+        PyObject *kind_code = NULL, *st = NULL;
+        int found = parameter_memory(s, &data, &count, &kind_code);
+        if (found < 0) PyErr_Clear();
+        if (found > 0 && (st = memory_stats(data, count, kind_code, md5)) == NULL) PyErr_Clear();
+        if (st != NULL && st != Py_None) {
+            int bad = make_leaf(s, st);
+            Py_DECREF(st);
+            if (bad < 0) return -1;
+            Py_INCREF(Py_None);
+            Py_SETREF(s->tensor, Py_None);  /* read: the Parameter is not held until the flush */
+            continue;
+        }
+        Py_XDECREF(st);
+        PyObject *held = PyObject_CallOneArg(snapshot, s->tensor);
+        if (held == NULL) return -1;
+        Py_SETREF(s->tensor, held);
+    }
+    return 0;
+}
+
 /* CallRecorder.fast_call(api, original, args, kwargs) */
 static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyObject *args, PyObject *kwargs) {
     PyObject *rt = r->rt;
@@ -1863,9 +1941,13 @@ static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyO
     /* inputs: described first (under the tool's depth, as in Python); when that fails the Python common
      * case runs the whole call, numbering it and deciding about the failure */
     PyObject *slots = PyList_New(0), *snapshot = PyObject_GetAttr(rt, S_snapshot), *a = NULL, *k = NULL;
-    if (slots != NULL && snapshot != NULL) {
-        a = PyTuple_GET_SIZE(args) ? describe_value(args, 0, snapshot, slots, r->fallback) : PyList_New(0);
-        if (a != NULL) k = PyDict_GET_SIZE(kwargs) ? describe_value(kwargs, 0, snapshot, slots, r->fallback) : PyDict_New();
+    int now = snapshot == NULL ? -1 : truth_attr(rt, S_parameters_now);
+    /* what describing hands a Parameter: itself, read below, when the runtime reads Parameters at once */
+    PyObject *keep = now > 0 ? r->unchanged : snapshot;
+    if (slots != NULL && now >= 0) {
+        a = PyTuple_GET_SIZE(args) ? describe_value(args, 0, keep, slots, r->fallback) : PyList_New(0);
+        if (a != NULL) k = PyDict_GET_SIZE(kwargs) ? describe_value(kwargs, 0, keep, slots, r->fallback) : PyDict_New();
+        if (k != NULL && now > 0 && settle_parameters(slots, 0, snapshot, r->md5) < 0) Py_CLEAR(k);
     }
     if (k == NULL) {
         Py_XDECREF(slots); Py_XDECREF(snapshot); Py_XDECREF(a);
@@ -1941,12 +2023,13 @@ call:
             Py_ssize_t before = PyList_GET_SIZE(slots);
             PyObject *list = NULL;
             if (plain == 1) {  /* a Tensor: the list of it */
-                PyObject *d = describe_value(out, 1, snapshot, slots, r->fallback);
+                PyObject *d = describe_value(out, 1, keep, slots, r->fallback);
                 if (d != NULL && (list = PyList_New(1)) != NULL) PyList_SET_ITEM(list, 0, d);
                 else Py_XDECREF(d);
             } else {  /* a list or tuple of Tensors is its own output list */
-                list = describe_value(out, 0, snapshot, slots, r->fallback);
+                list = describe_value(out, 0, keep, slots, r->fallback);
             }
+            if (list != NULL && now > 0 && settle_parameters(slots, before, snapshot, r->md5) < 0) Py_CLEAR(list);
             if (list == NULL) {  /* the Python tail describes it again and decides about the failure */
                 PyErr_Clear();
                 if (PyList_SetSlice(slots, before, PyList_GET_SIZE(slots), NULL) < 0) PyErr_Clear();
@@ -2120,6 +2203,272 @@ static PyTypeObject CallWrapperType = {
     .tp_vectorcall_offset = offsetof(CallWrapper, vectorcall),
 };
 
+/* ------------------------------------------------------------------ backward hooks (capture/backward.py) */
+/* The common case of BackwardProbe.observe: a call whose Tensor output is made by one autograd node from
+ * positional Tensor arguments (the plain hook of BackwardProbe._hook_single), or that returns its one
+ * gradient-taking argument itself (BackwardProbe._hook_alias_at). The hook registered is a GradHook, which
+ * builds the items the Python closures build, in the same order, and hands them to Runtime.record_items. */
+static PyObject *S_input_side, *S_output_side, *S_want_input, *S_want_output, *S_runtime, *S_entry, *S_token,
+    *S_size, *S_record_items, *S_tensor_hooks, *S_register_hook;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *record_items, *entry, *token, *n_out, *size, *position;  /* position: an alias's argument, or NULL */
+    int want_input;
+    Py_ssize_t n_plain;
+    Py_ssize_t *plain;  /* n_plain pairs (edge index, argument position) */
+    PyObject **positions;  /* the argument positions of `plain` as ints */
+    vectorcallfunc vectorcall;
+} GradHook;
+
+static PyTypeObject GradHookType;
+
+static int hook_traverse(GradHook *h, visitproc visit, void *arg) {
+    Py_VISIT(h->record_items); Py_VISIT(h->entry); Py_VISIT(h->token);
+    return 0;
+}
+
+static int hook_clear(GradHook *h) {
+    Py_CLEAR(h->record_items); Py_CLEAR(h->entry); Py_CLEAR(h->token);
+    return 0;
+}
+
+static void hook_dealloc(GradHook *h) {
+    PyObject_GC_UnTrack(h);
+    hook_clear(h);
+    Py_CLEAR(h->n_out); Py_CLEAR(h->size); Py_CLEAR(h->position);
+    for (Py_ssize_t i = 0; h->positions != NULL && i < h->n_plain; i++) Py_XDECREF(h->positions[i]);
+    PyMem_Free(h->positions);
+    PyMem_Free(h->plain);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+/* appends (side, index, size, grad) to items */
+static int add_item(PyObject *items, PyObject *side, PyObject *index, PyObject *size, PyObject *grad) {
+    PyObject *item = PyTuple_Pack(4, side, index, size, grad);
+    if (item == NULL) return -1;
+    int bad = PyList_Append(items, item);
+    Py_DECREF(item);
+    return bad;
+}
+
+static PyObject *hook_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    GradHook *h = (GradHook *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || nargs != (h->position != NULL ? 1 : 2)) {
+        PyErr_SetString(PyExc_TypeError, h->position != NULL ? "hook(grad)" : "hook(grad_inputs, grad_outputs)");
+        return NULL;
+    }
+    PyObject *items = PyList_New(0);
+    if (items == NULL) return NULL;
+    int bad = 0;
+    if (h->position != NULL) {  /* _hook_alias_at: backward input 0, and output `position` when there is one */
+        PyObject *zero = PyLong_FromLong(0), *one = PyLong_FromLong(1);
+        bad = zero == NULL || one == NULL || add_item(items, S_input_side, zero, one, args[0]) < 0 ||
+              (args[0] != Py_None && add_item(items, S_output_side, h->position, h->size, args[0]) < 0);
+        Py_XDECREF(zero); Py_XDECREF(one);
+    } else {  /* _hook_single's plain hook */
+        if (h->want_input) {
+            PyObject *outs = PySequence_Fast(args[1], "grad_outputs is no sequence");
+            bad = outs == NULL;
+            for (Py_ssize_t i = 0; !bad && i < PySequence_Fast_GET_SIZE(outs); i++) {
+                PyObject *grad = PySequence_Fast_GET_ITEM(outs, i);
+                if (grad == Py_None) continue;
+                PyObject *index = PyLong_FromSsize_t(i);
+                bad = index == NULL || add_item(items, S_input_side, index, h->n_out, grad) < 0;
+                Py_XDECREF(index);
+            }
+            Py_XDECREF(outs);
+        }
+        for (Py_ssize_t p = 0; !bad && p < h->n_plain; p++) {
+            PyObject *grad = PySequence_GetItem(args[0], h->plain[2 * p]);
+            bad = grad == NULL || (grad != Py_None && add_item(items, S_output_side, h->positions[p], h->size, grad) < 0);
+            Py_XDECREF(grad);
+        }
+    }
+    PyObject *res = NULL;
+    if (!bad && (h->position != NULL || PyList_GET_SIZE(items))) {
+        PyObject *call[3] = {h->entry, items, h->token};
+        res = PyObject_Vectorcall(h->record_items, call, 3, NULL);
+        bad = res == NULL;
+        Py_XDECREF(res);
+    }
+    Py_DECREF(items);
+    if (bad) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyTypeObject GradHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe.tensors._hotpath.GradHook",
+    .tp_basicsize = sizeof(GradHook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A gradient hook registered by observe_plain (see the source).",
+    .tp_traverse = (traverseproc)hook_traverse,
+    .tp_clear = (inquiry)hook_clear,
+    .tp_dealloc = (destructor)hook_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(GradHook, vectorcall),
+};
+
+/* a GradHook of `probe` (its runtime's record_items, entry, token) for a call of `n_args` arguments */
+static GradHook *hook_new(PyObject *probe, Py_ssize_t n_args, int want_input) {
+    PyObject *rt = PyObject_GetAttr(probe, S_runtime);
+    if (rt == NULL) return NULL;
+    GradHook *h = PyObject_GC_New(GradHook, &GradHookType);
+    if (h == NULL) { Py_DECREF(rt); return NULL; }
+    memset(&h->record_items, 0, sizeof(GradHook) - offsetof(GradHook, record_items));
+    h->vectorcall = hook_vectorcall;
+    h->want_input = want_input;
+    h->record_items = PyObject_GetAttr(rt, S_record_items);
+    Py_DECREF(rt);
+    if (h->record_items != NULL) h->entry = PyObject_GetAttr(probe, S_entry);
+    if (h->entry != NULL) h->token = PyObject_GetAttr(probe, S_token);
+    if (h->token != NULL) h->size = PyLong_FromSsize_t(n_args);
+    if (h->size != NULL) h->n_out = PyLong_FromLong(1);
+    PyObject_GC_Track(h);
+    if (h->n_out == NULL) { Py_DECREF(h); return NULL; }
+    return h;
+}
+
+/* the argument `out` is among `args` (identity), as backward._is_argument */
+static int among(PyObject *out, PyObject *args) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++)
+        if (PyTuple_GET_ITEM(args, i) == out) return 1;
+    return 0;
+}
+
+/* probe.size = len(args) */
+static int set_size(PyObject *probe, PyObject *args) {
+    PyObject *n = PyLong_FromSsize_t(PyTuple_GET_SIZE(args));
+    int bad = n == NULL || PyObject_SetAttr(probe, S_size, n) < 0;
+    Py_XDECREF(n);
+    return bad ? -1 : 0;
+}
+
+/* BackwardProbe._hook_alias_at(out, position): the tensor hook, its handle kept in runtime.tensor_hooks */
+static int hook_alias(PyObject *probe, PyObject *args, PyObject *out, PyObject *position) {
+    if (set_size(probe, args) < 0) return -1;
+    GradHook *h = hook_new(probe, PyTuple_GET_SIZE(args), 1);
+    if (h == NULL) return -1;
+    Py_INCREF(position);
+    h->position = position;
+    PyObject *handle = PyObject_CallMethodOneArg(out, S_register_hook, (PyObject *)h);
+    Py_DECREF(h);
+    if (handle == NULL) return -1;
+    PyObject *rt = PyObject_GetAttr(probe, S_runtime), *hooks = rt ? PyObject_GetAttr(rt, S_tensor_hooks) : NULL;
+    PyObject *res = hooks ? PyObject_CallMethod(hooks, "append", "O", handle) : NULL;
+    Py_XDECREF(rt); Py_XDECREF(hooks); Py_DECREF(handle);
+    if (res == NULL) return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+/* observe_plain(probe, args, out) -> bool: BackwardProbe.observe for a Tensor output when it ends in no
+ * hook, the alias hook or _hook_single's plain hook (True, done); False with nothing done for any other
+ * call (the Python code then observes it). The same attributes are read in the same order. */
+static PyObject *observe_plain(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "observe_plain(probe, args: tuple, out)");
+        return NULL;
+    }
+    if (FloatDtypes == NULL || TensorKinds == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() and setup_calls() were not called");
+        return NULL;
+    }
+    PyObject *probe = a[0], *args = a[1], *out = a[2];
+    int t = is_tensor(out);
+    if (t <= 0) return t < 0 ? NULL : Py_NewRef(Py_False);
+    int want_input = truth_attr(probe, S_want_input), want_output = want_input < 0 ? -1 : truth_attr(probe, S_want_output);
+    if (want_output < 0) return NULL;
+    PyObject *targets = NULL, *node = NULL, *nodes = NULL, *mapping = NULL, *result = NULL;
+    Py_ssize_t n_args = PyTuple_GET_SIZE(args);
+    if (want_input && want_output && among(out, args)) {
+        if ((targets = grad_targets(NULL, args)) == NULL) return NULL;
+        Py_ssize_t n = PyList_GET_SIZE(targets), hit = 0;
+        if (n == 1) {
+            PyObject *only = PyList_GET_ITEM(targets, 0);
+            if (PyTuple_GET_ITEM(only, 2) == out && PyTuple_GET_ITEM(only, 1) == Py_None) {
+                int bad = hook_alias(probe, args, out, PyTuple_GET_ITEM(only, 0));
+                Py_DECREF(targets);
+                return bad ? NULL : Py_NewRef(Py_True);
+            }
+        }
+        for (Py_ssize_t i = 0; !hit && i < n; i++) hit = PyTuple_GET_ITEM(PyList_GET_ITEM(targets, i), 2) == out;
+        if (!hit) { Py_DECREF(targets); return Py_NewRef(Py_True); }
+    }
+    if ((node = node_of(out)) == NULL) goto done;
+    if (node == Py_None) { result = Py_NewRef(Py_True); goto done; }
+    if (targets == NULL && (targets = grad_targets(NULL, args)) == NULL) goto done;
+    if ((nodes = PyList_New(1)) == NULL) goto done;
+    PyList_SET_ITEM(nodes, 0, Py_NewRef(node));
+    PyObject *sm_args[2] = {nodes, targets};
+    if ((mapping = single_mapping(NULL, sm_args, 2)) == NULL) goto done;
+    if (mapping == Py_None) { result = Py_NewRef(Py_False); goto done; }
+    Py_ssize_t n_map = 0;
+    if (want_output) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++)
+            if (PyTuple_GET_ITEM(PyList_GET_ITEM(targets, i), 1) != Py_None) {  /* a list argument: Python */
+                result = Py_NewRef(Py_False);
+                goto done;
+            }
+        n_map = PyList_GET_SIZE(mapping);
+    }
+    if (set_size(probe, args) < 0) goto done;
+    if (!want_input && n_map == 0) { result = Py_NewRef(Py_True); goto done; }
+    GradHook *h = hook_new(probe, n_args, want_input);
+    if (h == NULL) goto done;
+    if (n_map) {
+        h->plain = PyMem_Calloc(2 * n_map, sizeof(Py_ssize_t));
+        h->positions = PyMem_Calloc(n_map, sizeof(PyObject *));
+        if (h->plain == NULL || h->positions == NULL) { PyErr_NoMemory(); Py_DECREF(h); goto done; }
+        h->n_plain = n_map;
+        for (Py_ssize_t p = 0; p < n_map; p++) {  /* mapping items: (edge index, (position, element)) */
+            PyObject *pair = PyList_GET_ITEM(mapping, p), *slot = PyTuple_GET_ITEM(pair, 1);
+            h->plain[2 * p] = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+            h->positions[p] = Py_NewRef(PyTuple_GET_ITEM(slot, 0));
+        }
+        if (PyErr_Occurred()) { Py_DECREF(h); goto done; }
+    }
+    PyObject *handle = PyObject_CallMethodOneArg(node, S_register_hook, (PyObject *)h);
+    Py_DECREF(h);
+    if (handle == NULL) goto done;
+    Py_DECREF(handle);
+    result = Py_NewRef(Py_True);
+done:
+    Py_XDECREF(targets); Py_XDECREF(node); Py_XDECREF(nodes); Py_XDECREF(mapping);
+    return result;
+}
+
+/* item_lines(entry, items, snapshot, slots, fallback) -> [journal.item_line(entry, key, index, size,
+ * describe(value))] for the (key, index, size, value) tuples of `items` (Runtime.record_items) */
+static PyObject *item_lines(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5 || !PyList_Check(a[1]) || !PyList_Check(a[3])) {
+        PyErr_SetString(PyExc_TypeError, "item_lines(entry, items: list, snapshot, slots: list, fallback)");
+        return NULL;
+    }
+    PyObject *items = a[1], *lines = PyList_New(0);
+    for (Py_ssize_t i = 0; lines != NULL && i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_SetString(PyExc_TypeError, "item_lines: items are (key, index, size, value) tuples");
+            Py_CLEAR(lines);
+            break;
+        }
+        PyObject *v = describe_value(PyTuple_GET_ITEM(item, 3), 0, a[2], a[3], a[4]), *line = NULL;
+        if (v != NULL && (line = dict2(S_e, a[0], S_k, PyTuple_GET_ITEM(item, 0))) != NULL &&
+            (PyDict_SetItem(line, S_i, PyTuple_GET_ITEM(item, 1)) < 0 || PyDict_SetItem(line, S_n, PyTuple_GET_ITEM(item, 2)) < 0 ||
+             PyDict_SetItem(line, S_v, v) < 0))
+            Py_CLEAR(line);
+        Py_XDECREF(v);
+        if (line == NULL || PyList_Append(lines, line) < 0) Py_CLEAR(lines);
+        Py_XDECREF(line);
+    }
+    return lines;
+}
+
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(tensor, parameter, dtype_names, kinds, scan, split, is_contiguous, data_ptr, dumps,\n"
@@ -2168,6 +2517,14 @@ static PyMethodDef methods[] = {
      "replay_lines(state, lines) -> None: msprobe.format.journal.Replay.apply(line) for each line, the\n"
      "stack-use, key, item, construct-edge and stack-frames lines applied in C to the state's data,\n"
      "construct, _frames and _stack_names (the other kinds by state.apply)."},
+    {"observe_plain", (PyCFunction)(void (*)(void))observe_plain, METH_FASTCALL,
+     "observe_plain(probe, args: tuple, out) -> bool: msprobe.capture.backward.BackwardProbe.observe for a\n"
+     "Tensor output made by one autograd node from positional Tensor arguments, or an argument returned\n"
+     "itself, with the same hooks (GradHook, handing Runtime.record_items the same items); False, nothing\n"
+     "done, for any other call."},
+    {"item_lines", (PyCFunction)(void (*)(void))item_lines, METH_FASTCALL,
+     "item_lines(entry, items, snapshot, slots, fallback) -> [journal item line]: journal.item_line(entry,\n"
+     "key, index, size, describe(value, snapshot, slots, fallback)) for each (key, index, size, value)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2199,11 +2556,16 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_raise_user_error, "raise_user_error"); INTERN(S_cell_stack, "cell_stack"); INTERN(S_running, "running"); INTERN(S_fork, "_fork");
     INTERN(S_ext, "ext"); INTERN(S_forward, "forward"); INTERN(S_backward, "backward"); INTERN(S_wait_kw, "wait");
     INTERN(S_ms_prefix, "mindspore.");
+    INTERN(S_input_side, "input"); INTERN(S_output_side, "output"); INTERN(S_want_input, "want_input");
+    INTERN(S_want_output, "want_output"); INTERN(S_runtime, "runtime"); INTERN(S_entry, "entry"); INTERN(S_token, "token");
+    INTERN(S_size, "size"); INTERN(S_record_items, "record_items"); INTERN(S_tensor_hooks, "tensor_hooks");
+    INTERN(S_register_hook, "register_hook"); INTERN(S_parameters_now, "_parameters_now");
     if ((ObjectClass = _PyType_Lookup(&PyBaseObject_Type, S_class)) == NULL) return NULL;
     Py_INCREF(ObjectClass);
     if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;
     Tiny = 2.2250738585072014e-308;
-    if (PyType_Ready(&SlotType) < 0 || PyType_Ready(&RecorderType) < 0 || PyType_Ready(&CallWrapperType) < 0)
+    if (PyType_Ready(&SlotType) < 0 || PyType_Ready(&RecorderType) < 0 || PyType_Ready(&CallWrapperType) < 0 ||
+        PyType_Ready(&GradHookType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

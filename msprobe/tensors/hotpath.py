@@ -28,6 +28,15 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
 * ``grad_node``/``grad_targets`` — :func:`msprobe.capture.backward._node_of` and ``_targets`` (which
   arguments of a call take part in the gradient, with their autograd nodes); ``slots_nbytes`` — the
   batch-size estimate of :meth:`msprobe.engine.runtime.Runtime.record_items` and friends.
+* ``observe_plain`` — :meth:`msprobe.capture.backward.BackwardProbe.observe` for a Tensor output made by
+  one autograd node from positional Tensor arguments, or an argument returned itself: the same hooks,
+  as compiled ``GradHook`` objects that hand ``Runtime.record_items`` the items the Python closures
+  hand it; any other call is left to the Python code. ``item_lines`` — the journal item lines of one
+  node's gradients (:func:`msprobe.format.journal.item_line` of each described value) in one call.
+* The compiled recorder (``Recorder``), while the runtime reads Parameters at once (synchronous CPU
+  launch, ``Runtime._parameters_now``), takes the statistics of a call's Parameters when it describes
+  them, as ``fill_parameters`` does for a Cell's, instead of host-copying them for the flush (the same
+  numbers: the same bytes, the same kernel).
 
 :data:`ext` is the extension, or ``None`` when it is not built or ``MSPROBE_PURE_PYTHON=1`` is set
 (then only the Python code runs). Callers read ``hotpath.ext`` at each use, so tests can switch it.
