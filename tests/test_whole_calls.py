@@ -291,3 +291,42 @@ def test_cell_hook_records_queued_at_once_write_the_files_of_one_by_one_records(
         # none): one batch addition instead of two in the pre-hook (input_args, input_kwargs) and
         # in the forward hook (parameters, output)
         assert added["one_by_one"] - added["at_once"] == 2 * 7 * 2
+
+
+@pytest.mark.parametrize("fields", [{"level": "L0"}, {"level": "mix"}, {"level": "L0", "extra_info": False}],
+                         ids=["L0", "mix", "no_extra_info"])
+def test_parameter_gradients_queued_at_once_write_the_files_of_the_general_path(
+        tmp_path, monkeypatch, make_debugger, fields):
+    """A Cell's parameter gradients queued in one step (``Runtime.queue_param_grad``) write the files
+    that ``Runtime.record_param_grad`` writes, byte for byte, with the same losses, gradients and
+    journal read back; with the compiled extension no parameter gradient takes the general path."""
+    runs, general = {}, {}
+    real_record = Runtime.record_param_grad
+
+    def net():
+        ms.set_seed(3)
+        np.random.seed(3)
+        return _CellNet()
+
+    for name in ("general", "at_once"):
+        calls = []
+
+        def counting(self, entry, *args, _calls=calls):
+            _calls.append(entry)
+            return real_record(self, entry, *args)
+
+        monkeypatch.setattr(Runtime, "record_param_grad", counting)
+        if name == "general":
+            monkeypatch.setattr(Runtime, "queue_param_grad", lambda self, *args: False)
+        runs[name] = _run(tmp_path, monkeypatch, make_debugger, name, True, True, fields, make_net=net)
+        general[name] = len(calls)
+    reference = runs["general"]
+    data = json.loads(reference[0]["dump.json"])["data"]
+    assert any(".parameters_grad." in entry and "weight" in data[entry] for entry in data)
+    assert runs["at_once"][0] == reference[0]  # dump.json, stack.json, construct.json byte for byte
+    assert runs["at_once"][1] == reference[1]  # losses and gradients
+    assert runs["at_once"][3] == reference[3]  # the open step read back from its journal
+    assert runs["at_once"][2] == reference[2]  # the same journal lines, in the same order
+    assert general["general"] > 0
+    if hotpath.ext is not None:
+        assert general["at_once"] == 0

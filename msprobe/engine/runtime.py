@@ -681,6 +681,32 @@ class Runtime:
         self._describe_and_queue(journal.key_line, (entry, pname), grad, entry, "", (pname,),
                                  self.writer, as_list=True, fixed_name=True)
 
+    def queue_param_grad(self, entry: str, pname: str, grad) -> bool:
+        """:meth:`record_param_grad` in one step for a plain statistics dump (no ``.npy`` file: no
+        tensor task, ``tensor_list`` or watch mode saving tensors): ``grad`` described in C and its
+        line (``data[entry][pname] = [leaf]``) added to the batch under one lock, the line
+        :meth:`record_param_grad` makes. Returns False, with nothing queued, when that path does not
+        apply (no compiled extension, a closed or failed dump, a forked child, files named) or
+        describing raised; the caller then calls :meth:`record_param_grad`, which decides the case."""
+        ext = hotpath.ext
+        if (ext is None or not self.records_data or self.failed or self.save_tensors or self.config.tensor_list
+                or self._watch_names or _FORKS[0] != self._fork):  # (forked(), inline)
+            return False
+        slots: list = []
+        try:
+            described = ext.describe(grad, self.snapshot, slots, describe_other)
+        except Exception:  # the general path decides (the user's failed operation, or the tool's)
+            return False
+        line = journal.key_line(entry, pname, [described])
+        self._asked += 1
+        writer = self.writer
+        with self._lock:
+            self._pending.append((writer, line))
+            full = self._added_to_batch(slots)
+        if full:
+            self.flush(wait=False)
+        return True
+
     def record_value(self, entry: str, value, token=None) -> None:
         """Queue ``data[entry] = describe(value)`` (debug level; files ``{entry}.{index path}.npy``)."""
         self._describe_and_queue(journal.value_line, (entry,), value, entry, "", (), self._writer_of(token))

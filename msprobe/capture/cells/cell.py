@@ -366,7 +366,7 @@ class CellCapture:
                 else:
                     g = max(rt.counters[key] - 1, 0)
                 entry = naming.param_grad_entry(prefix, g)
-                if rt.selector.selects_param_grad(prefix, entry):
+                if rt.selector.selects_param_grad(prefix, entry) and not rt.queue_param_grad(entry, pname, grad):
                     rt.record_param_grad(entry, pname, grad)
                 return None
 
