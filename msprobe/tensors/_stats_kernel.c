@@ -537,6 +537,44 @@ static void run_chunk(const char *data, Py_ssize_t n, Kind kind, int portable, d
     *part = job.part;
 }
 
+/* A transposed layout (the last dimension strided, the one before it contiguous): whole rows of the
+ * last index from index[] on, copied TILE rows at a time so that each read takes TILE neighbouring
+ * elements (one cache line of float32) instead of one element per line and per page; index[],
+ * *count and *out advance past them. */
+#define TILE 16
+#define TILE_COPY(T)                                                                               \
+    for (Py_ssize_t j = 0; j < inner; j++) {                                                       \
+        const T *q = (const T *)(p + j * step);                                                    \
+        T *o = (T *)*out + j;                                                                      \
+        for (Py_ssize_t r = 0; r < g; r++) memcpy(o + r * inner, q + r, sizeof(T));               \
+    }
+
+static void gather_transposed(const char *base, const Layout *lay, int size, Py_ssize_t *index, Py_ssize_t *count,
+                              char **out) {
+    int last = lay->ndim - 1;
+    Py_ssize_t inner = lay->dims[last], step = lay->steps[last];
+    while (index[last] == 0 && *count >= inner) {
+        Py_ssize_t g = lay->dims[last - 1] - index[last - 1];
+        if (g > TILE) g = TILE;
+        if (g * inner > *count) g = *count / inner;
+        const char *p = base;
+        for (int i = 0; i < last; i++) p += index[i] * lay->steps[i];
+        switch (size) {
+        case 4: TILE_COPY(uint32_t) break;
+        case 2: TILE_COPY(uint16_t) break;
+        case 8: TILE_COPY(uint64_t) break;
+        default: TILE_COPY(uint8_t) break;
+        }
+        *out += g * inner * size;
+        *count -= g * inner;
+        index[last - 1] += g;
+        for (int i = last - 1; i > 0 && index[i] == lay->dims[i]; i--) {
+            index[i] = 0;
+            index[i - 1]++;
+        }
+    }
+}
+
 /* Elements [first, first + count) of the C-order sequence of a strided array at `base` copied into
  * `out` (item size `size`). */
 static void gather_range(const char *base, const Layout *lay, int size, Py_ssize_t first, Py_ssize_t count,
@@ -548,6 +586,8 @@ static void gather_range(const char *base, const Layout *lay, int size, Py_ssize
         rest /= lay->dims[i];
     }
     Py_ssize_t step = lay->steps[last];
+    if (last >= 1 && lay->steps[last - 1] == size && step != size)
+        gather_transposed(base, lay, size, index, &count, &out);
     while (count > 0) {
         const char *p = base;
         for (int i = 0; i <= last; i++) p += index[i] * lay->steps[i];
