@@ -559,12 +559,10 @@ static void gather_transposed(const char *base, const Layout *lay, int size, Py_
         if (g * inner > *count) g = *count / inner;
         const char *p = base;
         for (int i = 0; i < last; i++) p += index[i] * lay->steps[i];
-        switch (size) {
-        case 4: TILE_COPY(uint32_t) break;
-        case 2: TILE_COPY(uint16_t) break;
-        case 8: TILE_COPY(uint64_t) break;
-        default: TILE_COPY(uint8_t) break;
-        }
+        if (size == 4) { TILE_COPY(uint32_t) }
+        else if (size == 2) { TILE_COPY(uint16_t) }
+        else if (size == 8) { TILE_COPY(uint64_t) }
+        else { TILE_COPY(uint8_t) }
         *out += g * inner * size;
         *count -= g * inner;
         index[last - 1] += g;
