@@ -197,7 +197,7 @@ def memory_bandwidth(mb: int = 100, repeats: int = 7) -> float:
 def file_write_cost(directory: str, repeats: int = 3) -> tuple:
     """``(seconds per file, bytes/s)`` of writing ``.npy`` files into ``directory`` the way tensor mode
     does (:func:`msprobe.format.npy.save_npy_batch`): the fastest of ``repeats`` batches of 400 files
-    of 1 KB (the per-file cost: create, write, rename) and of 16 files of 8 MB (page-cache write
+    of 1 KB (the per-file cost: create, write, link or rename) and of 16 files of 8 MB (page-cache write
     bandwidth, after the per-file cost is taken out). The small files are left in ``directory``
     (deleting 1200 files would make the next files' creation slower for ~30 s on an ext4 without
     journal; the caller removes ``directory`` at the end)."""
@@ -206,12 +206,12 @@ def file_write_cost(directory: str, repeats: int = 3) -> tuple:
     from msprobe.format.npy import save_npy_batch
 
     def best(n, nbytes):
-        arr = np.ones(nbytes // 4, np.float32)
+        rows = np.ones((n, nbytes // 4), np.float32)  # one array per file: one named twice is a hard link
         fastest = float("inf")
         for rep in range(repeats):
             folder = tempfile.mkdtemp(prefix="write_cost_", dir=directory)
             t = time.perf_counter()
-            save_npy_batch([(os.path.join(folder, f"{i}.npy"), arr) for i in range(n)])
+            save_npy_batch([(os.path.join(folder, f"{i}.npy"), rows[i]) for i in range(n)])
             fastest = min(fastest, time.perf_counter() - t)
             if nbytes > 1 << 20:  # few files: their page cache is given back at once
                 shutil.rmtree(folder, ignore_errors=True)

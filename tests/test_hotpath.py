@@ -130,7 +130,7 @@ def test_fill_matches_python(monkeypatch):
     ext.fill(filled)
     done = [s.leaf is not None for s in filled]
     assert done[0] and done[1] and done[11]  # plain float32, float16, int64: read in C
-    assert done[-3] and done[-2]  # 2**21 elements (kernel threads), transposed (copied in C order): in C
+    assert done[-3] and done[-2]  # 2**21 elements (kernel threads), transposed (read through its strides): in C
     assert not any(done[-5:-3]) and not done[-1]  # 0-d, empty, bfloat16: left to Python
 
 
@@ -159,7 +159,8 @@ def test_fill_of_views_and_host_snapshots_matches_python(monkeypatch, md5):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int8])
 def test_fill_of_views_with_contiguous_rows_matches_python(monkeypatch, dtype):
     """Views whose last index is contiguous but whose rows are not (outer axes permuted, as attention
-    heads are, or columns sliced) are read in C, copied into C order: Python's leaves."""
+    heads are, or columns sliced) are read in C through their strides: Python's leaves (the statistics
+    of the C-order copy)."""
     rng = np.random.default_rng(7)
     base = Tensor((rng.standard_normal((4, 32, 3, 16)) * 50).astype(dtype))
     values = [base.permute(0, 2, 1, 3), base.permute(2, 1, 0, 3), base[:, 3:29, :, 2:15],

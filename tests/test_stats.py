@@ -694,6 +694,63 @@ def test_kernel_exact_integer_sums_at_the_limits():
             assert result.total == 70_000 * int(fill) and result.max == result.min == int(fill)
 
 
+def _strided_bytes(view: np.ndarray) -> memoryview:
+    """The bytes of ``view``'s memory from its first element to the end of its last (strides >= 0)."""
+    root = view
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    offset = view.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    extent = sum((d - 1) * s for d, s in zip(view.shape, view.strides)) + view.itemsize
+    return memoryview(root.reshape(-1).view(np.uint8))[offset:offset + extent]
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+@pytest.mark.parametrize("code,arr", list(_kernel_cases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_kernel_strided_scan_gives_the_bits_of_the_contiguous_copy(code, arr):
+    """scan_strided over transposed, permuted and sliced views (chunks gathered from strided memory)
+    gives scan() of the C-order copy bit for bit, with 1 or 3 threads and either set of loops; signed
+    zeros, NaN and Inf included."""
+    from msprobe.tensors import _stats_kernel
+
+    data = arr[:(arr.size // 60) * 60].copy()
+    if data.dtype.kind == "f":
+        data[[3, 5, 17]] = [0.0, -0.0, np.inf]
+        data[-7] = np.nan
+    views = [data.reshape(60, -1).T, data.reshape(3, 4, 5, -1).transpose(2, 0, 3, 1),
+             data.reshape(6, 10, -1)[1:5, ::3, 2:], data.reshape(60, -1)[:, ::7], data.reshape(-1, 2)[:1, :1]]
+    for view in views:
+        contiguous = np.ascontiguousarray(view)
+        for threads, portable in ((1, False), (3, False), (1, True)):
+            expected = _stats_kernel.scan(contiguous.view(np.uint8), code, threads, portable)
+            got = _stats_kernel.scan_strided(_strided_bytes(view), code, view.shape, view.strides, threads, portable)
+            assert repr(got) == repr(expected), (view.shape, view.strides, threads, portable)
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+def test_kernel_strided_scan_of_a_large_transpose_with_threads():
+    """A 4 x (2**21 + 37) float32 array transposed: the chunks are gathered by up to 3 threads, each into
+    its own buffer; the bits are those of one thread over the copy."""
+    from msprobe.tensors import _stats_kernel
+
+    base = np.random.default_rng(3).standard_normal((4, (1 << 21) + 37)).astype(np.float32)
+    view = base.T
+    expected = _stats_kernel.scan(np.ascontiguousarray(view), "f4", 1)
+    for threads in (1, 2, 3):
+        assert repr(_stats_kernel.scan_strided(_strided_bytes(view), "f4", view.shape, view.strides,
+                                               threads)) == repr(expected)
+
+
+@pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
+@pytest.mark.parametrize("shape,strides,message", [
+    ((2,), (-4,), "need >= 0"), ((2,), (6,), "multiple of the item size"), ((100,), (4,), "do not fit"),
+    ((0,), (4,), "at least one element"), ((2, 2), (4,), "same length")])
+def test_kernel_strided_scan_refuses_bad_layouts(shape, strides, message):
+    from msprobe.tensors import _stats_kernel
+
+    with pytest.raises(ValueError, match=message):
+        _stats_kernel.scan_strided(bytes(16), "f4", shape, strides)
+
+
 @pytest.mark.skipif(not stats_scan.KERNEL_AVAILABLE, reason="kernel not built")
 def test_kernel_reads_strided_and_big_endian_arrays_through_copies():
     base = np.random.default_rng(2).standard_normal((300, 401)).astype(np.float32)

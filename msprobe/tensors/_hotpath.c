@@ -12,10 +12,12 @@
  *       snapshot(t) when it is a Parameter, no file name.
  *   fill(slots, md5=False) -> None
  *       leaves of CPU tensors read in place (native dtype, at least one element, no file name;
- *       a non-contiguous one is copied in C order first, as the Python flush does), and of C-contiguous host snapshots (numpy arrays) of such tensors, through the
+ *       a non-contiguous one is read through its strides by the kernel's scan_strided, which gives
+ *       the statistics of its C-order copy bit for bit, or, for md5, copied in C order first, as the
+ *       Python flush does), and of C-contiguous host snapshots (numpy arrays) of such tensors, through the
  *       statistics kernel, with the "md5" field (CRC-32 of the same bytes) when md5 is true; other
- *       slots keep leaf None for the Python flush. Each distinct memory (address, elements, kind)
- *       is read once, however many tensor objects show it. Call only when every queued operation
+ *       slots keep leaf None for the Python flush. Each distinct memory (address, elements, kind,
+ *       and the strides of a non-contiguous one) is read once, however many tensor objects show it. Call only when every queued operation
  *       has finished (flush.materialize checks it).
  *   fill_parameters(slots, md5=False) -> int
  *       fill()'s leaves, computed now, for the slots whose tensor is a Parameter itself (not a
@@ -50,6 +52,7 @@ static PyObject *ParameterType;  /* mindspore.Parameter */
 static PyObject *DtypeNames;     /* dict: MindSpore dtype -> dump.json name */
 static PyObject *Kinds;          /* dict: dump.json name -> (kernel kind, itemsize) */
 static PyObject *ScanFunc;       /* msprobe.tensors._stats_kernel.scan */
+static PyObject *StridedFunc;    /* msprobe.tensors._stats_kernel.scan_strided, or NULL (setup's scan_strided) */
 static PyObject *CrcFunc;        /* crc32 of a buffer (zlib-ng, or zlib): what stats.crc32_hex calls */
 static PyObject *ArrayType;      /* numpy.ndarray */
 static PyObject *ContigFunc;     /* TensorPy.is_contiguous (what Tensor.is_contiguous calls) */
@@ -407,14 +410,12 @@ static PyObject *stats_tuple(PyObject *kind_code, PyObject *scanned, Py_ssize_t 
     return out;
 }
 
-/* A non-contiguous tensor's elements (`count` of `itemsize` bytes from the address in *data, strides
- * from TensorPy.stride) copied in C order into new memory (*owned, *data: what numpy's
- * ascontiguousarray of the strided view gives, the Python flush's array, so the sums are the same
- * bits). Returns 2, or 0 when the Python flush must read it (no memory, a negative stride, more
- * than MAX_DEPTH dimensions), -1 on an error. */
-static int gather(PyObject *t, PyObject *shape, Py_ssize_t itemsize, Py_ssize_t count, void **data,
-                  void **owned) {
-    Py_ssize_t ndim = PyTuple_GET_SIZE(shape), dims[MAX_DEPTH], steps[MAX_DEPTH], index[MAX_DEPTH];
+/* The layout of a non-contiguous tensor `t` of shape `shape`: (shape, strides in bytes) in *layout
+ * (a new tuple), and its extent (bytes from the first element to the end of the last) in *extent.
+ * Returns 3, or 0 when the Python flush must read it (a negative stride, more than MAX_DEPTH
+ * dimensions, an unexpected stride()), -1 on an error. */
+static int view_layout(PyObject *t, PyObject *shape, Py_ssize_t itemsize, PyObject **layout, Py_ssize_t *extent) {
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
     if (ndim > MAX_DEPTH) return 0;
     PyObject *strides = PyObject_CallOneArg(StrideFunc, t), *seq;
     if (strides == NULL) return -1;
@@ -422,17 +423,41 @@ static int gather(PyObject *t, PyObject *shape, Py_ssize_t itemsize, Py_ssize_t 
     Py_DECREF(strides);
     if (seq == NULL) return -1;
     if (PySequence_Fast_GET_SIZE(seq) != ndim) { Py_DECREF(seq); return 0; }
+    PyObject *bytes = PyTuple_New(ndim);
+    if (bytes == NULL) { Py_DECREF(seq); return -1; }
+    *extent = itemsize;
     for (Py_ssize_t i = 0; i < ndim; i++) {
-        dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
-        steps[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
-        if (steps[i] < 0) { Py_DECREF(seq); return PyErr_Occurred() ? -1 : 0; }
-        steps[i] *= itemsize;
-        index[i] = 0;
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        Py_ssize_t step = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        PyObject *b = step < 0 ? NULL : PyLong_FromSsize_t(step * itemsize);
+        if (b == NULL) {
+            Py_DECREF(seq); Py_DECREF(bytes);
+            return PyErr_Occurred() ? -1 : 0;
+        }
+        PyTuple_SET_ITEM(bytes, i, b);
+        *extent += (d - 1) * step * itemsize;
     }
     Py_DECREF(seq);
+    *layout = PyTuple_Pack(2, shape, bytes);
+    Py_DECREF(bytes);
+    return *layout == NULL ? -1 : 3;
+}
+
+/* A non-contiguous tensor's elements (`count` of `itemsize` bytes from `data`, layout from
+ * view_layout()) copied in C order into new memory (*owned: what numpy's ascontiguousarray of the
+ * strided view gives, the Python flush's array, so the sums are the same bits; the caller frees it
+ * with PyMem_RawFree). Returns 0, -1 on an error. */
+static int gather(PyObject *layout, Py_ssize_t itemsize, Py_ssize_t count, const void *data, void **owned) {
+    PyObject *shape = PyTuple_GET_ITEM(layout, 0), *bytes = PyTuple_GET_ITEM(layout, 1);
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape), dims[MAX_DEPTH], steps[MAX_DEPTH], index[MAX_DEPTH];
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        dims[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        steps[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(bytes, i));
+        index[i] = 0;
+    }
     char *out = PyMem_RawMalloc((size_t)(count * itemsize)), *dst = out;
     if (out == NULL) { PyErr_NoMemory(); return -1; }
-    const char *src = (const char *)*data;
+    const char *src = (const char *)data;
     Py_ssize_t inner = dims[ndim - 1], step = steps[ndim - 1];
     for (Py_ssize_t k = 0; k < count; k += inner) {  /* rows of the last index, in C order */
         const char *p = src;
@@ -452,17 +477,18 @@ static int gather(PyObject *t, PyObject *shape, Py_ssize_t itemsize, Py_ssize_t 
             index[i] = 0;
         }
     }
-    *owned = *data = out;
-    return 2;
+    *owned = out;
+    return 0;
 }
 
 /* The memory fill() reads for one slot: the contiguous bytes of a plain CPU tensor (read in place
- * through TensorPy._data_ptr; a non-contiguous one copied by gather()) or of a C-contiguous host
- * array (a Parameter's host snapshot, made by the runtime), `n` elements of kind `kind_code`
- * (borrowed). Returns 1 when found in place, 2 when copied into *owned (the caller frees it with
- * PyMem_RawFree), 0 when the slot is the Python flush's, -1 on an error (the caller clears it and
- * leaves the slot to Python). */
-static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code, void **owned) {
+ * through TensorPy._data_ptr) or of a C-contiguous host array (a Parameter's host snapshot, made by
+ * the runtime), `n` elements of kind `kind_code` (borrowed), or the strided memory of a
+ * non-contiguous tensor (*layout, *extent: view_layout()). Returns 1 when found contiguous, 3 when
+ * strided (the caller owns *layout), 0 when the slot is the Python flush's, -1 on an error (the
+ * caller clears it and leaves the slot to Python). */
+static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code, PyObject **layout,
+                       Py_ssize_t *extent) {
     PyObject *t = s->tensor;
     if (t == NULL || s->data_name != Py_None || !PyUnicode_Check(s->dtype)) return 0;
     int tensor = (PyObject *)Py_TYPE(t) == TensorType;
@@ -514,9 +540,34 @@ static int slot_memory(Slot *s, void **data, Py_ssize_t *n, PyObject **kind_code
     Py_DECREF(ptr);
     if (*data == NULL) { Py_DECREF(shape); return PyErr_Occurred() ? -1 : 0; }
     *n = count;
-    int found = ok ? 1 : gather(t, shape, itemsize, count, data, owned);
+    int found = ok ? 1 : view_layout(t, shape, itemsize, layout, extent);
     Py_DECREF(shape);
     return found;
+}
+
+/* The kernel's thread count for `n` elements: from SPLIT elements on, the kernel may split the work
+ * over the CPUs free now (the result does not depend on how many threads ran), as
+ * msprobe.tensors.scan.scan decides. A new reference, NULL on an error. */
+static PyObject *threads_for(Py_ssize_t n) {
+    return n >= Split ? PyObject_CallNoArgs(FreeCpusFunc) : PyLong_FromLong(1);
+}
+
+/* Statistics of the `n` elements of kind `kind_code` of a non-contiguous tensor at `data` (layout
+ * and extent from view_layout()), read through its strides: (Max, Min, Mean, Norm), or None when
+ * the Python flush must decide; NULL on an error. */
+static PyObject *strided_stats(void *data, Py_ssize_t n, PyObject *kind_code, PyObject *layout, Py_ssize_t extent) {
+    PyObject *view = PyMemoryView_FromMemory((char *)data, extent, PyBUF_READ);
+    if (view == NULL) return NULL;
+    PyObject *threads = threads_for(n);
+    if (threads == NULL) { Py_DECREF(view); return NULL; }
+    PyObject *scanned = PyObject_CallFunctionObjArgs(StridedFunc, view, kind_code, PyTuple_GET_ITEM(layout, 0),
+                                                     PyTuple_GET_ITEM(layout, 1), threads, NULL);
+    Py_DECREF(threads);
+    Py_DECREF(view);
+    if (scanned == NULL) return NULL;
+    PyObject *out = stats_tuple(kind_code, scanned, n);
+    Py_DECREF(scanned);
+    return out;
 }
 
 /* Statistics of `n` elements of kind `kind_code` at `data`: (Max, Min, Mean, Norm[, md5]), or None
@@ -527,9 +578,7 @@ static PyObject *memory_stats(void *data, Py_ssize_t n, PyObject *kind_code, int
     Py_ssize_t itemsize = code[1] - '0';
     PyObject *view = PyMemoryView_FromMemory((char *)data, n * itemsize, PyBUF_READ);
     if (view == NULL) return NULL;
-    /* from SPLIT elements on, the kernel may split the work over the CPUs free now (the result does
-     * not depend on how many threads ran), as msprobe.tensors.scan.scan decides */
-    PyObject *threads = n >= Split ? PyObject_CallNoArgs(FreeCpusFunc) : PyLong_FromLong(1);
+    PyObject *threads = threads_for(n);
     if (threads == NULL) { Py_DECREF(view); return NULL; }
     PyObject *scanned = PyObject_CallFunctionObjArgs(ScanFunc, view, kind_code, threads, NULL);
     Py_DECREF(threads);
@@ -586,27 +635,34 @@ static PyObject *cached_stats(Slot *s, PyObject *by_object, PyObject *by_memory,
         Py_DECREF(key);
         return st;
     }
-    void *data = NULL, *owned = NULL;
-    Py_ssize_t n = 0;
-    PyObject *kind_code = NULL, *where = NULL;
-    int found = slot_memory(s, &data, &n, &kind_code, &owned);
-    if (found == 2) {  /* a copy: nothing else reads this memory */
-        st = memory_stats(data, n, kind_code, md5);
-        PyMem_RawFree(owned);
-        if (st == NULL) PyErr_Clear();
-    } else if (found > 0) {
-        where = Py_BuildValue("(NnO)", PyLong_FromVoidPtr(data), n, kind_code);
-        if (where == NULL) { Py_DECREF(key); return NULL; }
+    void *data = NULL;
+    Py_ssize_t n = 0, extent = 0;
+    PyObject *kind_code = NULL, *where = NULL, *layout = NULL;
+    int found = slot_memory(s, &data, &n, &kind_code, &layout, &extent);
+    if (found > 0) {
+        where = layout == NULL ? Py_BuildValue("(NnO)", PyLong_FromVoidPtr(data), n, kind_code)
+                               : Py_BuildValue("(NnOO)", PyLong_FromVoidPtr(data), n, kind_code, layout);
+        if (where == NULL) { Py_XDECREF(layout); Py_DECREF(key); return NULL; }
         st = PyDict_GetItemWithError(by_memory, where);
         if (st != NULL) Py_INCREF(st);
-        else if (PyErr_Occurred()) { Py_DECREF(where); Py_DECREF(key); return NULL; }
-        else {
+        else if (PyErr_Occurred()) { Py_DECREF(where); Py_XDECREF(layout); Py_DECREF(key); return NULL; }
+        else if (layout != NULL && StridedFunc != NULL && !md5) {
+            st = strided_stats(data, n, kind_code, layout, extent);
+        } else if (layout != NULL) {  /* md5 hashes the C-order bytes: a copy */
+            void *owned = NULL;
+            const char *code = PyUnicode_AsUTF8(kind_code);  /* "f4", "i8", ...: kind, item size */
+            if (code != NULL && gather(layout, code[1] - '0', n, data, &owned) == 0) {
+                st = memory_stats(owned, n, kind_code, md5);
+                PyMem_RawFree(owned);
+            }
+        } else {
             st = memory_stats(data, n, kind_code, md5);
-            if (st == NULL) PyErr_Clear();  /* whatever failed, the Python flush reads it again and decides */
         }
+        if (st == NULL) PyErr_Clear();  /* whatever failed, the Python flush reads it again and decides */
     } else if (found < 0) {
         PyErr_Clear();
     }
+    Py_XDECREF(layout);
     if (st == NULL) { Py_INCREF(Py_None); st = Py_None; }
     int bad = PyDict_SetItem(by_object, key, st) < 0 ||
               (where != NULL && st != Py_None && PyDict_SetItem(by_memory, where, st) < 0);
@@ -1488,14 +1544,15 @@ done:
 /* ------------------------------------------------------------------ setup */
 static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"tensor", "parameter", "dtype_names", "kinds", "scan", "split", "is_contiguous",
-                               "data_ptr", "dumps", "line_option", "crc32", "ndarray", "stride", "free_cpus", NULL};
+                               "data_ptr", "dumps", "line_option", "crc32", "ndarray", "stride", "free_cpus",
+                               "scan_strided", NULL};
     PyObject *tensor, *parameter, *names, *kinds, *scan, *contig, *ptr, *dumps, *option, *crc, *ndarray, *stride,
-        *free_cpus;
+        *free_cpus, *strided = NULL;
     Py_ssize_t split;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOOOOOO:setup", keywords, &tensor, &parameter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OnOOOOOOOO|O:setup", keywords, &tensor, &parameter,
                                      &PyDict_Type, &names, &PyDict_Type, &kinds, &scan, &split, &contig, &ptr,
-                                     &dumps, &option, &crc, &ndarray, &stride, &free_cpus))
+                                     &dumps, &option, &crc, &ndarray, &stride, &free_cpus, &strided))
         return NULL;
     /* interned: orjson recognises its keyword arguments by the identity of their names */
     PyObject *name = PyUnicode_InternFromString("option"), *kwnames = name ? PyTuple_Pack(1, name) : NULL;
@@ -1515,6 +1572,8 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
     forget_dtypes();
     Py_INCREF(kinds); Py_XSETREF(Kinds, kinds);
     Py_INCREF(scan); Py_XSETREF(ScanFunc, scan);
+    if (strided == Py_None) strided = NULL;
+    Py_XINCREF(strided); Py_XSETREF(StridedFunc, strided);
     Py_INCREF(crc); Py_XSETREF(CrcFunc, crc);
     Py_INCREF(ndarray); Py_XSETREF(ArrayType, ndarray);
     Py_INCREF(stride); Py_XSETREF(StrideFunc, stride);
@@ -2472,10 +2531,11 @@ static PyObject *item_lines(PyObject *self, PyObject *const *a, Py_ssize_t nargs
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(tensor, parameter, dtype_names, kinds, scan, split, is_contiguous, data_ptr, dumps,\n"
-     "line_option, crc32, ndarray, stride, free_cpus): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
+     "line_option, crc32, ndarray, stride, free_cpus, scan_strided=None): the MindSpore types, dtype names (dtype -> dump.json name), kernel kinds (dump.json\n"
      "name -> (kind, itemsize)), the kernel's scan, the element count from which fill() lets the\n"
      "kernel use free_cpus() threads, TensorPy's is_contiguous and _data_ptr, orjson.dumps and its\n"
-     "newline option, the CRC-32 function of stats.crc32_hex, numpy.ndarray and TensorPy.stride."},
+     "newline option, the CRC-32 function of stats.crc32_hex, numpy.ndarray, TensorPy.stride, free_cpus and\n"
+     "the kernel's scan_strided (None: non-contiguous tensors are copied, then scanned)."},
     {"encode_lines", (PyCFunction)(void (*)(void))encode_lines, METH_FASTCALL,
      "encode_lines(records, encode) -> (bytes, resolved records, any non-finite): resolve() each\n"
      "record and encode it as one journal line with orjson; a record that holds a non-finite float or\n"

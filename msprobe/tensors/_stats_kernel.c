@@ -26,6 +26,15 @@
  *           'b1' bool (bytes 0/1: max = any, min = all, sum = sum_sq = number of true elements).
  *   Floats: max/min/sum/sum_sq are Python floats (max = -inf, min = +inf when every element is NaN).
  *   Integers: max/min/sum are exact Python ints, sum_sq a float; the NaN/Inf counts are 0.
+ *
+ *              scan_strided(buffer, kind, shape, strides, threads=1, portable=False) -> the same tuple
+ *   The elements of a strided array (a transposed or sliced view) in C order, as scan() gives for
+ *   their C-contiguous copy, bit for bit: each chunk of the C-order sequence (CHUNK_BLOCKS blocks)
+ *   is copied into a buffer of the thread's own, reused from call to call, and reduced there by the
+ *   same chunk kernel, so the data are never copied whole (no new memory to fault in per call).
+ *   buffer: bytes from the element at index (0, ..., 0) to the last one (any buffer-protocol object);
+ *   shape: element counts; strides: bytes between neighbours of each dimension, >= 0, multiples of
+ *   the item size.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -67,7 +76,17 @@ typedef struct {
     int portable;               /* use the portable kernel even where AVX-512 exists */
     double *bsum, *bsq;         /* one partial per block of the whole buffer */
     Part part;
+    const char *start;          /* where element `first` is, when not data + first * itemsize (a
+                                   chunk gathered from strided memory); NULL otherwise */
 } Job;
+
+/* The layout of a strided array: ndim dimensions of dims[i] elements, steps[i] bytes apart (>= 0),
+ * with no dimension of one element and no two dimensions that are one (see simplify_layout). */
+#define MAX_DIMS 64
+typedef struct {
+    int ndim;
+    Py_ssize_t dims[MAX_DIMS], steps[MAX_DIMS];
+} Layout;
 
 static double pairwise(double *v, int n) {   /* n is a power of two */
     for (int width = n / 2; width > 0; width /= 2)
@@ -430,7 +449,7 @@ static void count_nonfinite(Kind kind, const char *data, Py_ssize_t m, Part *par
 static void run_job(Job *job) {
     Py_ssize_t b0 = job->first / BLOCK, nb = (job->count + BLOCK - 1) / BLOCK;
     int size = KINDS[job->kind].itemsize;
-    const char *start = job->data + job->first * size;
+    const char *start = job->start ? job->start : job->data + job->first * size;
     Kernel kernel = job->portable ? KINDS[job->kind].portable : fast[job->kind];
     kernel(start, job->count, job->bsum + b0, job->bsq + b0, &job->part);
     if (!is_float(job->kind)) return;
@@ -494,6 +513,8 @@ typedef struct {
     int portable;
     double *bsum, *bsq;
     Part *parts;
+    const Layout *layout;       /* NULL: data is contiguous; else &strided, chunks gathered */
+    Layout strided;
     Py_ssize_t next;            /* next chunk to take (atomic) */
     Py_ssize_t done;            /* chunks finished (under lock) */
     int owners;                 /* the caller and the started threads (under lock) */
@@ -516,11 +537,130 @@ static void run_chunk(const char *data, Py_ssize_t n, Kind kind, int portable, d
     *part = job.part;
 }
 
+/* A transposed layout (the last dimension strided, the one before it contiguous): whole rows of the
+ * last index from index[] on, copied TILE rows at a time so that each read takes TILE neighbouring
+ * elements (one cache line of float32) instead of one element per line and per page; index[],
+ * *count and *out advance past them. */
+#define TILE 16
+#define TILE_COPY(T)                                                                               \
+    for (Py_ssize_t j = 0; j < inner; j++) {                                                       \
+        const T *q = (const T *)(p + j * step);                                                    \
+        T *o = (T *)*out + j;                                                                      \
+        for (Py_ssize_t r = 0; r < g; r++) memcpy(o + r * inner, q + r, sizeof(T));               \
+    }
+
+static void gather_transposed(const char *base, const Layout *lay, int size, Py_ssize_t *index, Py_ssize_t *count,
+                              char **out) {
+    int last = lay->ndim - 1;
+    Py_ssize_t inner = lay->dims[last], step = lay->steps[last];
+    while (index[last] == 0 && *count >= inner) {
+        Py_ssize_t g = lay->dims[last - 1] - index[last - 1];
+        if (g > TILE) g = TILE;
+        if (g * inner > *count) g = *count / inner;
+        const char *p = base;
+        for (int i = 0; i < last; i++) p += index[i] * lay->steps[i];
+        if (size == 4) { TILE_COPY(uint32_t) }
+        else if (size == 2) { TILE_COPY(uint16_t) }
+        else if (size == 8) { TILE_COPY(uint64_t) }
+        else { TILE_COPY(uint8_t) }
+        *out += g * inner * size;
+        *count -= g * inner;
+        index[last - 1] += g;
+        for (int i = last - 1; i > 0 && index[i] == lay->dims[i]; i--) {
+            index[i] = 0;
+            index[i - 1]++;
+        }
+    }
+}
+
+/* Elements [first, first + count) of the C-order sequence of a strided array at `base` copied into
+ * `out` (item size `size`). */
+static void gather_range(const char *base, const Layout *lay, int size, Py_ssize_t first, Py_ssize_t count,
+                         char *out) {
+    int last = lay->ndim - 1;
+    Py_ssize_t index[MAX_DIMS], rest = first;
+    for (int i = last; i >= 0; i--) {
+        index[i] = rest % lay->dims[i];
+        rest /= lay->dims[i];
+    }
+    Py_ssize_t step = lay->steps[last];
+    if (last >= 1 && lay->steps[last - 1] == size && step != size)
+        gather_transposed(base, lay, size, index, &count, &out);
+    while (count > 0) {
+        const char *p = base;
+        for (int i = 0; i <= last; i++) p += index[i] * lay->steps[i];
+        Py_ssize_t r = lay->dims[last] - index[last];
+        if (r > count) r = count;
+        /* a constant size per loop: each memcpy becomes one load and one store */
+        if (step == size) memcpy(out, p, (size_t)(r * size));
+        else if (size == 4) for (Py_ssize_t j = 0; j < r; j++, p += step) memcpy(out + 4 * j, p, 4);
+        else if (size == 2) for (Py_ssize_t j = 0; j < r; j++, p += step) memcpy(out + 2 * j, p, 2);
+        else if (size == 8) for (Py_ssize_t j = 0; j < r; j++, p += step) memcpy(out + 8 * j, p, 8);
+        else for (Py_ssize_t j = 0; j < r; j++, p += step) out[j] = *p;
+        out += r * size;
+        count -= r;
+        index[last] += r;
+        for (int i = last; i > 0 && index[i] == lay->dims[i]; i--) {
+            index[i] = 0;
+            index[i - 1]++;
+        }
+    }
+}
+
+/* The gather buffer of the calling thread (one chunk), kept from call to call: chunks of strided
+ * arrays are copied into memory that is already mapped and in cache. NULL if out of memory. */
+static __thread char *gather_buf;
+static __thread size_t gather_cap;
+
+static char *gather_buffer(int size) {
+    size_t need = (size_t)CHUNK_BLOCKS * BLOCK * (size_t)size;
+    if (gather_cap < need) {
+        char *bigger = malloc(need);
+        if (bigger == NULL) return NULL;
+        free(gather_buf);
+        gather_buf = bigger;
+        gather_cap = need;
+    }
+    return gather_buf;
+}
+
+static void free_gather_buffer(void) {
+    free(gather_buf);
+    gather_buf = NULL;
+    gather_cap = 0;
+}
+
+/* Chunk c of [0, n): in place for contiguous data, else gathered into `buf` first. */
+static void run_any_chunk(const char *data, const Layout *lay, char *buf, Py_ssize_t n, Kind kind, int portable,
+                          double *bsum, double *bsq, Py_ssize_t c, Part *part) {
+    if (lay == NULL) {
+        run_chunk(data, n, kind, portable, bsum, bsq, c, part);
+        return;
+    }
+    Job job;
+    memset(&job, 0, sizeof job);
+    job.first = c * CHUNK_BLOCKS * BLOCK;
+    job.count = n - job.first < CHUNK_BLOCKS * BLOCK ? n - job.first : CHUNK_BLOCKS * BLOCK;
+    gather_range(data, lay, KINDS[kind].itemsize, job.first, job.count, buf);
+    job.data = data;
+    job.start = buf;
+    job.kind = kind;
+    job.portable = portable;
+    job.bsum = bsum;
+    job.bsq = bsq;
+    run_job(&job);
+    *part = job.part;
+}
+
 static void take_chunks(Shared *sh) {
+    char *buf = NULL;
+    if (sh->layout != NULL && (buf = gather_buffer(KINDS[sh->kind].itemsize)) == NULL)
+        return;  /* no buffer for this thread: the others take the chunks (the caller has one) */
     for (;;) {
         Py_ssize_t c = __atomic_fetch_add(&sh->next, 1, __ATOMIC_RELAXED);
         if (c >= sh->nchunks) return;
-        run_chunk(sh->data, sh->n, sh->kind, sh->portable, sh->bsum, sh->bsq, c, &sh->parts[c]);
+        run_any_chunk(sh->data, sh->layout, buf, sh->n, sh->kind, sh->portable, sh->bsum, sh->bsq, c,
+                      &sh->parts[c]);
         pthread_mutex_lock(&sh->lock);
         if (++sh->done == sh->nchunks) pthread_cond_signal(&sh->all_done);
         pthread_mutex_unlock(&sh->lock);
@@ -541,12 +681,16 @@ static void release(Shared *sh) {
 static void *worker(void *arg) {
     take_chunks((Shared *)arg);
     release((Shared *)arg);
+    free_gather_buffer();  /* the thread ends: its buffer with it */
     return NULL;
 }
 
-/* Reduces [0, n) with up to `threads` threads into *total, *sum and *sumsq; -1 if out of memory. */
-static int run(const char *data, Py_ssize_t n, Kind kind, int threads, int portable, Part *total,
-               double *sum, double *sumsq) {
+/* Reduces [0, n) with up to `threads` threads into *total, *sum and *sumsq; -1 if out of memory.
+ * `lay`: NULL for contiguous data, else the strided layout of the elements at `data`. */
+static int run(const char *data, const Layout *lay, Py_ssize_t n, Kind kind, int threads, int portable,
+               Part *total, double *sum, double *sumsq) {
+    char *buf = NULL;
+    if (lay != NULL && (buf = gather_buffer(KINDS[kind].itemsize)) == NULL) return -1;
     Py_ssize_t nblocks = (n + BLOCK - 1) / BLOCK, nchunks = (nblocks + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
     Py_ssize_t want = n / MIN_PER_THREAD;
     if (want > threads) want = threads;
@@ -558,7 +702,7 @@ static int run(const char *data, Py_ssize_t n, Kind kind, int threads, int porta
         if (partials == NULL) return -1;
         for (Py_ssize_t c = 0; c < nchunks; c++) {
             Part part;
-            run_chunk(data, n, kind, portable, partials, partials + nblocks, c, &part);
+            run_any_chunk(data, lay, buf, n, kind, portable, partials, partials + nblocks, c, &part);
             if (c == 0) *total = part;
             else merge(kind, total, &part);
         }
@@ -576,6 +720,10 @@ static int run(const char *data, Py_ssize_t n, Kind kind, int threads, int porta
     sh->bsum = (double *)(sh->parts + nchunks);
     sh->bsq = sh->bsum + nblocks;
     sh->data = data;
+    if (lay != NULL) {
+        sh->strided = *lay;
+        sh->layout = &sh->strided;
+    }
     sh->n = n;
     sh->nchunks = nchunks;
     sh->kind = kind;
@@ -611,6 +759,16 @@ static int run(const char *data, Py_ssize_t n, Kind kind, int threads, int porta
     return 0;
 }
 
+static PyObject *result_tuple(Kind kind, const Part *part, double sum, double sumsq);
+
+/* the Kind named `name`, or -1 with ValueError set */
+static int kind_of(const char *name) {
+    for (int i = 0; i < NKINDS; i++)
+        if (strcmp(name, KINDS[i].name) == 0) return i;
+    PyErr_Format(PyExc_ValueError, "unsupported kind '%s'", name);
+    return -1;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"buffer", "kind", "threads", "portable", NULL};
     PyObject *obj;
@@ -620,10 +778,8 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Os|ip:scan", keywords, &obj, &kind_name, &threads,
                                      &portable))
         return NULL;
-    int k = -1;
-    for (int i = 0; i < NKINDS; i++)
-        if (strcmp(kind_name, KINDS[i].name) == 0) k = i;
-    if (k < 0) return PyErr_Format(PyExc_ValueError, "unsupported kind '%s'", kind_name);
+    int k = kind_of(kind_name);
+    if (k < 0) return NULL;
     Kind kind = (Kind)k;
     int itemsize = KINDS[k].itemsize;
     Py_buffer view;
@@ -639,10 +795,16 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
     Part total;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = run((const char *)view.buf, n, kind, threads < 1 ? 1 : threads, portable, &total, &sum, &sumsq);
+    status = run((const char *)view.buf, NULL, n, kind, threads < 1 ? 1 : threads, portable, &total, &sum, &sumsq);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (status < 0) return PyErr_NoMemory();
+    return result_tuple(kind, &total, sum, sumsq);
+}
+
+/* (max, min, sum, sum_sq, nan, posinf, neginf, zero) of a reduction (the docstring's types) */
+static PyObject *result_tuple(Kind kind, const Part *part, double sum, double sumsq) {
+    Part total = *part;
     PyObject *mx, *mn, *sm;
     if (is_float(kind)) {
         mx = PyFloat_FromDouble(total.fmax);
@@ -665,6 +827,100 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
                          (long long)total.neginf, (long long)total.zero);
 }
 
+
+/* shape and strides (Python sequences of ints) as a Layout without dimensions of one element, with
+ * neighbouring dimensions that are one merged; *n = the element count, *extent = the bytes from the
+ * first element to the end of the last. 0, or -1 with ValueError/TypeError set. */
+static int parse_layout(PyObject *shape, PyObject *strides, int size, Layout *lay, Py_ssize_t *n,
+                        Py_ssize_t *extent) {
+    PyObject *dims = PySequence_Fast(shape, "shape must be a sequence of ints");
+    if (dims == NULL) return -1;
+    PyObject *steps = PySequence_Fast(strides, "strides must be a sequence of ints");
+    if (steps == NULL) { Py_DECREF(dims); return -1; }
+    Py_ssize_t ndim = PySequence_Fast_GET_SIZE(dims);
+    int status = -1;
+    if (ndim != PySequence_Fast_GET_SIZE(steps) || ndim > MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "shape and strides must have the same length, at most %d", MAX_DIMS);
+        goto done;
+    }
+    *n = 1;
+    *extent = size;
+    lay->ndim = 0;
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(dims, i));
+        Py_ssize_t st = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(steps, i));
+        if (PyErr_Occurred()) goto done;
+        if (d < 0 || st < 0 || st % size != 0) {
+            PyErr_Format(PyExc_ValueError, "dimension %zd: %zd elements %zd bytes apart (need >= 0, a multiple "
+                         "of the item size %d)", i, d, st, size);
+            goto done;
+        }
+        if (d > 0 && *n > PY_SSIZE_T_MAX / d) { PyErr_SetString(PyExc_ValueError, "too many elements"); goto done; }
+        *n *= d;
+        if (d > 0) *extent += (d - 1) * st;
+        if (d == 1) continue;
+        int j = lay->ndim - 1;
+        if (j >= 0 && lay->steps[j] == st * d) {  /* one dimension with the one before it */
+            lay->dims[j] *= d;
+            lay->steps[j] = st;
+            continue;
+        }
+        lay->dims[lay->ndim] = d;
+        lay->steps[lay->ndim++] = st;
+    }
+    if (lay->ndim == 0) {  /* one element */
+        lay->ndim = 1;
+        lay->dims[0] = 1;
+        lay->steps[0] = size;
+    }
+    status = 0;
+done:
+    Py_DECREF(dims);
+    Py_DECREF(steps);
+    return status;
+}
+
+static PyObject *scan_strided(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"buffer", "kind", "shape", "strides", "threads", "portable", NULL};
+    PyObject *obj, *shape, *strides;
+    const char *kind_name;
+    int threads = 1, portable = 0;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OsOO|ip:scan_strided", keywords, &obj, &kind_name, &shape,
+                                     &strides, &threads, &portable))
+        return NULL;
+    int k = kind_of(kind_name);
+    if (k < 0) return NULL;
+    Kind kind = (Kind)k;
+    int size = KINDS[k].itemsize;
+    Layout lay;
+    Py_ssize_t n, extent;
+    if (parse_layout(shape, strides, size, &lay, &n, &extent) < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (n == 0) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "scan_strided() needs at least one element");
+    }
+    if (extent > view.len || (uintptr_t)view.buf % (uintptr_t)size != 0) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError,
+                            "%zd elements spanning %zd bytes do not fit a buffer of %zd bytes aligned to %d",
+                            n, extent, view.len, size);
+    }
+    int contiguous = lay.ndim == 1 && lay.steps[0] == size;
+    double sum, sumsq;
+    Part total;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = run((const char *)view.buf, contiguous ? NULL : &lay, n, kind, threads < 1 ? 1 : threads, portable,
+                 &total, &sum, &sumsq);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (status < 0) return PyErr_NoMemory();
+    return result_tuple(kind, &total, sum, sumsq);
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_VARARGS | METH_KEYWORDS,
      "scan(buffer, kind, threads=1, portable=False) -> (max, min, sum, sum_sq, nan, posinf, neginf, zero)\n\n"
@@ -673,6 +929,13 @@ static PyMethodDef methods[] = {
      "released. portable=True uses the portable C loops even on an AVX-512 CPU (same bits).\n"
      "Raises ValueError for an unknown kind or an empty, misaligned or ragged buffer,\n"
      "BufferError for a non-contiguous buffer."},
+    {"scan_strided", (PyCFunction)(void (*)(void))scan_strided, METH_VARARGS | METH_KEYWORDS,
+     "scan_strided(buffer, kind, shape, strides, threads=1, portable=False) -> scan()'s tuple\n\n"
+     "scan() of the C-contiguous copy of a strided array, bit for bit, without making that copy:\n"
+     "`buffer` holds the bytes from the element at index 0 to the last element, `shape` the element\n"
+     "counts, `strides` the bytes between neighbours in each dimension (>= 0, multiples of the item\n"
+     "size). Raises ValueError for an unknown kind, bad strides, no elements, or elements outside the\n"
+     "buffer or misaligned; MemoryError when the chunk buffer cannot be allocated."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -92,7 +92,8 @@ def configure():
                    scan=_scan._stats_kernel.scan, split=_scan._SPLIT,
                    is_contiguous=TensorPy.is_contiguous, data_ptr=TensorPy._data_ptr,
                    dumps=orjson.dumps, line_option=orjson.OPT_APPEND_NEWLINE, crc32=_crc32, ndarray=np.ndarray,
-                   stride=TensorPy.stride, free_cpus=_scan.free_cpus)
+                   stride=TensorPy.stride, free_cpus=_scan.free_cpus,
+                   scan_strided=getattr(_scan._stats_kernel, "scan_strided", None))
     _hotpath.setup_calls(dtype_type=mstype.Type, float_dtypes=float_dtypes())
     return _hotpath
 
