@@ -764,7 +764,6 @@ class GraphDump:
         self._capture = None
         self._handle = None
         self._cells: list = []
-        self._on_cpu = None  # the device target is CPU (read at the first begin_step)
 
     def wait(self) -> None:
         """Wait until the compiled graphs launched so far have run, then record what their probes
@@ -798,11 +797,8 @@ class GraphDump:
             logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
                         "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
         self._capture.begin_step(self.rt.step)
-        import mindspore as ms
-
-        if self._on_cpu is None:
-            self._on_cpu = ms.get_context("device_target") == "CPU"
-        self._capture.snapshot_parameters(self._cells, synced=not first and self._on_cpu)
+        on_cpu = stats.device_target() == "CPU"  # read now: the context may change between steps
+        self._capture.snapshot_parameters(self._cells, synced=not first and on_cpu)
 
     def note_unrecorded(self) -> None:
         """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
