@@ -1016,20 +1016,21 @@ class Runtime:
                 slot.tensor = None  # read: the copy is freed now, not with the batch
         return rest
 
-    def parameter_leaves(self, parameters: dict) -> dict | None:
-        """``{short name: dump.json leaf}`` of a Cell's ``{short name: Parameter}``, their statistics
-        taken now from their memory by the extension (``fill_parameters``: the leaves the flush makes
-        from a host copy of the same bytes). Call when every operation launched so far has run.
-        ``None`` when one of them cannot be read that way, the extension does not run, or the config
-        asks for more (``summary_mode`` counts, ``.npy`` files: :meth:`takes_plain_records`)."""
+    def parameter_leaves(self, groups: list) -> list | None:
+        """``[{short name: dump.json leaf}]`` of several Cells' ``{short name: Parameter}`` (``groups``,
+        one dict per Cell), their statistics taken now from their memory by the extension
+        (``fill_parameters``, once for all: the leaves the flush makes from a host copy of the same
+        bytes). Call when every operation launched so far has run. ``None`` when one of them cannot
+        be read that way, the extension does not run, or the config asks for more (``summary_mode``
+        counts, ``.npy`` files: :meth:`takes_plain_records`)."""
         ext = hotpath.ext
         if ext is None or self.config.stat_counts or not self.takes_plain_records():
             return None
         own: list = []
-        described = ext.describe(parameters, _unchanged, own, describe_other)
+        described = ext.describe(groups, _unchanged, own, describe_other)
         if ext.fill_parameters(own, self.config.md5) < len(own):
             return None
-        return {name: slot.leaf for name, slot in described.items()}
+        return [{name: slot.leaf for name, slot in group.items()} for group in described]
 
     def _queue_lines(self, writer, lines: list, slots: list, asked: int, stack) -> None:
         """Add ``lines`` (described values, ``slots`` their tensors, ``asked`` values handed to the

@@ -424,9 +424,9 @@ class GraphCellCapture:
                                                         cell.parameters_and_names(expand=False)])
                                             for _, cell in cells]
         if synced and self._plain():  # statistics taken now, in place: no copy, no Tensor
-            leaves = {key: self.rt.parameter_leaves(dict(params)) if params else {} for key, params in owned}
-            if all(v is not None for v in leaves.values()):
-                self.param_leaves, self.param_values = leaves, {}
+            leaves = self.rt.parameter_leaves([dict(params) for _, params in owned])
+            if leaves is not None:
+                self.param_leaves, self.param_values = {key: got for (key, _), got in zip(owned, leaves)}, {}
                 return
         self.param_leaves = {}
         self.param_values = {key: _own_parameter_values(params, synced) for key, params in owned}
