@@ -532,7 +532,10 @@ class GraphCellCapture:
                     self.recipe_drains += 1
                     rt.queue_graph_records(records)
                     return
-            sink = (_Recording(reports) if key is not None else _Batch()) if plain else _Direct(rt)
+            if not plain:
+                sink = _Direct(rt)
+            else:  # a step's first drain of a graph not seen yet: made into a recipe (while room is left)
+                sink = _Recording(reports) if key is not None and len(self._recipes) < _RECIPES else _Batch()
             for kind, code, *arrays in reports:
                 if kind >= 0:  # a whole call
                     prefix, cell = cells[code]
@@ -550,7 +553,7 @@ class GraphCellCapture:
                     self._param_grads(sink, code, arrays[0])
             if isinstance(sink, _Recording):
                 made = sink.recipe(self)
-                if made is not None and len(self._recipes) < _RECIPES:
+                if made is not None:
                     self._recipes[key] = made
             if isinstance(sink, _Batch):
                 rt.queue_graph_records(sink.records)
