@@ -93,6 +93,31 @@ def test_records_queued_at_once_write_the_files_of_records_made_one_by_one(runs,
         assert files[file] == direct_files[file], file
 
 
+def test_later_steps_of_a_graph_reuse_the_first_drain_s_records_and_write_the_same_files(tmp_path):
+    """From the second step that reads parameters at start() on, a graph run again reports the same
+    calls, so a drain's names, edges and state come from a recipe made at the first such drain; with
+    another input shape every second step (another compiled graph, the same calls) the files are
+    those of the records made one by one, byte for byte."""
+    outs, files = {}, {}
+    for mode, extra in (("recipe", []), ("direct", ["--direct-records"])):
+        dump = str(tmp_path / mode)
+        proc = subprocess.run([sys.executable, WORKER, "graph", "on", dump, "--steps", "6", "--half-batches",
+                               *extra], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+        files[mode] = _files(dump)
+    assert outs["recipe"]["compiled_probes"] and outs["recipe"]["recipe_drains"] >= 4
+    assert outs["direct"]["recipe_drains"] == 0
+    assert outs["recipe"]["losses"] == outs["direct"]["losses"]
+    assert sum(n.endswith("dump.json") for n in files["recipe"]) == 6
+    assert sorted(files["recipe"]) == sorted(files["direct"])
+    for name in sorted(files["direct"]):
+        assert files["recipe"][name] == files["direct"][name], name
+    shapes = {json.loads(files["recipe"][f"step{i}/rank/dump.json"])["data"]["Cell.conv1.Conv2d.forward.0"]
+              ["input_args"][0]["shape"][0] for i in range(6)}
+    assert shapes == {16, 32}
+
+
 MIXED_SCRIPT = r"""
 import sys
 import numpy as np

@@ -907,3 +907,10 @@ def test_optional_counts_in_a_dump_equal_numpy(tmp_path):
     assert (scalar["ZeroCount"], scalar["MaxAbs"], scalar["Norm"]) == (0, 2.5, 2.5)
     empty = data["Functional.abs.2.forward"]["input_args"][0]
     assert (empty["NanCount"], empty["ZeroCount"], empty["MaxAbs"]) == (0, 0, None)
+
+
+def test_device_target_is_the_context_s():
+    """``stats.device_target`` reads the context MindSpore's ``get_context`` reads, at each call."""
+    assert stats.device_target() == ms.get_context("device_target") == "CPU"
+    ms.set_context(device_target="CPU")
+    assert stats.device_target() == ms.get_context("device_target")

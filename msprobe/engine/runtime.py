@@ -24,6 +24,8 @@ import time
 import weakref
 from collections import defaultdict
 
+import numpy as np
+
 from mindspore import Parameter, Tensor, ops
 
 from msprobe.format import journal, naming
@@ -1021,22 +1023,42 @@ class Runtime:
                     with self._lock:
                         sid = (self.stacks.empty(), len(lines))
                 lines.append(stack_ref(record[0], sid[0]))
-        self._queue_lines(writer, lines, slots, asked, sid)
+        self._queue_lines(writer, lines, self._read_host_copies(slots), asked, sid)
 
-    def parameter_leaves(self, parameters: dict) -> dict | None:
-        """``{short name: dump.json leaf}`` of a Cell's ``{short name: Parameter}``, their statistics
-        taken now from their memory by the extension (``fill_parameters``: the leaves the flush makes
-        from a host copy of the same bytes). Call when every operation launched so far has run.
-        ``None`` when one of them cannot be read that way, the extension does not run, or the config
-        asks for more (``summary_mode`` counts, ``.npy`` files: :meth:`takes_plain_records`)."""
+    def _read_host_copies(self, slots: list) -> list:
+        """Statistics of the slots of host arrays (the probes' own copies, :func:`hotpath.host_slots`)
+        taken now, by the kernel the flush would use on CPU (``fill``: the same leaves, from the same
+        bytes): nothing the user computes is read, so no device synchronisation is needed, and a
+        batch of such slots only is encoded at the flush. Returns the slots left for the flush (the
+        others, one the kernel leaves to the Python rules, all of them when the config counts values
+        or the device target is not CPU, where the flush computes them in NumPy)."""
+        ext = hotpath.ext
+        if ext is None or not slots or self.config.stat_counts or stats.device_target() != "CPU":
+            return slots
+        ndarray = np.ndarray
+        host = [slot for slot in slots if type(slot.tensor) is ndarray]
+        ext.fill(host, self.config.md5)
+        rest = [slot for slot in slots if slot.leaf is None]
+        for slot in host:
+            if slot.leaf is not None:
+                slot.tensor = None  # read: the copy is freed now, not with the batch
+        return rest
+
+    def parameter_leaves(self, groups: list) -> list | None:
+        """``[{short name: dump.json leaf}]`` of several Cells' ``{short name: Parameter}`` (``groups``,
+        one dict per Cell), their statistics taken now from their memory by the extension
+        (``fill_parameters``, once for all: the leaves the flush makes from a host copy of the same
+        bytes). Call when every operation launched so far has run. ``None`` when one of them cannot
+        be read that way, the extension does not run, or the config asks for more (``summary_mode``
+        counts, ``.npy`` files: :meth:`takes_plain_records`)."""
         ext = hotpath.ext
         if ext is None or self.config.stat_counts or not self.takes_plain_records():
             return None
         own: list = []
-        described = ext.describe(parameters, _unchanged, own, describe_other)
+        described = ext.describe(groups, _unchanged, own, describe_other)
         if ext.fill_parameters(own, self.config.md5) < len(own):
             return None
-        return {name: slot.leaf for name, slot in described.items()}
+        return [{name: slot.leaf for name, slot in group.items()} for group in described]
 
     def _queue_lines(self, writer, lines: list, slots: list, asked: int, stack) -> None:
         """Add ``lines`` (described values, ``slots`` their tensors, ``asked`` values handed to the

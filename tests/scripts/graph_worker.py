@@ -8,7 +8,9 @@ MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optim
 ``mindspore.jit`` construct), ``unread`` (the loop, reading the loss only after ``stop()`` and
 ``step()``). ``--async``: MindSpore's default asynchronous launch. ``--python-probes``: pyfunc graph probes
 even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``); ``--direct-records``: the
-probes' records made one by one through the runtime (``GraphCellCapture.batched``).
+probes' records made one by one through the runtime (``GraphCellCapture.batched``). ``--half-batches``: every
+second step a batch of 16. The JSON also says how many drains made their records from a recipe
+(``recipe_drains``).
 """
 from __future__ import annotations
 
@@ -69,6 +71,8 @@ def main():
     ap.add_argument("--direct-records", action="store_true",
                     help="the graph probes' records through the runtime's record methods one by one")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--half-batches", action="store_true",
+                    help="every second step a batch of 16 (another input shape: a graph compiled for it)")
     ap.add_argument("--resume", type=int, default=0,
                     help="model driver: resume at this step number (MsprobeInitStep)")
     args = ap.parse_args()
@@ -81,6 +85,8 @@ def main():
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
     batches = load_digits_dataset(batch_size=32)[:args.steps]
+    if args.half_batches:
+        batches = [(x[:16], y[:16]) if i % 2 else (x, y) for i, (x, y) in enumerate(batches)]
 
     debugger = None
     if args.direct_records:
@@ -149,7 +155,8 @@ def main():
     graph = debugger.service._graph if debugger is not None else None
     compiled = bool(graph) and graph._capture is not None and graph._capture._compiled is not None
     print(json.dumps({"losses": [repr(v) for v in losses], "times": times, "cpu": cpu,
-                      "compiled_probes": compiled}))
+                      "compiled_probes": compiled,
+                      "recipe_drains": graph._capture.recipe_drains if compiled else 0}))
 
 
 if __name__ == "__main__":

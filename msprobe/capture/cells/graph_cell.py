@@ -173,6 +173,10 @@ class _Batch:
         self._body = None
         self.records.append((entry, key, value, slots))
 
+    def parameters(self, entry: str, cell_id: int, leaves: dict) -> None:
+        """``data[entry]["parameters"]``: the leaves of the Cell's parameters read at ``start()``."""
+        self.described(entry, "parameters", dict(leaves), ())
+
     def param_grad(self, entry: str, pname: str, grad) -> None:
         slots = hotpath.host_slots((grad,)) if type(grad) is np.ndarray else None
         if slots is None:
@@ -196,6 +200,132 @@ class _Batch:
         else:
             described = list(slots)
         self.described(entry, key, _wrapped(described, keys), slots)
+
+
+#: most drain recipes a capture keeps (graphs with different reports: shapes of a dynamic input, ...)
+_RECIPES = 16
+
+
+class _Recording(_Batch):
+    """A :class:`_Batch` that also notes where each record's values come from, to make a
+    :class:`_Recipe` of them (a step's first drain of a graph)."""
+
+    def __init__(self, reports: list):
+        super().__init__()
+        #: id(array) -> (report, group, item) of every array of the reports
+        self.origin = {id(a): (r, 2 + g, i) for r, report in enumerate(reports)
+                       for g, group in enumerate(report[2:]) if type(group) is list
+                       for i, a in enumerate(group)}
+        self.cells: dict = {}  # id of a "parameters" value -> id of its Cell
+
+    def parameters(self, entry: str, cell_id: int, leaves: dict) -> None:
+        value = dict(leaves)
+        self.cells[id(value)] = cell_id
+        self.described(entry, "parameters", value, ())
+
+    def recipe(self, capture) -> "_Recipe | None":
+        """The :class:`_Recipe` of :attr:`records` and of the state the drain left, or ``None`` when a
+        value is not one the recipe makes (a host Tensor, a value described another way)."""
+        used: list = []  # positions of the arrays the records describe, in order
+        index: dict = {}
+
+        def spec(value):
+            if type(value) is dict and id(value) in self.cells:
+                return ("p", self.cells[id(value)])
+            if (type(value) is dict or type(value) is list) and not value:
+                return ("c", type(value))
+            if type(value) is list and len(value) == 1 and type(value[0]) is dict:
+                keys = tuple(value[0])
+                places = [slot_place(v) for v in value[0].values()]
+                return None if None in places else ("d", keys, places)
+            if type(value) is list:
+                places = [-1 if v is None else slot_place(v) for v in value]
+                return None if None in places else ("s", places)
+            return None
+
+        def slot_place(slot):
+            where = self.origin.get(id(getattr(slot, "tensor", None)))
+            if where is None:
+                return None
+            if where not in index:
+                index[where] = len(used)
+                used.append(where)
+            return index[where]
+
+        steps = []
+        for record in self.records:
+            if type(record) is list:  # a stack use with the values that follow it
+                entry, _, body, _ = record
+                items = [(k, spec(v)) for k, v in body.items()]
+                if any(item is None for _, item in items):
+                    return None
+                steps.append((True, entry, items))
+            elif len(record) == 2:  # a construct.json edge
+                steps.append((None, record, None))
+            elif len(record) == 4:
+                entry, key, value, _ = record
+                item = spec(value)
+                if item is None:
+                    return None
+                steps.append((False, entry, [(key, item)]))
+            else:
+                return None
+        state = (set(capture.entered), list(capture.stack),
+                 {k: list(v) for k, v in capture.open.items() if v},
+                 {k: list(v) for k, v in capture.done.items() if v}, dict(capture.rt.counters))
+        return _Recipe(used, steps, state)
+
+
+class _Recipe:
+    """The records of a drain that starts a step, with the reports' arrays as the only values that
+    change: names, ``construct.json`` edges and stack uses are the same at every run of a compiled
+    graph. :meth:`records` makes the records of new reports with the same key
+    (:meth:`GraphCellCapture._drain_key`) and leaves the capture and the runtime in the state the
+    drain did (open and finished calls, call counters)."""
+
+    def __init__(self, used: list, steps: list, state: tuple):
+        self.used, self.steps, self.state = used, steps, state
+
+    def records(self, reports: list, capture) -> list | None:
+        """The records of ``reports`` (``None``: an array the statistics slots do not take, then
+        the drain makes them one by one)."""
+        slots = hotpath.host_slots([reports[r][g][i] for r, g, i in self.used])
+        if slots is None:
+            return None
+        leaves = capture.param_leaves
+        records = []
+        for body, entry, items in self.steps:
+            if body is None:
+                records.append(entry)
+                continue
+            value: dict = {}
+            own: list = []
+            for key, item in items:
+                tag = item[0]
+                if tag == "s":
+                    got = [None if i < 0 else slots[i] for i in item[1]]
+                    own.extend([v for v in got if v is not None])
+                elif tag == "d":
+                    got = [slots[i] for i in item[2]]
+                    own.extend(got)
+                    got = [dict(zip(item[1], got))]
+                elif tag == "p":
+                    got = dict(leaves[item[1]])
+                else:
+                    got = item[1]()
+                value[key] = got
+            if body:
+                records.append([entry, None, value, own])
+            else:
+                ((key, got),) = value.items()
+                records.append((entry, key, got, own))
+        entered, stack, open_calls, done, counters = self.state
+        capture.entered = set(entered)
+        capture.stack = list(stack)
+        capture.open = defaultdict(list, {k: list(v) for k, v in open_calls.items()})
+        capture.done = defaultdict(list, {k: list(v) for k, v in done.items()})
+        capture.rt.counters.update(counters)
+        return records
 
 
 class _EveryEntry:
@@ -262,6 +392,12 @@ class GraphCellCapture:
         self.param_leaves: dict = {}
         self._own_parameters = None  # [(id(cell), [(short name, Parameter)])] of the probed Cells
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
+        self._kinds_seen = 0  # how many (prefix, n, keys) _output_kinds holds (part of a drain's key)
+        #: the records of a step's first drain by what its reports are (:meth:`_drain_key`): a graph
+        #: run again reports the same calls, so their names, edges and state are made once
+        self._recipes: dict = {}
+        #: how many drains made their records from a recipe (the benchmarks and tests read it)
+        self.recipe_drains = 0
         self._observers = ()  # graph_probes.make_observers, shared by every probed Cell and optimizer
         self._probed: list = []  # (prefix, cell) of each probed Cell, indexed by its code
         self._chunks: list = []  # owners of each run of gradients an optimizer probe shows, by code
@@ -288,9 +424,9 @@ class GraphCellCapture:
                                                         cell.parameters_and_names(expand=False)])
                                             for _, cell in cells]
         if synced and self._plain():  # statistics taken now, in place: no copy, no Tensor
-            leaves = {key: self.rt.parameter_leaves(dict(params)) if params else {} for key, params in owned}
-            if all(v is not None for v in leaves.values()):
-                self.param_leaves, self.param_values = leaves, {}
+            leaves = self.rt.parameter_leaves([dict(params) for _, params in owned])
+            if leaves is not None:
+                self.param_leaves, self.param_values = {key: got for (key, _), got in zip(owned, leaves)}, {}
                 return
         self.param_leaves = {}
         self.param_values = {key: _own_parameter_values(params, synced) for key, params in owned}
@@ -387,7 +523,19 @@ class GraphCellCapture:
                 return
             scope.enter_context(rt.bulk())
             scope.enter_context(rt.tool_code())
-            sink = _Batch() if self._plain() else _Direct(rt)
+            plain = self._plain()
+            key = self._drain_key(reports) if plain else None
+            recipe = self._recipes.get(key) if key is not None else None
+            if recipe is not None:
+                records = recipe.records(reports, self)
+                if records is not None:
+                    self.recipe_drains += 1
+                    rt.queue_graph_records(records)
+                    return
+            if not plain:
+                sink = _Direct(rt)
+            else:  # a step's first drain of a graph not seen yet: made into a recipe (while room is left)
+                sink = _Recording(reports) if key is not None and len(self._recipes) < _RECIPES else _Batch()
             for kind, code, *arrays in reports:
                 if kind >= 0:  # a whole call
                     prefix, cell = cells[code]
@@ -403,8 +551,25 @@ class GraphCellCapture:
                     self._param_grads(sink, chunks[code], arrays[0])
                 else:  # _HOOKED_GRADS: code is the owners list
                     self._param_grads(sink, code, arrays[0])
+            if isinstance(sink, _Recording):
+                made = sink.recipe(self)
+                if made is not None:
+                    self._recipes[key] = made
             if isinstance(sink, _Batch):
                 rt.queue_graph_records(sink.records)
+
+    def _drain_key(self, reports: list):
+        """What a drain's records depend on besides the reports' arrays, when it starts a step (no
+        call numbered or open yet): each report's kind, Cell code and dtypes, the Cells' output
+        kinds and whether parameters were read at ``start()``; ``None`` otherwise, and for pyfunc
+        probes (their reports may hold Python numbers and hooked gradients)."""
+        if self._compiled is None or self.entered or self.stack or self.rt.counters:
+            return None
+        return (self._kinds_seen, bool(self.param_leaves),
+                tuple([(r[0], r[1]) + tuple([None if g is None or type(g) is not list else
+                                             tuple([a.dtype if type(a) is np.ndarray else type(a) for a in g])
+                                             for g in r[2:]])
+                       for r in reports]))
 
     def _enter(self, sink, prefix: str, arrays) -> None:
         rt = self.rt
@@ -435,7 +600,7 @@ class GraphCellCapture:
             sink.arrays(fwd, "output", arrays, "output", self._output_keys(prefix, len(arrays)))
             leaves = self.param_leaves.get(id(cell)) if isinstance(sink, _Batch) else None
             if leaves is not None:  # read at start() (snapshot_parameters)
-                sink.described(fwd, "parameters", dict(leaves), ())
+                sink.parameters(fwd, id(cell), leaves)
             else:
                 sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
         if self.bwd_in or self.bwd_out:
@@ -544,7 +709,10 @@ class GraphCellCapture:
         @constexpr
         def note_keys(keys):
             n = 1 if keys is None else len(keys)
-            self._output_kinds[(prefix, n)].add(keys)
+            kinds = self._output_kinds[(prefix, n)]
+            if keys not in kinds:
+                kinds.add(keys)
+                self._kinds_seen += 1
             return n
         return note_keys
 
@@ -764,7 +932,6 @@ class GraphDump:
         self._capture = None
         self._handle = None
         self._cells: list = []
-        self._on_cpu = None  # the device target is CPU (read at the first begin_step)
 
     def wait(self) -> None:
         """Wait until the compiled graphs launched so far have run, then record what their probes
@@ -798,11 +965,8 @@ class GraphDump:
             logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
                         "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
         self._capture.begin_step(self.rt.step)
-        import mindspore as ms
-
-        if self._on_cpu is None:
-            self._on_cpu = ms.get_context("device_target") == "CPU"
-        self._capture.snapshot_parameters(self._cells, synced=not first and self._on_cpu)
+        on_cpu = stats.device_target() == "CPU"  # read now: the context may change between steps
+        self._capture.snapshot_parameters(self._cells, synced=not first and on_cpu)
 
     def note_unrecorded(self) -> None:
         """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
