@@ -206,7 +206,7 @@ def file_write_cost(directory: str, repeats: int = 3) -> tuple:
     from msprobe.format.npy import save_npy_batch
 
     def best(n, nbytes):
-        rows = np.ones((n, nbytes // 4), np.float32)  # one array per file: one named twice is a hard link
+        rows = np.ones((n, nbytes // 4), np.float32)  # one array per file, as a step's files mostly are
         fastest = float("inf")
         for rep in range(repeats):
             folder = tempfile.mkdtemp(prefix="write_cost_", dir=directory)

@@ -12,10 +12,8 @@
  *   against 43-46 us per 64 KB file (ext4, 600 files in a fresh directory, 6 rounds alternated).
  *   Consecutive items in one directory share one directory descriptor (openat/renameat: the path is
  *   not walked twice per file). No fsync: the guarantee is against process crashes, not power loss.
- *   An item whose header and data are those of an earlier item of the batch (the same array object
- *   named by several entries: an API's output that is the next API's input) in the same directory is
- *   a hard link to that item's file (linkat: no second inode, no second copy of the data); where the
- *   link cannot be made (an existing path, a filesystem without hard links) it is written as above.
+ *   Every path is a file of its own, also when several items name the same array (no hard links: a
+ *   user who rewrites one dumped file in place, e.g. with numpy.save, changes that file only).
  *   Stops at the first failure: removes that item's temporary file and returns (index of the item,
  *   errno); the items before it are written, the ones after it are not. None when all are written.
  *
@@ -162,20 +160,6 @@ static int same_directory(const item_t *a, const item_t *b) {
     return a->dir_len == b->dir_len && (a->dir_len < 0 || memcmp(a->path, b->path, (size_t)a->dir_len) == 0);
 }
 
-/* items[i] as a hard link to the file of an earlier item of the batch with the same header and data
- * buffer in the same directory (dfd): 1 when linked, 0 when there is none or the link failed */
-static int link_duplicate(int dfd, const item_t *items, Py_ssize_t i) {
-    const item_t *it = &items[i];
-    for (Py_ssize_t j = i - 1; j >= 0; j--) {
-        const item_t *prev = &items[j];
-        if (prev->data.buf != it->data.buf || prev->data.len != it->data.len || prev->header.len != it->header.len ||
-            memcmp(prev->header.buf, it->header.buf, (size_t)it->header.len) != 0 || !same_directory(prev, it))
-            continue;
-        return linkat(dfd, prev->path + prev->dir_len + 1, dfd, it->path + it->dir_len + 1, 0) == 0;
-    }
-    return 0;
-}
-
 static PyObject *write_batch(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *list;
@@ -214,7 +198,7 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         if (!err) {
             int len = snprintf(tmp, sizeof tmp, ".npy-%s-%zd.tmp", tag, i);
             err = (len < 0 || (size_t)len >= sizeof tmp) ? ENAMETOOLONG
-                  : link_duplicate(dfd, items, i) ? 0 : write_one(dfd, &items[i], tmp);
+                  : write_one(dfd, &items[i], tmp);
         }
         if (err) {
             failed = i;

@@ -124,8 +124,8 @@ def save_npy_batch(items) -> None:
     for the whole batch when the compiled helper ``msprobe.format._npy_files`` is built (a thread
     writing files then does not compete with the training thread for the interpreter per file): the
     bytes ``numpy.save`` writes, a C-contiguous array straight from its memory (header and data in
-    one ``writev``), the format 1.0 header built once per dtype and shape; an array that several
-    items name is written once there and its other paths are hard links to that file.
+    one ``writev``), the format 1.0 header built once per dtype and shape; every path is a file of its
+    own, also when several items name one array.
 
     Raises:
         TypeError: as :func:`save_npy` (checked for every item before any file is written).
