@@ -400,3 +400,28 @@ def test_empty_step_round_trip(tmp_path):
     broken = copy.deepcopy(json.load(open(os.path.join(step, "debug.json"), encoding="utf-8")))
     broken.pop("empty_reason")
     assert error_of(broken, "debug").reason == "'empty_reason' is a required property"
+
+
+def test_entry_of_a_line_is_its_subject_and_whether_dump_json_holds_it():
+    """journal.entry_of (one pass, watch mode's history) tells what journal.subject and
+    watch_history.has_data tell, for every line kind the constructors make."""
+    from msprobe.engine.watch_history import has_data
+    from msprobe.format import journal
+
+    leaf = {"type": "int", "value": 1}
+    lines = [journal.header("statistics", "L1", "mindspore", None),
+             journal.stack_frames(3, ["File a.py, line 1, in f"]),
+             journal.stack_ref("Functional.relu.0.forward", 3),
+             journal.stack_ref("Functional.relu.0.forward", 3, {"input_args": [leaf]}),
+             journal.stack_ref("Functional.relu.0.forward", 3, {}),
+             journal.construct_edge("Functional.relu.0.forward", "Cell.net.Net.forward.0"),
+             journal.construct_edge("Cell.net.Net.forward.0", None),
+             journal.key_line("Functional.relu.0.forward", "output", [leaf]),
+             journal.item_line("Functional.relu.0.backward", "input", 0, 1, leaf),
+             journal.value_line("Tensor.t.0.debug", leaf),
+             journal.path_line("Functional.relu.0.forward", ("output", 0), leaf)]
+    kinds = {journal.line_kind(line) for line in lines}
+    assert kinds == set(journal.KINDS)
+    for line in lines:
+        assert journal.entry_of(line) == (journal.subject(line), journal.subject(line) is not None and has_data(line))
+    assert [journal.entry_of(line)[1] for line in lines[2:5]] == [False, True, False]

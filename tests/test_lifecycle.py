@@ -306,6 +306,38 @@ def test_gc_threshold_widened_only_while_capturing(make_debugger, dump_dir):
         gc.set_threshold(*before)
 
 
+def test_records_of_a_step_are_freed_before_the_gc_window_closes(make_debugger, dump_dir):
+    """gc_window: stop() writes the step's files and frees its records (the writer's live mirror of
+    the journal) before it restores the gen-0 threshold, so no young collection finds them alive and
+    promotes them towards the oldest generation (whose full collections walk MindSpore's heap)."""
+    import gc
+
+    net = build_mlp()
+    x, y = mlp_batch()
+    params = net.trainable_params()
+    grad_fn = ms.value_and_grad(lambda data, label: ops.mse_loss(net(data), label), None, params)
+    debugger = make_debugger(task="statistics", level="mix", step=[0, 1, 2])
+    before_gc = gc.get_threshold()
+    for step in range(3):
+        measured = step == 2  # steps 0 and 1 build what lives for the run (plans, patches, caches)
+        if measured:
+            gc.collect()
+            gc.disable()  # counted without a collection in between
+        try:
+            before = len(gc.get_objects())
+            debugger.start(net)
+            grad_fn(x, y)
+            during = len(gc.get_objects())
+            debugger.stop()
+            after = len(gc.get_objects())
+        finally:
+            gc.enable()
+        assert gc.get_threshold() == before_gc
+        debugger.step()
+    assert during - before > 300                    # the step's records, pending and replayed
+    assert after - before < (during - before) / 10  # freed by stop(), the window closed after that
+
+
 _ASYNC_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})

@@ -370,3 +370,28 @@ def test_dumping_does_not_need_the_validator():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_files_after_the_live_mirror_is_released_are_the_mirrored_ones(tmp_path, nan):
+    """stop() frees the step's records (release_live_state, before the GC window closes); lines that
+    come later (gradients after stop()) are read back from the journal: every file is byte for byte
+    the one of a writer that kept its mirror, with NaN tokens too."""
+    lines = lines_of_a_step(nan)
+    written = {}
+    for name, release in (("kept", False), ("released", True)):
+        step = tmp_path / name / "step0" / "rank0"
+        writer = new_writer(step)
+        writer.append(lines[:11])
+        write_step(writer, StepExtras())
+        if release:
+            writer.release_live_state()
+            assert writer._state is None
+        writer.append(lines[11:])
+        write_step(writer, StepExtras())
+        written[name] = {f: (step / f).read_bytes().replace(str(tmp_path / name).encode(), b"")
+                         for f in sorted(os.listdir(step)) if f != journal.JOURNAL}
+        writer.close()
+        assert dump.load(str(step)).data.keys() == expected_data(nan).keys()
+    assert set(written["kept"]) >= {"dump.json", "stack.json", "construct.json"}
+    assert written["released"] == written["kept"]

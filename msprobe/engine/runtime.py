@@ -1301,6 +1301,16 @@ class Runtime:
         self.flush_quietly()
         for writer, extras in self._step_writers():
             self._write_step(writer, extras)
+        self._release_live_states()
+
+    def _release_live_states(self) -> None:
+        """The open step's writers forget their live mirror of the journal (``stop()``, after its files
+        are written): the step's records are freed while the GC window is open
+        (:meth:`StepWriter.release_live_state`)."""
+        for writer, _ in self._step_writers():
+            target = writer.target if writer is not None else None
+            if target is not None and not target.closed:
+                target.release_live_state()
 
     def _step_writers(self) -> list:
         """``[(writer, extras)]`` of the open step: its main tree, then the other trees (:meth:`tree`)."""

@@ -55,8 +55,9 @@ class History:
         self.entries_seen = 0
         self._counted: set = set()       # (directory, name) counted in the open step (:meth:`count`)
         self._with_data: set = set()     # keys of the open step's entries with a data line (:func:`has_data`)
-        #: (step, directory) -> entries that directory had when its step ended, for the earlier
-        #: steps still kept (so a written step can say whether it is whole or only its tail)
+        #: (step, directory) -> entries with data that directory had when its step ended, for the
+        #: earlier steps still kept (so a written step can say whether it is whole or only its tail);
+        #: the open step's are counted as they come
         self.step_totals: dict = {}
 
     def __len__(self) -> int:
@@ -71,9 +72,10 @@ class History:
             self.end_step()
             self._step = step
         self._batch += 1
-        batch, current, subject = self._batch, self.current, journal.subject
+        batch, current, entry_of, with_data = self._batch, self.current, journal.entry_of, self._with_data
+        totals, where = self.step_totals, (step, directory)
         for i, line in enumerate(lines):
-            name = subject(line)
+            name, data = entry_of(line)
             if name is None:
                 definition = journal.stack_definition(line)
                 if definition is not None:
@@ -84,9 +86,10 @@ class History:
             if got is None:
                 got = current[key] = []
                 self.entries_seen += 1
-            if has_data(line) and key not in self._with_data:
-                self._with_data.add(key)
+            if data and key not in with_data:
+                with_data.add(key)
                 current.move_to_end(key)  # an entry's place in dump.json is its first data line
+                totals[where] = totals.get(where, 0) + 1
             got.append((batch, i, text))
         self._batches.append((batch, len(text)))
         self._step_bytes += len(text)
@@ -110,8 +113,10 @@ class History:
         count until no kept entry has a line in it."""
         current, batches = self.current, self._batches
         while self._step_bytes > STEP_BYTES and len(current) > 1:
-            current.popitem(last=False)
+            key, _ = current.popitem(last=False)
             self.step_dropped += 1
+            if key in self._with_data:  # no longer among the entries its step has
+                self.step_totals[key[:2]] -= 1
             # entries are dropped in the order they first appeared: every batch before the first
             # line of the oldest kept entry holds lines of dropped entries only
             oldest = next(iter(current.values()))[0][0]
@@ -120,11 +125,8 @@ class History:
 
     def end_step(self) -> None:
         """The open step's entries become earlier ones: at most ``limit`` of those stay."""
-        if self.current:
-            totals, with_data = self.step_totals, self._with_data
-            for key in self.current:  # the entries its dump.json would hold
-                if key in with_data:
-                    totals[key[:2]] = totals.get(key[:2], 0) + 1
+        if self.current:  # step_totals counted its entries with data as they came (keep)
+            with_data = self._with_data
             self._earlier.append((self.current, with_data))
             self._size += len(with_data)
             self.current = collections.OrderedDict()

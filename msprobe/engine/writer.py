@@ -68,6 +68,21 @@ def encode_lines(records: list):
     return text, resolved, any_non_finite
 
 
+def _read_back(path: str) -> list | None:
+    """The journal lines (dicts) of the file ``path``, decoded as :func:`msprobe.format.journal.decode_line`
+    decodes a line (orjson, ``NaN``/``Infinity`` tokens through the json module), or ``None`` when
+    a line is not valid JSON in UTF-8 (then :func:`~msprobe.format.journal.read_journal`, which
+    stops at such a line, decides). A torn last line (no newline) is left out, as that reader does."""
+    with open(path, "rb") as f:
+        text = f.read()
+    lines = text.split(b"\n")
+    lines.pop()  # after the last newline: empty, or a torn line
+    try:
+        return [journal.decode_line(line) for line in lines]
+    except ValueError:  # orjson's and json's decode errors, invalid UTF-8 included
+        return None
+
+
 class StepWriter:
     """Append-only writer for one ``step{N}/rank{R}`` directory.
 
@@ -158,9 +173,21 @@ class StepWriter:
             state = self._state
             if state is None:
                 state = Replay()
-                for rec in read_journal(self._journal_path):
-                    state.apply(rec)
+                lines = _read_back(self._journal_path)
+                if lines is None:  # a line the fast reader refuses: the reader's own rules decide
+                    state.apply_all(read_journal(self._journal_path))
+                else:
+                    self._replay_lines(state, lines)
             return state.result()
+
+    def release_live_state(self) -> None:
+        """Forget the live mirror of the journal (``stop()``, once the step's files are written): the
+        step's records are freed before the garbage collector's window closes (``gc_window.py``),
+        so no collection finds them alive and promotes them. Lines appended later go to the journal
+        only, and :meth:`replayed` reads it back."""
+        with self.lock:
+            self._state = None
+            self._journal_bytes = LIVE_STATE_BYTES + 1  # no mirror from here on
 
     def write(self, documents: dict, non_finite: tuple = ()) -> None:
         """Write JSON documents into the step directory, each atomically.

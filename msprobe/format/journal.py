@@ -366,6 +366,18 @@ def subject(line: dict) -> Optional[str]:
     return line["c"] if kind == "construct_edge" else line["e"]
 
 
+def entry_of(line: dict) -> tuple:
+    """``(subject(line), sets data)``: the entry a line is about (``None`` for header and stack-frames
+    lines) and whether it sets data of that entry, so that the entry is in ``dump.json`` (a key,
+    item, entry or path line, or a stack use with a body). One pass over the line's keys, with the
+    rules of :func:`line_kind` (watch mode calls it for every line it keeps)."""
+    if "e" in line:
+        return line["e"], "stack" not in line or bool(line.get("v"))
+    if "c" in line:
+        return line["c"], False
+    return None, False
+
+
 def stack_definition(line: dict):
     """``(stack id, frames)`` of a stack-frames line, else ``None``."""
     return (line["s"], line["f"]) if line_kind(line) == "stack_frames" else None

@@ -66,6 +66,9 @@ class DumpService:
         self._model_refs: list | None = None
         #: what is installed for the open recording window only, removed at every stop()
         self._installed = HandleSet()
+        #: the GC window (gc_window.py) of the recording window: closed at stop() after the step's
+        #: files are written and its records freed (Runtime.write_files), so none is promoted
+        self._gc_window = HandleSet()
         #: the capture proper (API wrappers, jit capture, Primitive hooks, in-place guard):
         #: kept installed ("parked") from one dumped step to the next, see _stop(); one object for
         #: the service's life, so the finalizer below can remove it without holding the service
@@ -92,6 +95,7 @@ class DumpService:
         # collected without close() (the debugger was dropped): give back what was changed
         weakref.finalize(self, self._process_state.restore)
         weakref.finalize(self, self._capture.remove)
+        weakref.finalize(self, self._gc_window.remove)
         # dropped with a step open (a debugger made inside a function): the step is written then
         weakref.finalize(self, _finish_runtime, self.runtime)
 
@@ -239,7 +243,8 @@ class DumpService:
                 self._graph.begin_step(self.models)
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
-        self._installed.add(widen_gen0())
+        if not self._gc_window:
+            self._gc_window.add(widen_gen0())
 
     def _warn_precompiled(self) -> None:
         """GRAPH_MODE, first install of the probes: a Cell compiled before (holding the model) runs
@@ -431,7 +436,10 @@ class DumpService:
                 self._release_capture()
             if self._graph:
                 self._graph.note_unrecorded()
-            rt.write_files()
+            try:
+                rt.write_files()
+            finally:
+                self._gc_window.remove()
 
     def _next_step_dumped(self) -> bool:
         """The step after the current one is in the config's ``step`` list (the capture is then
@@ -451,6 +459,7 @@ class DumpService:
         if was_running:
             if rt.discard_empty_step():  # nothing recorded yet: the step directory is deleted
                 self._installed.remove()
+                self._gc_window.remove()
             else:
                 self._stop()
                 rt.end_step()
