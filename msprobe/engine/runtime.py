@@ -659,9 +659,7 @@ class Runtime:
         mode saving tensors), a late token, a closed dump, no extension, or a value that cannot be
         described this way take :meth:`record_item` one by one, which decides each case."""
         ext, lines, slots = hotpath.ext, None, []
-        if not (ext is None or token is None or token != self.step_token or not self.records_data
-                or self.failed or self.save_tensors or self.config.tensor_list or self._watch_names
-                or _FORKS[0] != self._fork):  # (forked(), inline)
+        if token is not None and token == self.step_token and self._queues_plain_lines():
             try:  # journal.item_line of each item, its value described, in one C call
                 lines = ext.item_lines(entry, items, self.snapshot, slots, describe_other)
             except Exception:  # the general path decides (the user's failed operation, or the tool's)
@@ -683,6 +681,14 @@ class Runtime:
         self._describe_and_queue(journal.key_line, (entry, pname), grad, entry, "", (pname,),
                                  self.writer, as_list=True, fixed_name=True)
 
+    def _queues_plain_lines(self) -> bool:
+        """Whether a gradient's line may be described in C and queued at once (:meth:`record_items`,
+        :meth:`queue_param_grad`): the extension runs, the dump is open and not failed, no value names
+        a ``.npy`` file (tensor task, ``tensor_list``, watch mode saving tensors), not a forked child."""
+        return not (hotpath.ext is None or not self.records_data or self.failed or self.save_tensors
+                    or self.config.tensor_list or self._watch_names
+                    or _FORKS[0] != self._fork)  # (forked(), inline)
+
     def queue_param_grad(self, entry: str, pname: str, grad) -> bool:
         """:meth:`record_param_grad` in one step for a plain statistics dump (no ``.npy`` file: no
         tensor task, ``tensor_list`` or watch mode saving tensors): ``grad`` described in C and its
@@ -690,11 +696,9 @@ class Runtime:
         :meth:`record_param_grad` makes. Returns False, with nothing queued, when that path does not
         apply (no compiled extension, a closed or failed dump, a forked child, files named) or
         describing raised; the caller then calls :meth:`record_param_grad`, which decides the case."""
-        ext = hotpath.ext
-        if (ext is None or not self.records_data or self.failed or self.save_tensors or self.config.tensor_list
-                or self._watch_names or _FORKS[0] != self._fork):  # (forked(), inline)
+        if not self._queues_plain_lines():
             return False
-        slots: list = []
+        ext, slots = hotpath.ext, []
         try:
             described = ext.describe(grad, self.snapshot, slots, describe_other)
         except Exception:  # the general path decides (the user's failed operation, or the tool's)
