@@ -148,7 +148,9 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
             + ("; its inputs already differ" if found["kind"] == "input" and not found.get("parameters_differ")
                else "")
             + ("; present on one side only" if found["kind"] == "unmatched" else "")
-            + ("; a difference of precision, not a divergence" if found["kind"] == "precision" else "") + ")")
+            + ("; a difference of precision, not a divergence" if found["kind"] == "precision" else "")
+            + (f"; it first exceeds the thresholds at {found['exceeds_at']}" if found.get("exceeds_at") else "")
+            + ")")
         click.echo(f"{where} ({item['mode']}): {counts}; first divergence (as msprobe first-diff): {first}")
         click.echo(f"  {item['csv']}")
     click.echo(f"summary: {result['summary']}")
@@ -165,7 +167,7 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
                + (f"  [golden: {f.golden_entry}]" if f.golden_entry and f.golden_entry != f.entry else ""))
-    if f.kind in ("input", "precision", "unmatched"):
+    if f.kind in ("input", "precision", "unmatched") or f.exceeds_at:
         click.echo(f"  {f.reason(exact)}")
     if f.note and f.kind != "unmatched":  # an unmatched entry's reason holds the note
         click.echo(f"  note: {f.note}")

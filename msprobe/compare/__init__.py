@@ -151,7 +151,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
             "first_divergence": None if found is None else {
                 "entry": found.entry, "kind": found.kind, "direction": found.direction,
                 "parameters_differ": found.differing_parameters() if found.kind == "input" else [],
-                "reason": found.reason()}})
+                "exceeds_at": found.exceeds_at, "reason": found.reason()}})
     summary_path = os.path.join(out_dir, f"compare_summary_{stamp}.json")
     write_summary(summary_path, json_safe(summary))
     summary["summary"] = summary_path

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from msprobe.compare import judge as J
 from msprobe.compare.engine import EntryResult, StepComparison, levels_compared_in_part
-from msprobe.compare.records import TENSOR_TYPES, Side
+from msprobe.compare.records import TENSOR_TYPES, Side, flow_of
 from msprobe.dump import load_construct, load_stacks
 from msprobe.format import naming
 
@@ -50,24 +50,51 @@ class Finding:
     gain: Optional[float] = None
     #: what the two dumps differ in besides their values (e.g. their levels), or ``None``
     note: Optional[str] = None
+    #: tolerance mode: the entry where the difference this entry starts first exceeds the
+    #: thresholds, which only carries it on (its error gain ``exceeds_gain`` <= ``entry.gain``), or
+    #: ``None``. Set, this entry was chosen by the bitwise rule (as with ``exact=True``).
+    exceeds_at: Optional[str] = None
+    exceeds_gain: Optional[float] = None
+
+    def _differs(self, rec: dict, exact: bool) -> bool:
+        bitwise = exact or self.exceeds_at is not None
+        return not (rec.get("bitwise_equal") if bitwise else rec.get("result") == J.PASS)
 
     def differing_parameters(self, exact: bool = False) -> List[str]:
-        """The ``parameters.*`` records (a Cell's own Parameters, L0/mix) that do not agree."""
+        """The ``parameters.*`` records (a Cell's own Parameters, L0/mix) that do not agree
+        (bitwise with ``exact`` or when :attr:`exceeds_at` is set, else within tolerance)."""
         return [rec["record"] for rec in self.records if rec.get("record", "").startswith("parameters.")
-                and not (rec.get("bitwise_equal") if exact else rec.get("result") == J.PASS)]
+                and self._differs(rec, exact)]
+
+    def differing_inputs(self, exact: bool = False) -> List[str]:
+        """Each input record (``input.N``, a keyword, ``parameters.*``; a backward entry's incoming
+        gradients) that does not agree, as ``"NAME: HOW MUCH"`` (see :func:`difference_text`)."""
+        return [f"{rec['record']}: {difference_text(rec)}" for rec in self.records
+                if flow_of(rec.get("record", "")) == "in" and self._differs(rec, exact)]
 
     def reason(self, exact: bool = False) -> str:
         """Why this entry is named, in one sentence (``first-diff``, ``compare`` and ``report`` say
         the same); ``""`` for a NaN/Inf producer."""
+        return self._why(exact) + self._exceeds_text()
+
+    def _exceeds_text(self) -> str:
+        if self.exceeds_at is None:
+            return ""
+        gain = "inf" if self.exceeds_gain is None or math.isinf(self.exceeds_gain) else f"{self.exceeds_gain:.3g}"
+        return (f"; the difference stays within tolerance up to {self.exceeds_at}, which exceeds it only "
+                f"by carrying it on (its inputs already differ by nearly as much as its outputs: error "
+                f"gain {gain})")
+
+    def _why(self, exact: bool) -> str:
         if self.kind == "divergence":
-            return f"inputs agree, outputs do not ({self.direction})"
+            return f"inputs agree{' bitwise' if self.exceeds_at else ''}, outputs do not ({self.direction})"
         if self.kind == "input":
-            params = self.differing_parameters(exact)
-            if params:
-                return (f"its parameters already differ ({', '.join(params)}): the runs start this call "
+            which = ", ".join(self.differing_inputs(exact))
+            if self.differing_parameters(exact):
+                return (f"its parameters already differ ({which}): the runs start this call "
                         "with different values of them (initialisation, loading or an earlier update)")
-            return ("its inputs already differ: the difference comes from outside the dump (data, "
-                    "parameters or code that is not dumped)")
+            return (f"its inputs already differ ({which}): the difference comes from outside the dump "
+                    "(data, parameters or code that is not dumped)")
         if self.kind == "precision":
             return ("its outputs fail only at a stricter precision than its inputs were judged with and "
                     "do not amplify their error: the runs differ in precision before this entry and "
@@ -82,6 +109,24 @@ class Finding:
         if out["gain"] is not None and math.isinf(out["gain"]):
             out["gain"] = "inf"
         return out
+
+
+def difference_text(rec: dict) -> str:
+    """How much one record (a :func:`_record_dict`) differs, in words: ``"largest scaled statistic
+    error 2.3e-05"`` (statistics mode: the number the thresholds judge), ``"relative L2 error 0.012"``
+    (tensor mode), ``"CRC-32 differs"`` (md5 mode), ``"value 'tanh' vs 'none'"`` (a scalar or string
+    argument), ``"no counterpart"``, or the judgement's message (a shape or one-sided NaN/Inf)."""
+    t, g = rec.get("target_value"), rec.get("golden_value")
+    if t is not None or g is not None:
+        return f"value {t and t['value']!r} vs {g and g['value']!r}"
+    error, what = rec.get("error"), rec.get("error_kind")
+    if rec.get("target") is None or rec.get("golden") is None:
+        return "no counterpart"
+    if what is None:
+        return "CRC-32 differs"
+    if (error is None or math.isinf(error)) and rec.get("message"):
+        return rec["message"]
+    return f"{what} {'inf' if error is None or math.isinf(error) else format(error, '.3g')}"
 
 
 def cell_path(entry: str, construct: dict) -> List[str]:
@@ -106,7 +151,17 @@ def _record_dict(j: J.Judged) -> dict:
             "target_dtype": t.dtype if t else None, "golden_dtype": g.dtype if g else None,
             "target_value": _scalar(t), "golden_value": _scalar(g),
             "metrics": {k: v for k, v in j.metrics.items() if v is not None},
+            "error": j.error, "error_kind": _error_kind(j),
             "message": "; ".join(j.messages)}
+
+
+def _error_kind(j: J.Judged) -> Optional[str]:
+    """What :attr:`Judged.error` measures: ``None`` in md5 mode (no magnitude)."""
+    if "Cosine" in j.metrics:
+        return "relative L2 error"
+    if "Max diff" in j.metrics:
+        return "largest scaled statistic error"
+    return None
 
 
 def _scalar(record):
@@ -143,10 +198,18 @@ class DivergenceFinder:
         self.unmatched = {"forward": None, "backward": None}
         self.first_precision = None
         self.first_input = None
+        #: tolerance mode: the first entry (before any source of its direction) whose inputs pass and
+        #: whose outputs fail but only carry on what its inputs already differ by (gain <= limit)
+        self.grown = None
+        #: tolerance mode: the bitwise rule fed the same entries up to :attr:`grown`, which names
+        #: where the difference that grows over the thresholds at :attr:`grown` starts
+        self.bitwise = None if exact else DivergenceFinder(True, leave_out)
 
     def add(self, entry: EntryResult) -> None:
         exact = self.exact
         way = naming.direction_of(entry.name)
+        if self.bitwise is not None and self.grown is None:
+            self.bitwise.add(entry)
         if entry.match == "unmatched":
             if not entry.records:  # every record of it matched an ``ignore`` pattern: left out
                 return
@@ -161,8 +224,10 @@ class DivergenceFinder:
         if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
             if exact or entry.verdict != "propagated":
                 self.found[way].append(entry)
-            elif self.first_precision is None:  # agrees within the inputs' precision, not amplified
-                self.first_precision = entry
+            elif entry.precision_limited:  # agrees within the inputs' precision, not amplified
+                self.first_precision = self.first_precision or entry
+            elif self.grown is None and not self.found[way]:
+                self.grown = entry
         elif self.first_input is None:
             self.first_input = entry
 
@@ -171,6 +236,8 @@ class DivergenceFinder:
         for way in ("forward", "backward"):
             if self.unmatched[way] is not None:
                 return _finding("unmatched", comparison, self.unmatched[way], construct)
+            if self.grown is not None and naming.direction_of(self.grown.name) == way:
+                return self._origin(comparison, construct)
             if self.found[way]:
                 return _finding("divergence", comparison, _innermost(self.found[way], construct), construct)
         if self.first_precision is not None:
@@ -178,6 +245,15 @@ class DivergenceFinder:
         if self.first_input is not None:
             return _finding("input", comparison, self.first_input, construct)
         return None
+
+    def _origin(self, comparison: StepComparison, construct: dict) -> Finding:
+        """Where the difference that first exceeds the thresholds at :attr:`grown` starts: what the
+        bitwise rule names among the entries up to it, with ``exceeds_at`` set to :attr:`grown`."""
+        found = self.bitwise.result(comparison)
+        if found is None:  # not reached: the inputs of :attr:`grown` differ bitwise
+            found = _finding("divergence", comparison, self.grown, construct)
+        found.exceeds_at, found.exceeds_gain = self.grown.name, self.grown.gain
+        return found
 
 
 def _innermost(group: List[EntryResult], construct: dict) -> EntryResult:

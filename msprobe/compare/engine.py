@@ -243,11 +243,13 @@ def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> Ent
     out_err = max((r.error for r in outs), default=0.0)
     gain = None if out_err == 0 else (math.inf if in_err == 0 else out_err / in_err)
     limited = agree and _precision_limited(ins, outs)
+    # a changed scalar or string argument is what the call computes differently
+    changed_args = agree and any(not r.exact for r in judged if r.flow == "in" and not r.is_tensor)
     if all(r.result == J.PASS for r in outs):
         verdict = J.PASS
-    elif (agree and not limited) or (gain is not None and gain > gain_limit):
+    elif (gain is not None and gain > gain_limit) or changed_args:
         verdict = SOURCE
-    else:
+    else:  # its inputs already differ (within tolerance or not) by nearly as much as its outputs
         verdict = PROPAGATED
     return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact, limited)
 

@@ -1,0 +1,75 @@
+"""first-diff in tolerance mode on a difference that stays below the thresholds for a while: a Dense ->
+ReLU -> Dense net (conftest's TinyMLP) whose second weight has one element changed by a relative 1e-3 (real MindSpore,
+CPU, PyNative, one training step). The weight, the MatMul that consumes it and the calls after it
+all pass the float32 thresholds (or only warn) until the loss, whose inputs already differ by nearly
+as much as its output: the loss carries the difference, the MatMul (L1) or the Dense Cell (mix) is
+where it starts."""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from mindspore import Tensor
+
+from conftest import build_mlp, run_steps, write_config
+from msprobe.compare import compare, first_divergence
+from test_compare import cli
+
+
+def _dump(root, name, level, changed):
+    from msprobe.mindspore import PrecisionDebugger
+
+    net = build_mlp(0)
+    if changed:  # one element of fc2.weight, relative 1e-3
+        w = net.fc2.weight.asnumpy().copy()
+        w.flat[17] *= np.float32(1 + 1e-3)
+        net.fc2.weight.set_data(Tensor(w))
+    dump_path = os.path.join(str(root), name)
+    debugger = PrecisionDebugger(write_config(str(root), level=level, dump_path=dump_path))
+    rng = np.random.RandomState(7)
+    run_steps(net, debugger, batch=(Tensor(rng.randn(4, 8).astype(np.float32)),
+                                    Tensor(rng.rand(4, 4).astype(np.float32))))
+    return dump_path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gain")
+    return {(level, changed): _dump(root, f"{level}_{changed}", level, changed)
+            for level in ("L1", "mix") for changed in (False, True)}
+
+
+@pytest.mark.parametrize("level,origin", [("L1", "Primitive.matmul.MatMul.1.forward"),
+                                          ("mix", "Cell.fc2.Dense.forward.0")])
+def test_tolerance_mode_names_where_a_difference_below_the_thresholds_starts(runs, level, origin):
+    target, golden = runs[(level, True)], runs[(level, False)]
+    rows = {r["NPU Name"]: r for r in compare(target, golden)}
+    loss = "Functional.mse_loss.0.forward"
+    # the scenario: the loss's inputs pass, its output does not, with a gain far below entry.gain
+    assert rows[f"{loss}.input.0"]["Result"] == "pass"
+    assert rows[f"{loss}.output.0"]["Result"] != "pass"
+    assert 0 < rows[f"{loss}.output.0"]["Error Gain"] < 10
+    assert rows[f"{loss}.output.0"]["Entry Result"] == "propagated"   # it carries, not produces
+    (found,) = first_divergence(target, golden)
+    assert (found.kind, found.entry, found.exceeds_at) == ("input", origin, loss), found
+    (bitwise,) = first_divergence(target, golden, exact=True)
+    assert (bitwise.kind, bitwise.entry, bitwise.exceeds_at) == ("input", origin, None)
+    out = cli("first-diff", target, golden, check_code=1).stdout
+    assert "first difference (step 0 " in out and f"): {origin}" in out.splitlines()[0], out
+    changed = "input.1" if level == "L1" else "parameters.weight"
+    assert re.search(re.escape(changed) + r": largest scaled statistic error [0-9.e+-]+\)", out), out
+    assert f"stays within tolerance up to {loss}, which exceeds it only by carrying it on" in out, out
+
+
+def test_exact_mode_names_the_differing_input_and_by_how_much(runs):
+    out = cli("first-diff", runs[("L1", True)], runs[("L1", False)], "--exact", check_code=1).stdout
+    first, why = out.splitlines()[:2]
+    assert first.endswith("Primitive.matmul.MatMul.1.forward"), out
+    # input.0 (the ReLU's output) is bitwise equal: only the weight is named
+    match = re.search(r"its inputs already differ \(input\.1: largest scaled statistic error ([0-9.e+-]+)\)", why)
+    assert match, why
+    assert float(match.group(1)) == pytest.approx(2.3e-05, rel=0.05)
+    assert "input.0" not in why
