@@ -20,6 +20,10 @@ or, with the same meaning, a ``with`` block around the step's computation::
 with ``start(model)`` or ``dump(model)`` is used again). The block's exception reaches the caller
 unchanged (same object, no frame of the tool added to its traceback); the step is marked abnormal
 and its records so far are kept.
+
+``debugger.close()`` ends the dump before the process does: the pending files are written and every
+wrapper and hook is removed (the network runs MindSpore's own functions, Primitives and Cells again).
+A closed debugger cannot start again: create a new ``PrecisionDebugger`` to dump again.
 """
 from __future__ import annotations
 
@@ -76,7 +80,46 @@ class PrecisionDebugger:
         self.config = load_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
         _prepare_dump_path(self.config.dump_path)
         self.service = DumpService(self.config)
+        self.closed = False  #: :meth:`close` was called
         PrecisionDebugger._latest = weakref.ref(self)
+
+    def close(self) -> None:
+        """Remove the tool before the process exits (otherwise done at exit).
+
+        Writes what is pending (the open step, marked ``abnormal`` when ``stop()`` was not called,
+        e.g. after an exception in the step; queued tensor files), then removes every wrapper,
+        Primitive hook, Cell hook and patch this debugger installed (custom APIs too), and gives back
+        the process settings it changed (``sys.excepthook``, signal handlers, environment
+        variables). Calling it again does nothing. Afterwards :meth:`start`, :meth:`dump`,
+        :meth:`step`, :meth:`set_init_step` and :meth:`register_custom_api` raise ``RuntimeError``
+        (create a new ``PrecisionDebugger`` to dump again); :meth:`stop` does nothing, :meth:`save`
+        records nothing (a WARNING).
+
+        A failure of the tool while closing is logged (WARNING) and not raised.
+
+        Raises:
+            Like :meth:`stop`, a failure of your computation the tool met and has not raised yet
+            (after the tool is removed).
+        """
+        if self.closed:
+            return
+        self.closed = True
+        if PrecisionDebugger.latest() is self:
+            PrecisionDebugger._latest = None
+        service = self.service
+        try:
+            if service.active:
+                service.note_abnormal("close() was called while the step was recording (no stop() after "
+                                      "start()); records up to that point are kept")
+            service.close()
+        except Exception as exc:  # the tool's own failure: the training goes on
+            logger.warning("msprobe: close() could not finish the dump cleanly: %r", exc)
+        service.runtime.raise_user_error(final=True)
+
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise RuntimeError(f"msprobe: {what}() on a closed PrecisionDebugger (close() was called); "
+                               "create a new PrecisionDebugger to dump again")
 
     @classmethod
     def latest(cls):
@@ -125,7 +168,9 @@ class PrecisionDebugger:
         Raises:
             ConfigError: bad ``rank_id`` or ``token_range``. TypeError: bad ``model``.
             ValueError: L0/mix without any model given.
+            RuntimeError: the debugger was closed (:meth:`close`).
         """
+        self._check_open("start")
         if rank_id is not None:
             self.service.runtime.rank_override = _check_non_negative_int("rank_id", rank_id)
         if model is not None:
@@ -150,7 +195,9 @@ class PrecisionDebugger:
 
         Raises:
             Like :meth:`stop`, a failure of your computation the tool met and has not raised yet.
+            RuntimeError: the debugger was closed (:meth:`close`).
         """
+        self._check_open("step")
         self.service.step()
 
     def set_init_step(self, step: int) -> None:
@@ -158,7 +205,9 @@ class PrecisionDebugger:
 
         Raises:
             ConfigError: ``step`` is not an integer >= 0.
+            RuntimeError: the debugger was closed (:meth:`close`).
         """
+        self._check_open("set_init_step")
         self.service.set_init_step(_check_non_negative_int("step", step))
 
     def save(self, variable, name, save_backward=True) -> None:
@@ -169,8 +218,12 @@ class PrecisionDebugger:
             name (str): entry name; calls are numbered per name within a step.
             save_backward (bool): also record the gradient flowing back into each tensor.
 
-        Bad arguments are refused with a WARNING naming the problem; training is never interrupted.
+        Bad arguments are refused with a WARNING naming the problem, and so is a call after
+        :meth:`close` (nothing is recorded); training is never interrupted.
         """
+        if self.closed:
+            logger.warning("msprobe: save(%r) after close(): nothing is recorded", name)
+            return
         self.service.save(variable, name, save_backward)
 
     def register_custom_api(self, module, api, api_prefix=None) -> None:
@@ -178,7 +231,9 @@ class PrecisionDebugger:
 
         Raises:
             ConfigError: ``module`` has no function ``api``, or ``api_prefix`` is not a str.
+            RuntimeError: the debugger was closed (:meth:`close`).
         """
+        self._check_open("register_custom_api")
         self.service.register_custom_api(module, api, api_prefix)
 
     def restore_custom_api(self, module, api) -> None:

@@ -510,10 +510,14 @@ class DumpService:
                     self.config.last_step)
 
     def close(self) -> None:
-        """Flush and close everything (process exit)."""
+        """Flush and close everything (``PrecisionDebugger.close()``, process exit): the open step
+        is written, and every wrapper, hook and patch the service installed is removed (custom APIs
+        too). Calling it again does nothing new."""
         self._stop()
         self._say_unreached_steps()
         self._release_capture()
+        while self._custom:
+            self._custom.popitem()[1].remove()
         if self._kernel_dump is not None:
             self._installed_kernel.remove()
         if self._graph:
