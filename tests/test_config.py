@@ -111,6 +111,43 @@ def test_tensor_list_ignored_for_debug(tmp_path, caplog):
     assert any("tensor_list" in r.getMessage() for r in caplog.records)
 
 
+def _inactive_filter_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "the active task is" in r.getMessage()]
+
+
+def test_filter_in_another_task_section_is_named_once_at_construction(tmp_path, caplog):
+    """A ``list`` in section 'tensor' while the task is statistics is not read: the user must not
+    believe the dump is filtered. One WARNING when the PrecisionDebugger is built, naming the field,
+    the section and the active task; the config is still accepted (no filter applied)."""
+    from msprobe.mindspore import PrecisionDebugger
+
+    data = {"task": "statistics", "dump_path": str(tmp_path / "dump"), "level": "L1",
+            "tensor": {"list": ["relu"]}}
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        debugger = PrecisionDebugger(write(tmp_path, data))
+    assert debugger.config.api_list == ()
+    assert _inactive_filter_warnings(caplog) == [
+        f"{tmp_path / 'config.json'}: 'tensor.list' (['relu']) is ignored: the active task is 'statistics', "
+        "which reads section 'statistics' only; move it to section 'statistics', or set \"task\": \"tensor\""]
+    caplog.clear()
+    # the task argument selects the section: the statistics section's scope is then the ignored one
+    data = {**BASE, "statistics": {"scope": ["Cell.a", "Cell.b"], "data_mode": ["forward"]}}
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        load(tmp_path, data, task="tensor")
+    (said,) = _inactive_filter_warnings(caplog)
+    assert "'statistics.scope' (['Cell.a', 'Cell.b']), 'statistics.data_mode' (['forward']) are ignored" in said
+    assert "the active task is 'tensor'" in said
+
+
+def test_filters_that_select_everything_or_match_the_active_section_are_not_named(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        load_config(None)                                     # the packaged default: both sections
+        load(tmp_path, {**BASE, "statistics": {"list": ["relu"]}, "tensor": {"list": ["relu"],
+                                                                             "data_mode": ["all"]}})
+    assert _inactive_filter_warnings(caplog) == []
+
+
 def test_async_dump_tensor_with_list_ok(tmp_path):
     cfg = load(tmp_path, {**BASE, "task": "tensor", "async_dump": True, "tensor": {"list": ["relu"]}})
     assert cfg.async_dump

@@ -703,8 +703,33 @@ def _collect(data: Dict[str, Any], overrides: Dict[str, Any],
                   f"in section '{section_name}'", source)
     if isinstance(data.get("watch"), dict):
         _warn_unknown(data["watch"].keys(), WATCH_KEYS, "in section 'watch'", source)
+    _warn_inactive_filters(data, section_name, section, source)
     raw.update({field: section[key] for field, key in keys.items() if key in section})
     return raw, section_name
+
+
+#: section keys that select what is dumped, and the values that select everything
+_FILTER_KEYS = {"scope": ([],), "list": ([],), "data_mode": ([], ["all"]), "tensor_list": ([],)}
+
+
+def _warn_inactive_filters(data: Dict[str, Any], active: str, section: Dict[str, Any],
+                           source: str) -> None:
+    """A filter in another task's section is not read: one WARNING per such section, naming its
+    fields, the section and the active task (not an error: configs often carry several sections,
+    e.g. the packaged default). Filters equal to the active section's value are not named."""
+    for name in TASKS:
+        other = data.get(name)
+        if name == active or not isinstance(other, dict):
+            continue
+        read_there = _section_fields(name).values()  # what that task would read of it
+        ignored = [key for key, selects_all in _FILTER_KEYS.items() if key in other and key in read_there
+                   and other[key] not in selects_all and other[key] != section.get(key)]
+        if ignored:
+            fields = ", ".join(f"'{name}.{key}' ({other[key]!r})" for key in ignored)
+            logger.warning("%s: %s %s ignored: the active task is %r, which reads section %r only; move "
+                           "%s to section %r, or set \"task\": %s", source, fields,
+                           "is" if len(ignored) == 1 else "are", active, active,
+                           "it" if len(ignored) == 1 else "them", active, json.dumps(name))
 
 
 def _section_fields(section_name: str) -> Dict[str, str]:
@@ -779,7 +804,8 @@ def load_config(config_path: Union[str, "os.PathLike[str]", None] = None, *,
     Logs (logger ``'msprobe'``): a warning when task 'structure' forces level 'mix', when
     ``tensor_list`` is dropped for level 'debug', when ``async_dump`` is on, and for each key
     of the top level, the task section read or ``watch`` that is not read there (naming where it
-    is read, or else the closest known key).
+    is read, or else the closest known key), and for the filters (``scope``, ``list``,
+    ``data_mode``, ``tensor_list``) of another task's section, which are not read.
     """
     path = _resolve_path(config_path)
     data = _read_json(path)
