@@ -20,6 +20,8 @@ from typing import Optional
 
 import click
 
+from msprobe.format.frames import frame_line, frame_lines
+
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_STDOUT_CLOSED = 128 + 13  # what a shell reports for a command that SIGPIPE ended
 
@@ -206,7 +208,7 @@ def _print_stack(title: str, frames: list, all_frames: bool, indent: str) -> Non
     ``all_frames``, else folded by :func:`_folded_stack`. ``show`` and ``first-diff`` use this."""
     if all_frames:
         click.echo(f"{title} (innermost first, all {len(frames)} frames):")
-        lines = [frame.replace("\n", "") for frame in frames]
+        lines = frame_lines(frames)
     else:
         click.echo(f"{title} (innermost first; MindSpore's own frames folded):")
         lines = _folded_stack(frames, STACK_FRAMES_SHOWN)
@@ -230,7 +232,7 @@ def _folded_stack(frames: list, limit: int) -> list:
         if folded:
             out.append(f"... {folded} MindSpore frame{'s' if folded > 1 else ''}")
             folded = 0
-        out.append(frame.replace("\n", ""))
+        out.append(frame_line(frame))
         shown += 1
     if folded:
         out.append(f"... {folded} MindSpore frame{'s' if folded > 1 else ''}")

@@ -19,6 +19,7 @@ import pytest
 
 from compare_dumps import make_dump
 from msprobe.compare import compare, first_divergence, nan_producer
+from msprobe.dump import load_stacks
 from msprobe.format.naming import direction_of
 from msprobe.compare.engine import columns
 
@@ -192,6 +193,15 @@ def test_first_divergence_inside_a_cell_names_the_innermost_call(dumps):
     assert not any("site-packages" in line and "mindspore" in line for line in target_stack[1:])
     data = json.loads(cli("first-diff", dumps["factor"], dumps["base"], "--json", check_code=1).stdout)
     assert data["divergences"][0]["entry"] == "Mint.mul.0.forward"
+    # one form of frames on screen and in --json: show --all-frames's lines, in stack.json's order
+    # (innermost first), each the stack.json frame without its line break
+    shown = cli("show", dumps["factor"], "Mint.mul.0.forward", "--all-frames", check_code=0).stdout
+    shown = [line[2:] for line in shown.split("innermost first, all ")[1].splitlines()[1:] if line.startswith("  F")]
+    (step_dir,) = glob.glob(os.path.join(dumps["factor"], "step0", "*"))
+    frames = load_stacks(step_dir)["Mint.mul.0.forward"]
+    assert "\n" in frames[0]                                   # the file keeps the seed's two-line frames
+    assert data["divergences"][0]["target_stack"] == shown == [f.replace("\n", "") for f in frames]
+    assert data["nan_producers"]["target"] == []
 
 
 def test_nan_producer_and_one_sided_nan(dumps):

@@ -18,6 +18,7 @@ from msprobe.compare.engine import EntryResult, StepComparison, levels_compared_
 from msprobe.compare.records import TENSOR_TYPES, Side, flow_of
 from msprobe.dump import load_construct, load_stacks
 from msprobe.format import naming
+from msprobe.format.frames import frame_lines
 
 
 @dataclass
@@ -105,7 +106,10 @@ class Finding:
         return ""
 
     def to_dict(self) -> dict:
+        """The finding as JSON-ready data (``first-diff --json``); stacks as one line per frame,
+        innermost first (:mod:`msprobe.format.frames`, as ``msprobe show --all-frames`` prints)."""
         out = asdict(self)
+        out["target_stack"], out["golden_stack"] = frame_lines(self.target_stack), frame_lines(self.golden_stack)
         if out["gain"] is not None and math.isinf(out["gain"]):
             out["gain"] = "inf"
         return out

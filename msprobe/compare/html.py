@@ -19,6 +19,7 @@ from msprobe.compare.inputs import InputError, rank_number, resolve
 from msprobe.compare.records import Side
 from msprobe.dump import load_construct, load_stacks
 from msprobe.format import naming
+from msprobe.format.frames import frame_lines
 
 _FRAME = re.compile(r"^File (?P<file>.*?), line (?P<line>\d+), in (?P<func>.*?),\s*\n?\s*(?P<code>.*)$", re.S)
 _LIBRARY_MARKERS = (f"{os.sep}site-packages{os.sep}mindspore{os.sep}",
@@ -99,7 +100,7 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                        "result": entry.result if entry else "", "verdict": entry.verdict if entry else "",
                        "match": entry.match if entry else "", "golden": entry.golden if entry else None,
                        "gain": _fmt(entry.gain) if entry and entry.gain is not None else "",
-                       "stack": [f.replace("\n", "") for f in frames], "source": source_line(frames),
+                       "stack": frame_lines(frames), "source": source_line(frames),
                        "nonfinite": any(r["bad"] for r in records)}
     roots = []
     for name in side.names:
