@@ -19,13 +19,13 @@ from msprobe.compare import compare, first_divergence
 from test_compare import cli
 
 
-def _dump(root, name, level, changed):
+def _dump(root, name, level, changed, element=17):
     from msprobe.mindspore import PrecisionDebugger
 
     net = build_mlp(0)
     if changed:  # one element of fc2.weight, relative 1e-3
         w = net.fc2.weight.asnumpy().copy()
-        w.flat[17] *= np.float32(1 + 1e-3)
+        w.flat[element] *= np.float32(1 + 1e-3)
         net.fc2.weight.set_data(Tensor(w))
     dump_path = os.path.join(str(root), name)
     debugger = PrecisionDebugger(write_config(str(root), level=level, dump_path=dump_path))
@@ -73,3 +73,19 @@ def test_exact_mode_names_the_differing_input_and_by_how_much(runs):
     assert match, why
     assert float(match.group(1)) == pytest.approx(2.3e-05, rel=0.05)
     assert "input.0" not in why
+
+
+def test_the_call_consuming_the_change_is_named_when_it_exceeds_the_thresholds_itself(runs, tmp_path):
+    """Another element: the MatMul's weight passes, its output fails with a gain far below
+    entry.gain. It is named as the entry whose input already differs, and where it exceeds the
+    thresholds, not as a call that produces a difference from agreeing inputs."""
+    target = _dump(tmp_path, "L1_element2", "L1", True, element=2)
+    (found,) = first_divergence(target, runs[("L1", False)])
+    matmul = "Primitive.matmul.MatMul.1.forward"
+    assert (found.kind, found.entry, found.exceeds_at) == ("input", matmul, matmul), found
+    assert 0 < found.exceeds_gain < 10
+    reason = found.reason()
+    assert reason.startswith("its inputs already differ (input.1: largest scaled statistic error ")
+    assert "within tolerance): the difference comes from outside the dump" in reason, reason
+    assert reason.endswith(f"its outputs exceed the tolerance only by carrying that difference on "
+                           f"(error gain {found.exceeds_gain:.3g})"), reason

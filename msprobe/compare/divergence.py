@@ -52,8 +52,9 @@ class Finding:
     #: what the two dumps differ in besides their values (e.g. their levels), or ``None``
     note: Optional[str] = None
     #: tolerance mode: the entry where the difference this entry starts first exceeds the
-    #: thresholds, which only carries it on (its error gain ``exceeds_gain`` <= ``entry.gain``), or
-    #: ``None``. Set, this entry was chosen by the bitwise rule (as with ``exact=True``).
+    #: thresholds, which only carries it on (its error gain ``exceeds_gain`` <= ``entry.gain``; it may
+    #: be this entry itself), or ``None``. Set, this entry was chosen by the bitwise rule (as with
+    #: ``exact=True``) and its records are told apart bitwise.
     exceeds_at: Optional[str] = None
     exceeds_gain: Optional[float] = None
 
@@ -69,9 +70,11 @@ class Finding:
 
     def differing_inputs(self, exact: bool = False) -> List[str]:
         """Each input record (``input.N``, a keyword, ``parameters.*``; a backward entry's incoming
-        gradients) that does not agree, as ``"NAME: HOW MUCH"`` (see :func:`difference_text`)."""
-        return [f"{rec['record']}: {difference_text(rec)}" for rec in self.records
-                if flow_of(rec.get("record", "")) == "in" and self._differs(rec, exact)]
+        gradients) that does not agree, as ``"NAME: HOW MUCH"`` (see :func:`difference_text`), with
+        ``", within tolerance"`` when it differs bitwise only."""
+        return [f"{rec['record']}: {difference_text(rec)}" + (", within tolerance" if rec.get("result") == J.PASS
+                                                               else "")
+                for rec in self.records if flow_of(rec.get("record", "")) == "in" and self._differs(rec, exact)]
 
     def reason(self, exact: bool = False) -> str:
         """Why this entry is named, in one sentence (``first-diff``, ``compare`` and ``report`` say
@@ -82,6 +85,8 @@ class Finding:
         if self.exceeds_at is None:
             return ""
         gain = "inf" if self.exceeds_gain is None or math.isinf(self.exceeds_gain) else f"{self.exceeds_gain:.3g}"
+        if self.exceeds_at == self.entry:
+            return f"; its outputs exceed the tolerance only by carrying that difference on (error gain {gain})"
         return (f"; the difference stays within tolerance up to {self.exceeds_at}, which exceeds it only "
                 f"by carrying it on (its inputs already differ by nearly as much as its outputs: error "
                 f"gain {gain})")
