@@ -6,6 +6,12 @@ include its forward call's inputs). "Agree" is the ``pass``
 result of the thresholds (``exact=True``: bitwise equal statistics/CRC, or arrays in tensor mode).
 When that entry is a Cell, the first qualifying entry inside it (``construct.json``) is named
 instead, innermost first, so a Cell is only blamed when none of its dumped children is.
+
+Within tolerance, an entry whose inputs pass but already differ by nearly as much as its outputs
+(error gain at most ``entry.gain`` of ``thresholds.yaml``) does not produce the difference, it
+carries one that stayed under the thresholds up to there: when such an entry comes first, the entry
+the bitwise rule names among the entries up to it is named instead (``Finding.exceeds_at`` names
+the carrying entry).
 """
 from __future__ import annotations
 
