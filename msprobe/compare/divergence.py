@@ -101,7 +101,8 @@ class Finding:
         if self.kind == "divergence":
             return f"inputs agree{' bitwise' if self.exceeds_at else ''}, outputs do not ({self.direction})"
         if self.kind == "input":
-            which = ", ".join(self.differing_inputs(exact))
+            # none of its own: a backward entry whose forward call's inputs differ
+            which = ", ".join(self.differing_inputs(exact)) or "those of its forward call"
             if self.differing_parameters(exact):
                 return (f"its parameters already differ ({which}): the runs start this call "
                         "with different values of them (initialisation, loading or an earlier update)")
