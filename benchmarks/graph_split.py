@@ -27,19 +27,27 @@ sys.path.insert(0, ROOT)
 PARTS = (
     ("msprobe.mindspore.service", "DumpService", ("_start", "_install", "_stop")),
     ("msprobe.engine.runtime", "Runtime", ("open_step", "write_files", "flush_quietly", "end_step",
-                                           "close_writer", "queue_graph_records", "_read_host_copies",
-                                           "parameter_leaves")),
+                                           "close_writer", "queue_graph_records", "queue_graph_lines",
+                                           "_read_host_copies", "_queue_lines", "parameter_leaves")),
     ("msprobe.engine.writer", "StepWriter", ("__init__", "append", "write", "close")),
     ("msprobe.capture.cells.graph_cell", "GraphDump", ("wait", "begin_step", "end_step")),
-    ("msprobe.capture.cells.graph_cell", "GraphCellCapture", ("drain", "take_reports", "snapshot_parameters")),
-    ("msprobe.capture.cells.graph_cell", "_Recipe", ("records",)),
+    ("msprobe.capture.cells.graph_cell", "GraphCellCapture", ("drain", "take_reports", "snapshot_parameters",
+                                                                "_drain_key")),
+    ("msprobe.capture.cells.graph_cell", "_Recipe", ("queue",)),
     ("msprobe.engine.step_files", None, ("write_step",)),
+    ("msprobe.engine.runtime", None, ("encode_batch", "replay_batch", "materialize")),
+    ("msprobe.engine.writer", None, ("atomic_write_documents",)),
+    ("msprobe.read.report", None, ("step_reports", "without_empty_backward")),
+    ("msprobe.engine.writer", "StepWriter", ("replayed",)),
 )
 
 
 def wrap(owner, name: str, label: str, spent: dict, calls: dict) -> None:
-    """Replace ``owner.name`` by a function adding its thread CPU (ns) to ``spent[label]``."""
-    original = getattr(owner, name)
+    """Replace ``owner.name`` by a function adding its thread CPU (ns) to ``spent[label]`` (nothing
+    when the tree measured has no such function: the script also measures older trees)."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return
     clock = time.thread_time_ns
 
     def timed(*args, **kwargs):
