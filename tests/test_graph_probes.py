@@ -93,16 +93,18 @@ def test_records_queued_at_once_write_the_files_of_records_made_one_by_one(runs,
         assert files[file] == direct_files[file], file
 
 
-def test_later_steps_of_a_graph_reuse_the_first_drain_s_records_and_write_the_same_files(tmp_path):
+@pytest.mark.parametrize("config", [[], ["--no-extra-info"]], ids=["extra_info", "no_extra_info"])
+def test_later_steps_of_a_graph_reuse_the_first_drain_s_records_and_write_the_same_files(tmp_path, config):
     """From the second step that reads parameters at start() on, a graph run again reports the same
-    calls, so a drain's names, edges and state come from a recipe made at the first such drain; with
-    another input shape every second step (another compiled graph, the same calls) the files are
-    those of the records made one by one, byte for byte."""
+    calls, so a drain's journal lines come from a recipe made at the first such drain (one compiled
+    function per recipe, ``graph_lines.Lines``); with another input shape every second step (another
+    compiled graph, the same calls) the files are those of the records made one by one, byte for
+    byte, with ``extra_info`` (edges and stack uses journaled) and without."""
     outs, files = {}, {}
     for mode, extra in (("recipe", []), ("direct", ["--direct-records"])):
         dump = str(tmp_path / mode)
         proc = subprocess.run([sys.executable, WORKER, "graph", "on", dump, "--steps", "6", "--half-batches",
-                               *extra], capture_output=True, text=True, timeout=300)
+                               *config, *extra], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
         files[mode] = _files(dump)

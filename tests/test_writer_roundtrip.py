@@ -395,3 +395,31 @@ def test_files_after_the_live_mirror_is_released_are_the_mirrored_ones(tmp_path,
         assert dump.load(str(step)).data.keys() == expected_data(nan).keys()
     assert set(written["kept"]) >= {"dump.json", "stack.json", "construct.json"}
     assert written["released"] == written["kept"]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_documents_are_written_whole_replacing_older_versions(tmp_path, monkeypatch, compiled):
+    """StepWriter.write's documents: the bytes of encode_json, written once and again over the
+    first version, no temporary file left, with the compiled file helper and without it; a failed
+    document raises OSError naming it, after the documents before it."""
+    from msprobe.format import npy
+
+    if not compiled:
+        monkeypatch.setattr(npy, "_npy_files", None)
+    elif npy._npy_files is None:
+        pytest.skip("msprobe.format._npy_files is not built")
+    docs = {"dump.json": {"data": {RELU: {"Max": float("nan")}}}, "stack.json": {"0": [STACK]},
+            "construct.json": {CELL: None}}
+    for version in (1, 2):
+        docs["construct.json"] = {CELL: None, f"v{version}": CELL}
+        journal.atomic_write_documents([(str(tmp_path / name), obj, name == "dump.json")
+                                        for name, obj in docs.items()])
+        assert sorted(os.listdir(tmp_path)) == sorted(docs)
+        for name, obj in docs.items():
+            assert (tmp_path / name).read_bytes() == journal.encode_json(obj, name == "dump.json")
+    missing = tmp_path / "gone" / "stack.json"
+    with pytest.raises(OSError) as err:
+        journal.atomic_write_documents([(str(tmp_path / "first.json"), {}, False), (str(missing), {}, False),
+                                        (str(tmp_path / "last.json"), {}, False)])
+    assert (tmp_path / "first.json").exists() and not (tmp_path / "last.json").exists()
+    assert err.value.filename in (str(missing), f"{missing}.tmp{os.getpid()}")

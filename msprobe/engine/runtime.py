@@ -1029,6 +1029,27 @@ class Runtime:
                 lines.append(stack_ref(record[0], sid[0]))
         self._queue_lines(writer, lines, self._read_host_copies(slots), asked, sid)
 
+    def queue_graph_lines(self, make, slots: list, asked: int, first_stack: int | None) -> None:
+        """The journal lines of a drain recipe (:class:`msprobe.capture.cells.graph_lines.Lines`), added to
+        the batch as :meth:`queue_graph_records` adds the lines of the recipe's records (call when
+        :meth:`takes_plain_records`).
+
+        Args:
+            make: ``callable(stack id)`` -> the lines (``stack id``: the stack without frames, or
+                ``None`` when ``first_stack`` is ``None``).
+            slots: the lines' statistics slots (the probes' host copies), in the records' order.
+            asked: how many values the lines record.
+            first_stack: index of the first stack-use line, or ``None`` (no stack use).
+        """
+        if self.failed or self.forked():
+            return
+        stack = None
+        if first_stack is not None:
+            with self._lock:
+                stack = (self.stacks.empty(), first_stack)
+        lines = make(None if stack is None else stack[0])
+        self._queue_lines(self.writer, lines, self._read_host_copies(slots), asked, stack)
+
     def _read_host_copies(self, slots: list) -> list:
         """Statistics of the slots of host arrays (the probes' own copies, :func:`hotpath.host_slots`)
         taken now, by the kernel the flush would use on CPU (``fill``: the same leaves, from the same

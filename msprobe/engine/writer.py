@@ -18,7 +18,7 @@ import time
 
 from msprobe.engine.messages import announce as show
 from msprobe.format import journal
-from msprobe.format.journal import JOURNAL, TENSOR_DIR, Replay, atomic_write_json, encode_json, read_journal
+from msprobe.format.journal import JOURNAL, TENSOR_DIR, Replay, atomic_write_documents, encode_json, read_journal
 from msprobe.read.report import non_finite
 
 logger = logging.getLogger("msprobe")
@@ -201,6 +201,7 @@ class StepWriter:
             OSError: a write failed (the files written before it stay).
         """
         with self.lock:
+            batch = []  # (path, document, non_finite) written together, in order
             for name, document in documents.items():
                 path = os.path.join(self.directory, name)
                 if document is None:
@@ -210,8 +211,15 @@ class StepWriter:
                         pass
                     self._written.discard(name)
                     continue
-                atomic_write_json(path, document, name in non_finite)
-                self._written.add(name)
+                batch.append((path, document, name in non_finite))
+            paths = [path for path, _, _ in batch]
+            try:
+                atomic_write_documents(batch)
+            except OSError as exc:  # the documents before the failed one are written
+                del paths[paths.index(exc.filename) if exc.filename in paths else 0:]
+                raise
+            finally:
+                self._written.update(os.path.basename(path) for path in paths)
             self.dirty = False
 
     def error(self, message: str) -> None:

@@ -34,6 +34,7 @@ from typing import NamedTuple, Optional
 import orjson
 
 from msprobe._version import __version__ as VERSION
+from msprobe.format.npy import write_unnamed
 
 SCHEMA = "msprobe-mindspore/1"
 
@@ -423,12 +424,26 @@ def decode_line(text: bytes) -> dict:
         return json.loads(text)
 
 
-def atomic_write_json(path: str, obj, non_finite: bool = True) -> None:
-    """Write ``obj`` as compact JSON to ``path`` through a temporary file; ``non_finite=False``
-    promises no NaN/Inf floats inside (then the faster encoder is used, see :func:`encode_json`)."""
+def atomic_write_documents(documents: list) -> None:
+    """Write each ``(path, obj, non_finite)`` of ``documents`` as compact JSON (:func:`encode_json`;
+    ``non_finite=False`` promises no NaN/Inf floats inside, then the faster encoder is used), in
+    order, each replacing ``path`` atomically: through the compiled file helper when it is built
+    (:func:`msprobe.format.npy.write_unnamed`: no named temporary file for a path that does not exist
+    yet, one directory descriptor for the batch), else through ``{path}.tmp{pid}`` renamed over it.
+
+    Raises:
+        OSError: the first document that could not be written (``filename`` is its path); the
+            ones before it are written, none after it.
+    """
+    encoded = [(path, encode_json(obj, non_finite)) for path, obj, non_finite in documents]
+    if not write_unnamed(encoded):
+        for path, data in encoded:
+            _atomic_write_bytes(path, data)
+
+
+def _atomic_write_bytes(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        data = encode_json(obj, non_finite)
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

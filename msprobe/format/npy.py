@@ -159,6 +159,27 @@ def save_npy_batch(items) -> None:
             start += 1
 
 
+def write_unnamed(items) -> bool:
+    """Write each ``(path, data)`` of ``items`` (``data``: bytes) in order, each atomically, through the
+    compiled helper (:func:`save_npy_batch`'s: an unnamed file linked under its name, or linked over
+    an existing one through a temporary name then renamed; one directory descriptor for consecutive
+    paths of one directory; the GIL released once). Returns False, writing nothing, when the helper is
+    not built (the caller writes the files its own way).
+
+    Raises:
+        OSError: the first file that could not be written (``filename`` is its path); the files
+            before it are written, none after it, and no temporary file is left.
+    """
+    if _npy_files is None:
+        return False
+    failed = _npy_files.write_batch([(os.fsencode(path), b"", data) for path, data in items],
+                                    f"{os.getpid()}-{threading.get_ident()}-{next(_tmp_counter)}".encode())
+    if failed is not None:
+        index, errno = failed
+        raise OSError(errno, os.strerror(errno), items[index][0])
+    return True
+
+
 def check_saveable(arr: np.ndarray) -> None:
     """Raise ``TypeError`` when :func:`save_npy` cannot write ``arr`` pickle-free (object or
     extension dtype: ``numpy.load(allow_pickle=False)`` could not read it back)."""

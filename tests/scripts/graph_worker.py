@@ -9,7 +9,7 @@ MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optim
 ``step()``). ``--async``: MindSpore's default asynchronous launch. ``--python-probes``: pyfunc graph probes
 even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``); ``--direct-records``: the
 probes' records made one by one through the runtime (``GraphCellCapture.batched``). ``--half-batches``: every
-second step a batch of 16. The JSON also says how many drains made their records from a recipe
+second step a batch of 16. ``--no-extra-info``: config ``extra_info`` false. The JSON also says how many drains made their records from a recipe
 (``recipe_drains``).
 """
 from __future__ import annotations
@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--python-probes", action="store_true", help="pyfunc graph probes, not the compiled ones")
     ap.add_argument("--direct-records", action="store_true",
                     help="the graph probes' records through the runtime's record methods one by one")
+    ap.add_argument("--no-extra-info", action="store_true",
+                    help="config extra_info false: dump.json only (no stack.json, construct.json)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--half-batches", action="store_true",
                     help="every second step a batch of 16 (another input shape: a graph compiled for it)")
@@ -98,9 +100,11 @@ def main():
     if args.tool == "on":
         from msprobe.mindspore import PrecisionDebugger
         debugger = PrecisionDebugger(dump_path=args.dump_path, task=args.task, level=args.level)
-        if args.data_mode != "all":
+        if args.data_mode != "all" or args.no_extra_info:
             cfg = {"task": args.task, "dump_path": args.dump_path, "level": args.level,
                    args.task: {"data_mode": args.data_mode.split(",")}}
+            if args.no_extra_info:
+                cfg["extra_info"] = False
             path = os.path.join(args.dump_path + ".json")
             with open(path, "w") as f:
                 json.dump(cfg, f)

@@ -74,7 +74,7 @@ import numpy as np
 from mindspore import Tensor, nn
 from mindspore.ops import constexpr
 
-from msprobe.capture.cells import graph_probes
+from msprobe.capture.cells import graph_lines, graph_probes
 from msprobe.capture.cells.cell import is_jit_cell
 from msprobe.format import naming
 from msprobe.engine.handles import Handle
@@ -279,53 +279,43 @@ class _Recording(_Batch):
 class _Recipe:
     """The records of a drain that starts a step, with the reports' arrays as the only values that
     change: names, ``construct.json`` edges and stack uses are the same at every run of a compiled
-    graph. :meth:`records` makes the records of new reports with the same key
-    (:meth:`GraphCellCapture._drain_key`) and leaves the capture and the runtime in the state the
-    drain did (open and finished calls, call counters)."""
+    graph. :meth:`queue` queues the journal lines of new reports with the same key
+    (:meth:`GraphCellCapture._drain_key`), made by one compiled function
+    (:class:`msprobe.capture.cells.graph_lines.Lines`), and leaves the capture and the runtime in the
+    state the drain did (open and finished calls, call counters).
+
+    Args:
+        used: ``(report, group, item)`` of each array the records describe, in slot order.
+        steps: the records as :class:`~msprobe.capture.cells.graph_lines.Lines` takes them.
+        state: what the drain left: Cells entered, open stack, open and finished calls, counters.
+    """
 
     def __init__(self, used: list, steps: list, state: tuple):
         self.used, self.steps, self.state = used, steps, state
+        self._lines: dict = {}  # extra_info -> graph_lines.Lines, compiled at first use
 
-    def records(self, reports: list, capture) -> list | None:
-        """The records of ``reports`` (``None``: an array the statistics slots do not take, then
-        the drain makes them one by one)."""
+    def queue(self, reports: list, capture) -> bool:
+        """Queue the journal lines of ``reports`` into the capture's runtime
+        (:meth:`msprobe.engine.runtime.Runtime.queue_graph_lines`) and restore the drain's state;
+        ``False`` (nothing done): an array the statistics slots do not take, then the drain makes
+        the records one by one."""
         slots = hotpath.host_slots([reports[r][g][i] for r, g, i in self.used])
         if slots is None:
-            return None
-        leaves = capture.param_leaves
-        records = []
-        for body, entry, items in self.steps:
-            if body is None:
-                records.append(entry)
-                continue
-            value: dict = {}
-            own: list = []
-            for key, item in items:
-                tag = item[0]
-                if tag == "s":
-                    got = [None if i < 0 else slots[i] for i in item[1]]
-                    own.extend([v for v in got if v is not None])
-                elif tag == "d":
-                    got = [slots[i] for i in item[2]]
-                    own.extend(got)
-                    got = [dict(zip(item[1], got))]
-                elif tag == "p":
-                    got = dict(leaves[item[1]])
-                else:
-                    got = item[1]()
-                value[key] = got
-            if body:
-                records.append([entry, None, value, own])
-            else:
-                ((key, got),) = value.items()
-                records.append((entry, key, got, own))
+            return False
+        rt = capture.rt
+        extra_info = bool(rt.config.extra_info)
+        lines = self._lines.get(extra_info)
+        if lines is None:
+            lines = self._lines[extra_info] = graph_lines.Lines(self.steps, extra_info)
         entered, stack, open_calls, done, counters = self.state
         capture.entered = set(entered)
         capture.stack = list(stack)
         capture.open = defaultdict(list, {k: list(v) for k, v in open_calls.items()})
         capture.done = defaultdict(list, {k: list(v) for k, v in done.items()})
-        capture.rt.counters.update(counters)
-        return records
+        rt.counters.update(counters)
+        rt.queue_graph_lines(functools.partial(lines.make, slots, capture.param_leaves),
+                             [slots[i] for i in lines.order], lines.asked, lines.first_stack)
+        return True
 
 
 class _EveryEntry:
@@ -527,10 +517,8 @@ class GraphCellCapture:
             key = self._drain_key(reports) if plain else None
             recipe = self._recipes.get(key) if key is not None else None
             if recipe is not None:
-                records = recipe.records(reports, self)
-                if records is not None:
+                if recipe.queue(reports, self):
                     self.recipe_drains += 1
-                    rt.queue_graph_records(records)
                     return
             if not plain:
                 sink = _Direct(rt)
