@@ -388,6 +388,16 @@ def test_compiled_cell_copies_only_the_queued_files_reading_memory_it_may_write(
     debugger.service.close()
 
 
+def test_a_compiled_cell_may_write_its_parameters_and_arguments_a_jit_function_anything():
+    from msprobe.capture.jit import _cell_writes
+
+    weight = Parameter(Tensor(np.ones(2, np.float32)), name="weight")
+    x, y = Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(3, np.float32))
+    assert _cell_writes(None, (x,), {}) is True       # a jit function: any Parameter it reaches
+    written = _cell_writes(_Assigner(weight), ([x],), {"value": y})
+    assert sorted(id(t) for t in written()) == sorted(map(id, (weight, x, y)))
+
+
 def test_storage_ranges_cover_views_and_overlaps_reads_byte_bounds():
     base = Tensor(np.arange(12, dtype=np.float32))
     view = ops.reshape(base, (3, 4))
