@@ -160,6 +160,25 @@ def _setup(model: str = "tiny", launch: str = "blocking"):
     return net, batches, train_step
 
 
+def step_runner(net, batches, train_step, debugger):
+    """``step(on: bool)``: one training step on the next batch, dumped by ``debugger``
+    (``start(net)``/``stop()``/``step()``) when ``on``; waits for the loss."""
+    count = [0]
+
+    def step(on: bool) -> None:
+        x, y = batches[count[0] % len(batches)]
+        count[0] += 1
+        if on:
+            debugger.start(net)
+        loss = train_step(x, y)
+        if on:
+            debugger.stop()
+            debugger.step()
+        loss.asnumpy()
+
+    return step
+
+
 #: bytes per element of dump.json dtype names (for the bytes of tensors a step records)
 _ITEMSIZE = {"Float64": 8, "Int64": 8, "UInt64": 8, "Complex64": 8, "Complex128": 16, "Float32": 4,
              "Int32": 4, "UInt32": 4, "Float16": 2, "BFloat16": 2, "Int16": 2, "UInt16": 2, "Int8": 1,

@@ -12,7 +12,10 @@ its queues, the tool's threads), from Linux's ``/proc/self/task/*/schedstat`` (n
   (``msprobe.engine.runtime.materialize``: statistics, CRC-32, host arrays);
 * ``runq-wait``: time runnable but waiting for a CPU (other processes, or the process's own threads
   on the same core);
-* ``slices``: times the thread was put on a CPU (context switches in, voluntary or not).
+* ``slices``: times the thread was put on a CPU (context switches in, voluntary or not);
+* ``sleeps``: voluntary context switches (``/proc/self/task/*/status``: the thread blocked, e.g. a
+  pool worker that stopped spinning and waits on its condition variable to be woken for the next
+  kernel); a ``sched_yield`` that hands the CPU over counts as involuntary.
 
 It answers: does MindSpore's pool spin while the tool holds the training thread (its ``cpu in flush``),
 how much of the tool-on excess lies outside the flush (``MAIN`` cpu on minus off, minus in flush), and
@@ -43,6 +46,20 @@ def schedstat() -> dict:
             with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
                 out[tid] = tuple(int(x) for x in f.read().split()[:3])
         except OSError:  # the thread ended
+            continue
+    return out
+
+
+def sleeps() -> dict:
+    """``{tid: voluntary context switches}`` of this process's threads."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        out[tid] = int(line.split()[1])
+        except OSError:
             continue
     return out
 
@@ -97,18 +114,7 @@ def main(argv=None) -> int:
             add_delta(inside, before, schedstat())
 
     runtime.materialize = timed
-    counter = [0]
-
-    def step(on: bool) -> None:
-        x, y = batches[counter[0] % len(batches)]
-        counter[0] += 1
-        if on:
-            dbg.start(net)
-        loss = train_step(x, y)
-        if on:
-            dbg.stop()
-            dbg.step()
-        loss.asnumpy()
+    step = overhead.step_runner(net, batches, train_step, dbg)
 
     for _ in range(2):
         step(True)
@@ -123,11 +129,12 @@ def main(argv=None) -> int:
         total = collections.defaultdict(lambda: [0, 0, 0])
         gc.collect()
         measuring[0] = on
-        before, w = schedstat(), time.perf_counter()
+        slept, before, w = sleeps(), schedstat(), time.perf_counter()
         for _ in range(n):
             step(on)
         wall = time.perf_counter() - w
         add_delta(total, before, schedstat())
+        slept = {tid: v - slept.get(tid, 0) for tid, v in sleeps().items()}
         measuring[0] = False
         names = thread_names()
         print(f"{phase:3s}: step wall {1000 * wall / n:.0f}, flush wall {1000 * flush_wall[0] / n:.0f}, "
@@ -138,7 +145,7 @@ def main(argv=None) -> int:
                 continue
             print(f"   {names.get(tid, tid):16s} cpu {a[0] / n / 1e6:7.1f} (in flush {b[0] / n / 1e6:6.1f})"
                   f"  runq-wait {a[1] / n / 1e6:7.1f} (in flush {b[1] / n / 1e6:6.1f})"
-                  f"  slices {a[2] / n:7.0f} (in flush {b[2] / n:5.0f})")
+                  f"  slices {a[2] / n:7.0f} (in flush {b[2] / n:5.0f})  sleeps {slept.get(tid, 0) / n:6.0f}")
     dbg.service.close()
     return 0
 

@@ -3,6 +3,7 @@ on plain arrays, and the tensor dump with real MindSpore where the user overwrit
 while its file is still queued."""
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import zlib
@@ -10,11 +11,11 @@ import zlib
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 import msprobe.dump
 from conftest import only_step_dir
-from msprobe.engine.tensor_files import FileQueue
+from msprobe.engine.tensor_files import FileQueue, overlaps, storage_ranges
 from msprobe.mindspore import PrecisionDebugger
 from msprobe.tensors.stats import crc32_hex
 
@@ -331,6 +332,84 @@ def test_queued_files_read_the_tensors_in_place_until_a_mutation_copies_them(tmp
     assert dump.load_tensor(body["output"][0]).tolist() == [1.0, 2.0, 3.0]
     assert x.asnumpy().tolist() == [1.0, 7.0, 3.0] and y.asnumpy().tolist() == [1.0, 2.0, 3.0]
     debugger.service.close()
+
+
+class _Assigner(nn.Cell):
+    """A Cell whose compiled ``construct`` assigns its Parameter (an optimizer's update in small)."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+    @ms.jit
+    def construct(self, value):
+        ops.assign(self.weight, value)
+        return value
+
+
+def test_compiled_cell_copies_only_the_queued_files_reading_memory_it_may_write(tmp_path):
+    """Before a Cell's compiled ``construct`` runs, the queued files that read its Parameters' memory
+    (here a view of the weight made by ``reshape``) are copied, so they hold the value before the
+    assignment; files reading memory the region cannot write (``abs`` of a plain tensor) keep
+    reading it in place, with no copy on the training thread."""
+    from msprobe.tensors.stats import views_live_tensor
+
+    ms.set_device("CPU")
+    dump_path = str(tmp_path / "dump")
+    weight = Parameter(Tensor(np.array([1.0, 2.0, 3.0, 4.0], np.float32)), name="weight")
+    assigner = _Assigner(weight)
+    x = Tensor(np.array([-5.0, 6.0], np.float32))
+    debugger = PrecisionDebugger(dump_path=dump_path, level="L1", task="tensor")
+    debugger.start()
+    runtime = debugger.service.runtime
+    queue = runtime._file_queue()
+    with queue._run:                                  # the writer thread cannot write yet
+        viewed = ops.reshape(weight, (2, 2))          # shares the weight's memory
+        ops.abs(x)
+        runtime.flush(wait=False)
+        queued = {path: arr for job in queue._jobs for path, arr in job.files}
+        assert any(os.path.basename(p).startswith("Functional.reshape.0.forward.output")
+                   and views_live_tensor(a) for p, a in queued.items())
+        assigner(Tensor(np.zeros(4, np.float32)))     # compiled region: assigns the weight
+        after = {path: arr for job in queue._jobs for path, arr in job.files if path in queued}
+        kept = sorted(os.path.basename(p) for p, a in after.items() if views_live_tensor(a))
+        copied = sorted(os.path.basename(p) for p, a in after.items() if not views_live_tensor(a))
+        assert kept == ["Functional.abs.0.forward.input.0.npy", "Functional.abs.0.forward.output.0.npy"]
+        assert "Functional.reshape.0.forward.output.0.npy" in copied
+    debugger.stop()
+    debugger.step()
+    dump = msprobe.dump.load(only_step_dir(dump_path, 0))
+    assert dump.load_tensor(dump.data["Functional.reshape.0.forward"]["output"][0]).tolist() == \
+        [[1.0, 2.0], [3.0, 4.0]]
+    body = dump.data["Functional.abs.0.forward"]
+    assert dump.load_tensor(body["input_args"][0]).tolist() == [-5.0, 6.0]
+    assert dump.load_tensor(body["output"][0]).tolist() == [5.0, 6.0]
+    assert weight.asnumpy().tolist() == [0.0] * 4
+    debugger.service.close()
+
+
+def test_a_compiled_cell_may_write_its_parameters_and_arguments_a_jit_function_anything():
+    from msprobe.capture.jit import _cell_writes
+
+    weight = Parameter(Tensor(np.ones(2, np.float32)), name="weight")
+    x, y = Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(3, np.float32))
+    assert _cell_writes(None, (x,), {}) is True       # a jit function: any Parameter it reaches
+    written = _cell_writes(_Assigner(weight), ([x],), {"value": y})
+    assert sorted(id(t) for t in written()) == sorted(map(id, (weight, x, y)))
+
+
+def test_storage_ranges_cover_views_and_overlaps_reads_byte_bounds():
+    base = Tensor(np.arange(12, dtype=np.float32))
+    view = ops.reshape(base, (3, 4))
+    other = Tensor(np.ones(3, np.float32))
+    ranges = storage_ranges([view, other, base])
+    start = base.untyped_storage().data_ptr()
+    assert (start, start + 48) in ranges and len(ranges) == 2
+    inside = np.frombuffer((ctypes.c_char * 8).from_address(start + 40), np.uint8)
+    assert overlaps(inside, ranges)
+    assert not overlaps(np.zeros(4, np.float32), ranges)
+    assert not overlaps(np.zeros(0, np.float32), ranges)
+    assert ranges == sorted(ranges) and storage_ranges([]) == []
 
 
 def test_protect_copies_into_one_block_reused_once_its_files_are_written():

@@ -140,7 +140,10 @@ class CallRecorder:
 
         ``inplace``: the call writes its arguments (they are read before it, no input gradients).
         ``mutates``: the call may write tensors it is not given (a compiled region such as an
-        optimizer assigning Parameters): everything pending is read before it runs."""
+        optimizer assigning Parameters): everything pending is read before it runs. ``True``, or a
+        callable without arguments returning the tensors it may write (``None``: any), which
+        spares the queued ``.npy`` files that read other memory a copy
+        (:meth:`msprobe.engine.tensor_files.FileQueue.protect`)."""
         if self._whole and not (inplace or mutates) and not api.startswith(_COLLECTIVES):
             return self.fast_record(api, original, args, kwargs)
         return self._call(api, original, args, kwargs, inplace, mutates)
@@ -166,8 +169,8 @@ class CallRecorder:
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
                         if rt.track_parents:
                             rt.record_parent(bwd, naming.backward_of(self._parent()))
-                if (inplace or mutates) and rt.has_pending:
-                    rt.flush(settle=False)  # read before the change; files may follow
+                if (inplace or mutates) and rt.has_pending:  # read before the change; files may follow
+                    rt.flush(settle=False, written=mutates if callable(mutates) and not inplace else None)
             except Exception as exc:  # tool failure (or the user's, asynchronous launch): keep training
                 self._tool_error(api, exc, (args, kwargs))
                 selected, probe = False, None

@@ -18,6 +18,9 @@ try:
 except ImportError:  # older MindSpore layouts
     from mindspore.common.api import _JitExecutor
 
+from mindspore.nn import Cell
+
+from msprobe.capture.backward import _flatten_tensors
 from msprobe.engine.handles import HandleSet, patch_attribute
 
 try:
@@ -30,6 +33,21 @@ def _region_name(executor) -> str:
     if executor.obj is not None:
         return type(executor.obj).__name__
     return getattr(executor.fn, "__name__", "jit")
+
+
+def _cell_writes(obj, args: tuple, kwargs: dict):
+    """What a compiled region may write, as ``CallRecorder.call``'s ``mutates`` takes it: for a Cell's
+    compiled ``construct``, a callable returning the Cell's Parameters (its sub-Cells' and
+    ``ParameterTuple`` attributes' too: an optimizer's includes the network's weights and its
+    moments) and the tensors among the arguments; ``True`` (anything) for a ``jit`` function, which
+    may reach any Parameter."""
+    if not isinstance(obj, Cell):
+        return True
+
+    def written() -> list:
+        return [*obj.get_parameters(), *_flatten_tensors((args, kwargs), [])]
+
+    return written
 
 
 def install_jit_capture(recorder) -> HandleSet:
@@ -47,7 +65,8 @@ def install_jit_capture(recorder) -> HandleSet:
 
         # a compiled region may assign Parameters (an optimizer's update): tensors recorded so far,
         # views of Parameters among them, are read before it runs
-        return recorder.call(f"Jit.{_region_name(self)}", run, call_args, kwargs, mutates=True)
+        return recorder.call(f"Jit.{_region_name(self)}", run, call_args, kwargs,
+                             mutates=_cell_writes(self.obj, call_args, kwargs))
 
     handles = HandleSet()
     handles.add(patch_attribute(_JitExecutor, "__call__", __call__))

@@ -1215,7 +1215,7 @@ class Runtime:
         memory in place: flush before mutating any."""
         return bool(self._pending_slots) or self._flushing or (self._files is not None and self._files.holds_views)
 
-    def flush(self, wait: bool = True, settle: bool = True) -> bool:
+    def flush(self, wait: bool = True, settle: bool = True, written=None) -> bool:
         """Compute statistics of everything pending and append it to the journals.
 
         Args:
@@ -1226,6 +1226,8 @@ class Runtime:
                 flushed batch are on disk; ``False`` (the mutation guard: only the reading must
                 happen before the tensor changes) leaves them to the file thread, after copying
                 what queued files read of tensors in place (:meth:`FileQueue.protect`).
+            written: with ``settle=False``, what the coming mutation may write, as
+                :meth:`FileQueue.protect` takes it (``None``: anything).
 
         Returns:
             False when ``wait`` is False and another flush was running, else True.
@@ -1234,13 +1236,13 @@ class Runtime:
         raised to the user when the outermost tool section ends (:meth:`leave`), or at once when
         called from user code (the mutation guard): never swallowed.
         """
-        if not self.flush_quietly(wait, settle):
+        if not self.flush_quietly(wait, settle, written):
             return False
         if wait:
             self.raise_user_error()  # only outside tool code (see raise_user_error)
         return True
 
-    def flush_quietly(self, wait: bool = True, settle: bool = True) -> bool:
+    def flush_quietly(self, wait: bool = True, settle: bool = True, written=None) -> bool:
         """:meth:`flush` that keeps a user failure for later (``stop()``/``step()`` raise it once
         their files are written). With ``wait`` and ``settle``, also waits until the ``.npy`` files
         and journal lines of every flushed batch are on disk (:class:`FileQueue`)."""
@@ -1258,7 +1260,7 @@ class Runtime:
             if settle:
                 self._files.drain()
             else:  # a mutation follows: queued files must not read the tensors it may change
-                self._files.protect()
+                self._files.protect(written)
         return True
 
     def _flush_batch(self) -> None:

@@ -27,11 +27,13 @@ No copy on the training thread: an array may read a tensor's memory in place
 neither freed nor reused before the file is written). The program may still change such a tensor in
 place before its file is written; whatever may do that (an in-place operation, a compiled region
 that assigns tensors) first calls :meth:`FileQueue.protect` (the runtime's flush before a mutation),
-which copies the arrays of the files not written yet and waits for the chunk being written. Every
+which copies the arrays of the files not written yet that read memory the mutation may write (all of
+them unless the caller names what it may write) and waits for the chunk being written. Every
 other array is the tool's own memory.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import os
 import sys
@@ -148,28 +150,49 @@ class FileQueue:
             self._cond.notify_all()
         self._ensure_thread()
 
-    def protect(self) -> None:
+    def protect(self, written=None) -> None:
         """Make the files not written yet independent of tensors that may change: copy now (on the
-        calling thread) every queued array that reads a tensor's memory, and wait until the chunk
-        being written from such memory is written. Call before an in-place operation or a compiled
-        region that may assign tensors runs. Cheap when nothing queued reads a tensor's memory."""
+        calling thread) every queued array that reads memory which may change, and wait until the
+        chunk being written from a tensor's memory is written. Call before an in-place operation or
+        a compiled region that may assign tensors runs. Cheap when nothing queued reads a tensor's
+        memory.
+
+        Args:
+            written: ``None`` (anything may change: every array reading a tensor's memory is
+                copied), or a callable without arguments returning the tensors that may change
+                (an iterable of MindSpore tensors, or ``None`` for anything); only the arrays whose
+                bytes lie in the storage of one of them (:func:`storage_ranges`: a view's whole
+                storage, so every tensor sharing that memory) are copied. Called only when
+                something queued reads a tensor's memory; an exception it raises counts as
+                ``None``.
+        """
         if not self.holds_views:
             return
+        ranges = None
+        if written is not None:
+            try:
+                tensors = written()
+                ranges = storage_ranges(tensors) if tensors is not None else None
+            except Exception:  # the tool's own reading failed: copy everything, as without ``written``
+                ranges = None
         with self._cond:
             originals: dict = {}  # id -> array to copy (alive until the end: ids stay unique)
             for job in self._jobs:
                 for i in range(job.next, len(job.files)):
                     if job.views[i]:
                         arr = job.files[i][1]
-                        originals[id(arr)] = arr
+                        if ranges is None or overlaps(arr, ranges):
+                            originals[id(arr)] = arr
             copies = self._copy(list(originals.values()))
             for job in self._jobs:
                 for i in range(job.next, len(job.files)):
                     if job.views[i]:
                         path, arr = job.files[i]
-                        job.files[i] = (path, copies[id(arr)])  # one copy per tensor
-                        job.views[i] = False
-            self._views = 0
+                        copy = copies.get(id(arr))
+                        if copy is not None:
+                            job.files[i] = (path, copy)  # one copy per tensor
+                            job.views[i] = False
+                            self._views -= 1
             while self._writing_views:
                 self._cond.wait()
 
@@ -359,3 +382,37 @@ def _call(ref, exc: BaseException) -> None:
     target = ref()
     if target is not None:
         target(exc)
+
+
+def storage_ranges(tensors) -> list:
+    """Sorted, disjoint ``[(start, end)]`` byte addresses (end exclusive) covering the storage of each
+    tensor in ``tensors`` (an iterable of MindSpore tensors, ``Tensor.untyped_storage()``): the whole
+    memory a view shares with its base and every other view of it. Empty storages are left out.
+    Raises what ``untyped_storage`` raises (a tensor without host memory), ``AttributeError`` for an
+    object that is not a tensor."""
+    spans = []
+    for t in tensors:
+        storage = t.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+        if size:
+            spans.append((start, start + size))
+    spans.sort()
+    merged: list = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def overlaps(arr: np.ndarray, ranges: list) -> bool:
+    """True when a byte of ``arr`` (its extent, ``numpy.byte_bounds``: strided arrays too) lies in one
+    of ``ranges`` (:func:`storage_ranges`'s sorted, disjoint ``[(start, end)]``)."""
+    low, high = np.byte_bounds(arr)
+    if high <= low:
+        return False
+    i = bisect.bisect_left(ranges, (high,)) - 1  # the last range starting before ``high``
+    return i >= 0 and ranges[i][1] > low
+
