@@ -144,6 +144,41 @@ def test_coverage_lists_the_same_gaps_at_every_parked_step(make_debugger, dump_d
     assert {i["name"] for i in listed[0] if i["module"] == __name__} == {"early_relu", "ORIGINAL_RELU"}
 
 
+def test_the_coverage_scan_runs_when_the_capture_is_installed_not_at_each_parked_step(
+        make_debugger, dump_dir, monkeypatch):
+    """The names bound before ``start()`` are found by one scan when the capture is installed; the
+    steps it stays parked for list the same names without scanning again, and a step that installs
+    the capture again (after a step not dumped) scans again."""
+    from msprobe.capture import coverage
+
+    scans = []
+    real_scan = coverage.stale_bindings
+
+    def counting(*args, **kwargs):
+        scans.append(1)
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(coverage, "stale_bindings", counting)
+    ms.set_seed(0)
+    net = EarlyBound()
+    x, _ = mlp_batch()
+    debugger = make_debugger(task="statistics", level="L1", step=[0, 1, 2, 4])
+    seen = []
+    for step in range(5):
+        debugger.start(net)
+        net(x)
+        debugger.stop()
+        debugger.step()
+        seen.append(len(scans))
+    assert seen == [1, 1, 1, 1, 2]  # installed at steps 0 and 4; parked at 1 and 2; 3 not dumped
+    listed = []
+    for step in (0, 1, 2, 4):
+        with open(os.path.join(only_step_dir(dump_dir, step), "coverage.json"), encoding="utf-8") as f:
+            listed.append(f.read())
+    assert listed[0] == listed[1] == listed[2] == listed[3]
+    assert '"early_relu"' in listed[0]
+
+
 def test_another_model_moves_the_hooks(make_debugger):
     a, b = build_mlp(0), build_mlp(1)
     prim_type = type(a.fc1.matmul)

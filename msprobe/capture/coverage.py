@@ -288,15 +288,20 @@ def inline_primitives(models, cell_classes=None) -> list:
     return found
 
 
-def note_stale_bindings(runtime, targets: list, models, aliases=()) -> None:
+def note_stale_bindings(runtime, targets: list, models, aliases=(), found=None):
     """Scan for the gaps of :func:`stale_bindings` and list them in the open step's ``coverage.json``
-    (``not_captured``) through ``runtime`` (:meth:`~msprobe.engine.runtime.Runtime.add_note`)."""
-    try:
-        found = stale_bindings(targets, models, aliases)
-    except Exception as exc:  # a coverage scan must never break start()
-        logger.warning("msprobe: coverage scan failed: %r", exc)
-        return
+    (``not_captured``) through ``runtime`` (:meth:`~msprobe.engine.runtime.Runtime.add_note`).
+
+    ``found``: the list an earlier scan returned, listed again without scanning (``None``: scan).
+    Returns the list listed, or ``None`` when the scan failed (a WARNING; nothing listed)."""
+    if found is None:
+        try:
+            found = stale_bindings(targets, models, aliases)
+        except Exception as exc:  # a coverage scan must never break start()
+            logger.warning("msprobe: coverage scan failed: %r", exc)
+            return None
     for item in found:
         if runtime.first_time(("not captured", item["module"], item["name"])):
             logger.warning("msprobe: not captured: %s", item["reason"])
     runtime.add_note("not_captured", found)
+    return found
