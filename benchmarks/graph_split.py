@@ -61,6 +61,20 @@ def wrap(owner, name: str, label: str, spent: dict, calls: dict) -> None:
     setattr(owner, name, timed)
 
 
+def wrap_parts(parts) -> tuple:
+    """Wrap every function of ``parts`` (``(module, class or None, names)`` rows, as :data:`PARTS`)
+    with :func:`wrap`; returns ``(spent, calls)``: label -> thread CPU ns, label -> calls."""
+    import importlib
+
+    spent, calls = collections.defaultdict(int), collections.defaultdict(int)
+    for module, cls, names in parts:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        for name in names:
+            wrap(owner, name, f"{cls or module.rsplit('.', 1)[-1]}.{name}", spent, calls)
+    return spent, calls
+
+
 def lenet_l0(dump_dir: str | None):
     """``(net, batches, grad_fn, opt, debugger)``: LeNet in GRAPH_MODE on the digits (batch 32), its
     ``value_and_grad`` and SGD, and a statistics L0 debugger writing under ``dump_dir``."""
@@ -109,14 +123,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--dump-dir", default=None)
     args = ap.parse_args()
-    import importlib
-
-    spent, calls = collections.defaultdict(int), collections.defaultdict(int)
-    for module, cls, names in PARTS:
-        owner = importlib.import_module(module)
-        owner = getattr(owner, cls) if cls else owner
-        for name in names:
-            wrap(owner, name, f"{cls or module.rsplit('.', 1)[-1]}.{name}", spent, calls)
+    spent, calls = wrap_parts(PARTS)
     setup = lenet_l0(args.dump_dir)
     batches = setup[1]
     parts = {k: [] for k in ("start", "train", "stop", "step")}
