@@ -169,8 +169,9 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
                + (f"  [golden: {f.golden_entry}]" if f.golden_entry and f.golden_entry != f.entry else ""))
-    if f.kind in ("input", "precision", "unmatched") or f.exceeds_at:
-        click.echo(f"  {f.reason(exact)}")
+    reason = f.reason(exact)
+    if reason:
+        click.echo(f"  {reason}")
     if f.note and f.kind != "unmatched":  # an unmatched entry's reason holds the note
         click.echo(f"  note: {f.note}")
     click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else '(none: top level, or an L1 dump)'}")
@@ -262,9 +263,9 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     from msprobe.compare import first_divergence, level_notes, nan_producer
     from msprobe.compare.output import json_safe
 
-    diverged = []
+    diverged, bitwise = [], []
     if golden is not None:
-        diverged = first_divergence(target, golden, exact, mode=mode, step=step, rank=rank,
+        diverged = first_divergence(target, golden, exact, bitwise, mode=mode, step=step, rank=rank,
                                     mapping=mapping, thresholds=thresholds, ignore=ignore)
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
@@ -275,7 +276,8 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
                                                            for k, v in nans.items()}}), indent=2))
     else:
         if golden is not None and not diverged:
-            click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance")
+            click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance"
+                       + (" but differ bitwise (--exact names where they first differ)" if bitwise else ""))
             for note in level_notes(target, golden, step, rank):
                 click.echo(f"  note: {note}")
         for f in diverged:

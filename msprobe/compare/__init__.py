@@ -76,12 +76,15 @@ def compare(target: str, golden: str, **options) -> List[dict]:
     return rows
 
 
-def first_divergence(target: str, golden: str, exact: bool = False, **options) -> List[Finding]:
+def first_divergence(target: str, golden: str, exact: bool = False, bitwise: Optional[list] = None,
+                     **options) -> List[Finding]:
     """Per paired step/rank, the first divergence (:mod:`msprobe.compare.divergence`); pairs that
-    agree are left out, so ``[]`` means the runs agree. Options as for :func:`comparisons`."""
+    agree are left out, so ``[]`` means the runs agree. ``bitwise``: a list that receives the
+    :class:`StepComparison` of each pair that agrees within tolerance but differs bitwise
+    (``exact=False`` only). Options as for :func:`comparisons`."""
     found = []
     for c in comparisons(target, golden, **options):
-        f = _first_divergence(c, exact)
+        f = _first_divergence(c, exact, bitwise)
         if f is not None:
             found.append(f)
     return found

@@ -5,7 +5,9 @@ gradients), the first entry whose inputs agree and whose outputs do not (a backw
 include its forward call's inputs). "Agree" is the ``pass``
 result of the thresholds (``exact=True``: bitwise equal statistics/CRC, or arrays in tensor mode).
 When that entry is a Cell, the first qualifying entry inside it (``construct.json``) is named
-instead, innermost first, so a Cell is only blamed when none of its dumped children is.
+instead, innermost first, so a Cell is only blamed when none of its dumped children is; a Cell inside
+it whose only differing inputs are its own Parameters (``parameters.*``) and whose outputs differ
+qualifies too (``kind="input"``, "its parameters already differ").
 
 Within tolerance, an entry whose inputs pass but already differ by nearly as much as its outputs
 (error gain at most ``entry.gain`` of ``thresholds.yaml``) does not produce the difference, it
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from msprobe.compare import judge as J
 from msprobe.compare.engine import EntryResult, StepComparison, levels_compared_in_part
@@ -187,9 +189,11 @@ def _scalar(record):
     return {"value": record.value}
 
 
-def first_divergence(comparison: StepComparison, exact: bool = False) -> Optional[Finding]:
+def first_divergence(comparison: StepComparison, exact: bool = False,
+                     bitwise: Optional[List[StepComparison]] = None) -> Optional[Finding]:
     """The first divergence of one compared step/rank (see the module docstring), None when every
-    entry agrees.
+    entry agrees. ``bitwise``: a list to which ``comparison`` is appended when it agrees within
+    tolerance (None is returned, ``exact=False``) but some entry differs bitwise.
 
     Forward entries are searched first, then backward ones. In each, an entry present on one side
     only (``kind="unmatched"``) that runs before the first divergence is named instead: the runs
@@ -198,7 +202,10 @@ def first_divergence(comparison: StepComparison, exact: bool = False) -> Optiona
     finder = DivergenceFinder(exact, comparison.recorded_at_one_level_only)
     for entry in comparison.entries():
         finder.add(entry)
-    return finder.result(comparison)
+    found = finder.result(comparison)
+    if found is None and bitwise is not None and finder.differs_bitwise():
+        bitwise.append(comparison)
+    return found
 
 
 class DivergenceFinder:
@@ -211,6 +218,10 @@ class DivergenceFinder:
         self.exact = exact
         self.leave_out = leave_out
         self.found = {"forward": [], "backward": []}
+        #: entries whose only differing inputs are their own Parameters (``parameters.*``, L0/mix) and
+        #: whose outputs differ: a Cell whose state differs, where a difference inside a found Cell starts
+        self.changed_state = {"forward": [], "backward": []}
+        self._seq = {}
         self.unmatched = {"forward": None, "backward": None}
         self.first_precision = None
         self.first_input = None
@@ -236,6 +247,7 @@ class DivergenceFinder:
             return
         if all(_agrees(r, exact) for r in entry.records):
             return
+        self._seq[id(entry)] = len(self._seq)
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
         if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
             if exact or entry.verdict != "propagated":
@@ -244,8 +256,17 @@ class DivergenceFinder:
                 self.first_precision = self.first_precision or entry
             elif self.grown is None and not self.found[way]:
                 self.grown = entry
-        elif self.first_input is None:
-            self.first_input = entry
+        else:
+            if _only_parameters_differ(entry, exact):
+                self.changed_state[way].append(entry)
+            if self.first_input is None:
+                self.first_input = entry
+
+    def differs_bitwise(self) -> bool:
+        """Tolerance mode: whether some entry fed so far differs bitwise (an unmatched one counted
+        as :meth:`result` counts it); False with ``exact=True``."""
+        b = self.bitwise
+        return b is not None and bool(b.first_input or any(b.found.values()) or any(b.unmatched.values()))
 
     def result(self, comparison: StepComparison) -> Optional[Finding]:
         construct = load_construct(comparison.target.directory)
@@ -255,7 +276,8 @@ class DivergenceFinder:
             if self.grown is not None and naming.direction_of(self.grown.name) == way:
                 return self._origin(comparison, construct)
             if self.found[way]:
-                return _finding("divergence", comparison, _innermost(self.found[way], construct), construct)
+                kind, entry = _innermost(self.found[way], self.changed_state[way], self._seq, construct)
+                return _finding(kind, comparison, entry, construct)
         if self.first_precision is not None:
             return _finding("precision", comparison, self.first_precision, construct)
         if self.first_input is not None:
@@ -272,13 +294,27 @@ class DivergenceFinder:
         return found
 
 
-def _innermost(group: List[EntryResult], construct: dict) -> EntryResult:
-    """The first of ``group``; while a later one of ``group`` lies inside it, that one."""
-    best = group[0]
-    for entry in group[1:]:
-        if best.target in cell_path(entry.target, construct):
-            best = entry
-    return best
+def _innermost(group: List[EntryResult], changed: List[EntryResult], seq: dict,
+               construct: dict) -> Tuple[str, EntryResult]:
+    """``("divergence", the first of group)``; while a later one of ``group``, or one of ``changed``
+    (a Cell whose own Parameters differ, ``"input"``), lies inside it, that one (``changed`` first
+    when both lie inside: the Cell's differing state is what its enclosing Cells carry)."""
+    kind, best = "divergence", group[0]
+    candidates = sorted([(e, "input") for e in changed] + [(e, "divergence") for e in group[1:]],
+                        key=lambda pair: (seq[id(pair[0])], pair[1] != "input"))
+    for entry, how in candidates:
+        if best.target is not None and best.target in cell_path(entry.target or "", construct):
+            kind, best = how, entry
+    return kind, best
+
+
+def _only_parameters_differ(entry: EntryResult, exact: bool) -> bool:
+    """Whether ``entry``'s outputs differ bitwise while of its inputs only its own Parameters
+    (``parameters.*``) do (bitwise); its other inputs agree (bitwise with ``exact``)."""
+    params = [r for r in entry.records if r.flow == "in" and (r.target or r.golden).key.startswith("parameters.")]
+    others = [r for r in entry.records if r.flow == "in" and r not in params]
+    return (any(not r.exact for r in params) and all(_agrees(r, exact) for r in others)
+            and any(not r.exact for r in entry.side("out")))
 
 
 def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construct: dict) -> Finding:

@@ -146,7 +146,7 @@ class StepComparison:
                 entry = self._entry(ti, gi, how, judged, inputs)
                 if entry.target is not None:
                     own = [r for r in entry.records if r.flow == "in" and r.is_tensor]
-                    inputs[entry.target] = (max((r.error for r in own), default=0.0),
+                    inputs[entry.target] = (max((carried_error(r, self.thresholds) for r in own), default=0.0),
                                             all(r.result == J.PASS for r in own),
                                             all(r.exact for r in own))
                 yield entry
@@ -218,7 +218,7 @@ class StepComparison:
         upstream = (max(k[0] for k in known), all(k[1] for k in known),
                     all(k[2] for k in known)) if known else None
         return _entry_result(t_name, self.golden.names[gi] if gi is not None else None, how, judged,
-                             self.thresholds.gain, upstream)
+                             self.thresholds, upstream)
 
     def rows(self, stack: Optional[dict] = None) -> Iterator[dict]:
         """One dict per record pair, keyed by :func:`columns` (``None`` for a value not available);
@@ -227,7 +227,18 @@ class StepComparison:
             yield from entry_rows(entry, self.mode, stack)
 
 
-def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> EntryResult:
+def carried_error(judged: J.Judged, thresholds: Thresholds) -> float:
+    """The error an input record carries into its entry, for the error gain: its :attr:`Judged.error`,
+    at least the ``rounding`` of the less precise dtype when the two sides' dtypes differ (a Float16
+    tensor against a Float32 one differs per element by up to Float16 rounding, which its statistics
+    can hide; see ``thresholds.yaml``)."""
+    t, g = judged.target, judged.golden
+    if t is None or g is None or t.dtype == g.dtype:
+        return judged.error
+    return max(judged.error, thresholds.group(t.dtype, g.dtype).rounding)
+
+
+def _entry_result(t_name, g_name, how, judged, thresholds, upstream=None) -> EntryResult:
     result = J.worst(r.result for r in judged) if judged else (J.UNMATCHED if how == UNMATCHED
                                                                 else J.PASS)
     if how == UNMATCHED:
@@ -235,34 +246,37 @@ def _entry_result(t_name, g_name, how, judged, gain_limit, upstream=None) -> Ent
     # tensor inputs only: a different scalar or string argument is part of what the call does
     ins = [r for r in judged if r.flow == "in" and r.is_tensor]
     outs = [r for r in judged if r.flow == "out"]
-    in_err = max((r.error for r in ins), default=0.0)
+    in_errors = [carried_error(r, thresholds) for r in ins]
+    in_err = max(in_errors, default=0.0)
     agree = all(r.result == J.PASS for r in ins)
     exact = all(r.exact for r in ins)
     if upstream is not None:
         in_err, agree, exact = max(in_err, upstream[0]), agree and upstream[1], exact and upstream[2]
     out_err = max((r.error for r in outs), default=0.0)
     gain = None if out_err == 0 else (math.inf if in_err == 0 else out_err / in_err)
-    limited = agree and _precision_limited(ins, outs)
+    limited = agree and _precision_limited(in_errors + ([upstream[0]] if upstream else []), outs)
     # a changed scalar or string argument is what the call computes differently
     changed_args = agree and any(not r.exact for r in judged if r.flow == "in" and not r.is_tensor)
     if all(r.result == J.PASS for r in outs):
         verdict = J.PASS
-    elif (gain is not None and gain > gain_limit) or changed_args:
+    elif (gain is not None and gain > thresholds.gain) or changed_args:
         verdict = SOURCE
     else:  # its inputs already differ (within tolerance or not) by nearly as much as its outputs
         verdict = PROPAGATED
     return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact, limited)
 
 
-def _precision_limited(ins: list, outs: list) -> bool:
-    """Whether some input, which passed with the tolerance of its own dtype, would fail with the
-    stricter tolerance of a failing output (an exact Float16 -> Float32 cast of a Float16 run compared
-    with a Float32 run: the output carries the input's rounding, judged as Float32)."""
+def _precision_limited(in_errors: list, outs: list) -> bool:
+    """Whether some input error (``in_errors``: of inputs that passed with the tolerance of their own
+    dtype, including those counted through :func:`upstream_names`: the Float32 parameter gradients of
+    a Float16 Cell depend on its Float16 inputs) exceeds the stricter tolerance of a failing output (an
+    exact Float16 -> Float32 cast of a Float16 run compared with a Float32 run: the output carries the
+    input's rounding, judged as Float32)."""
     strict = [r.tolerance for r in outs if r.result != J.PASS and r.tolerance is not None]
     if not strict:
         return False
     limit = min(strict)
-    return any(r.error > limit for r in ins)
+    return any(err > limit for err in in_errors)
 
 
 def _fmt_shape(rec) -> Optional[str]:

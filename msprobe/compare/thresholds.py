@@ -23,6 +23,9 @@ class Group:
     atol: float
     cosine_warning: float
     cosine_error: float
+    #: unit roundoff of the group's dtype (relative; 0 for exact dtypes): the least error a tensor
+    #: rounded to this dtype on one side only carries, which its statistics can hide
+    rounding: float = 0.0
 
 
 class Thresholds:
@@ -46,12 +49,13 @@ class Thresholds:
             config = _merge(config, override)
         self.groups = {}
         for name, values in config["groups"].items():
-            unknown = set(values) - set(_GROUP_KEYS)
+            unknown = set(values) - set(_GROUP_KEYS) - {"rounding"}
             if unknown:
                 raise ValueError(f"thresholds: group {name!r} has unknown keys {sorted(unknown)}; "
-                                 f"valid: {list(_GROUP_KEYS)}")
+                                 f"valid: {list(_GROUP_KEYS) + ['rounding']}")
             try:
-                self.groups[name] = Group(name, **{k: float(values[k]) for k in _GROUP_KEYS})
+                self.groups[name] = Group(name, **{k: float(values[k]) for k in _GROUP_KEYS},
+                                          rounding=float(values.get("rounding", 0.0)))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"thresholds: group {name!r}: {exc} (each of {list(_GROUP_KEYS)} "
                                  f"must be a number)") from None
