@@ -859,3 +859,27 @@ def test_heartbeat_rewritten_in_place_holds_one_whole_document(tmp_path):
     os.remove(path)
     beat.write(json.dumps(long_doc).encode())
     assert json.loads(path.read_bytes()) == long_doc
+
+
+def test_report_and_show_open_the_anomaly_step_of_a_watch_dump(tmp_path):
+    """A watch dump holds earlier clean steps too: without --step, ``msprobe report`` shows the step
+    holding anomalies.json (and says so), and ``msprobe show`` finds the entry there first."""
+    from click.testing import CliRunner
+
+    from msprobe.cli import main
+    from msprobe.compare.html import write_report
+
+    debugger, dump_path = _debugger(tmp_path, "mix", {"history": 200})
+    ms.set_seed(0)
+    _train(Net(), debugger, 4, at=2, poison=_forward_nan)
+    assert os.path.isdir(os.path.join(dump_path, "step0"))          # the history starts at step 0
+    d, _ = _anomaly(dump_path, 2)
+    rank = os.path.basename(d)
+    html = open(write_report(dump_path, str(tmp_path / "r.html")), encoding="utf-8").read()
+    picked = re.search(r'id="picked-step">(.*?)</div>', html, re.S).group(1)
+    assert f"showing step 2 {rank}" in " ".join(picked.split()) and "anomalies.json" in picked
+    assert 'id="goto-nan"' in html
+    html = open(write_report(dump_path, str(tmp_path / "r0.html"), step=[0]), encoding="utf-8").read()
+    assert 'id="picked-step"' not in html and 'id="goto-nan"' not in html      # --step is obeyed
+    out = CliRunner().invoke(main, ["show", dump_path, "Functional.log.0.forward"]).output
+    assert out.startswith(f"Functional.log.0.forward  (step 2, {rank}:"), out
