@@ -541,3 +541,22 @@ def test_empty_reason_says_when_filters_selected_nothing(make_debugger, dump_dir
     debugger.step()
     reason = msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header["empty_reason"]
     assert reason.startswith("2 hooked calls ran in this step") and "selected none" in reason
+
+
+def test_summary_keeps_the_first_line_of_a_multiline_abnormal_reason(make_debugger, dump_dir):
+    """MindSpore's errors carry its C++ stack on further lines: the summary's ABNORMAL note keeps the
+    first line; dump.json keeps the whole text."""
+    debugger = make_debugger(task="statistics", step=[0])
+    a, b = Tensor(np.ones((2, 3), np.float32)), Tensor(np.ones((2, 3), np.float32))
+    with pytest.raises((ValueError, RuntimeError)) as raised:
+        with debugger.dump():
+            ops.relu(a)
+            ops.matmul(a, b)                     # shapes (2, 3) @ (2, 3): MindSpore refuses
+    debugger.step()
+    assert "\n" in str(raised.value).strip()   # the message really is multi-line
+    d = msprobe.dump.load(only_step_dir(dump_dir, 0))
+    assert str(raised.value) in d.header["abnormal"]
+    (line,) = [line for line in msprobe.dump.summarize(dump_dir).splitlines() if "step0/" in line]
+    first = str(raised.value).strip().splitlines()[0].strip()
+    assert line.endswith(f"(ABNORMAL: the with-block raised {type(raised.value).__name__}: {first} ... "
+                         "(full text: dump.json \"abnormal\"))"), line
