@@ -506,6 +506,34 @@ def test_empty_reason_at_l1_counts_only_the_calls_a_list_can_name(make_debugger,
                     "at L1 only the APIs an item can name are hooked): nothing is dumped"]   # once
 
 
+def test_empty_reason_at_l1_counts_compiled_optimizer_calls_apart(make_debugger, dump_dir):
+    """A compiled jit call (the optimizer's update) is hooked whatever the list: with a list that
+    names no API, the empty reason counts it as such, not as a call of "the 0 APIs" the list names."""
+    net, x = _ReluNet(), Tensor(np.ones((2, 4), np.float32))
+    opt = nn.Adam(net.trainable_params(), 0.01)
+    grad = ms.value_and_grad(lambda v: net(v).sum(), None, opt.parameters)
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["no_such_name"]})
+    debugger.start(net)
+    _, grads = grad(x)
+    opt(grads)
+    debugger.stop()
+    debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir, 0)).header["empty_reason"]
+    assert reason == ("1 compiled jit call (Jit.Adam) ran in this step; the config's list names none of "
+                      "the APIs and Primitives level L1 hooks, so no other call was hooked, but the "
+                      "config's list ['no_such_name'] selected none of them")
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["Functional.relu.7"]},
+                             dump_path=dump_dir + "_2")
+    debugger.start(net)
+    _, grads = grad(x)
+    opt(grads)
+    debugger.stop()
+    debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header["empty_reason"]
+    assert reason.startswith("2 calls of the 2 APIs and Primitives the config's list can name and 1 compiled "
+                             "jit call (Jit.Adam) ran in this step (at level L1 only those are hooked)"), reason
+
+
 def test_step_without_hooked_ops_is_explicitly_empty(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics", level="L1")
     debugger.start(rank_id=1)         # this rank runs no hooked op in the step
