@@ -305,10 +305,11 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
 @_all_frames_opt
 @_bad_input
 def show(dump, entry, step, rank, all_frames):
-    """Show one ENTRY of DUMP: its records, stack and Cell path (first matching step/rank)."""
+    """Show one ENTRY of DUMP: its records, stack and Cell path (first matching step/rank; without
+    --step, step/rank directories holding anomalies.json are searched first)."""
     from msprobe.compare.divergence import cell_path
     from msprobe.format.naming import forward_of
-    from msprobe.compare.inputs import rank_number, resolve
+    from msprobe.compare.inputs import anomaly_first, rank_number, resolve
     from msprobe.compare.records import Side
     from msprobe.dump import load_construct, load_stacks
 
@@ -322,7 +323,7 @@ def show(dump, entry, step, rank, all_frames):
         click.echo(f"msprobe: error: no step/rank directory of {dump} matches {asked}; present: {present}"
                    + (", ..." if len(items) > 8 else ""), err=True)
         sys.exit(EXIT_BAD_INPUT)
-    for item in chosen:
+    for item in anomaly_first(chosen) if step is None else chosen:
         side = Side(item.path)
         if entry not in side.index:
             names.update(dict.fromkeys(side.names))
@@ -369,12 +370,14 @@ def _close_names(entry: str, names, limit: int = 5) -> list:
               type=click.Path(dir_okay=False), help="HTML file to write.")
 @_judging_opts
 @click.option("--step", callback=_int_list, metavar="N",
-              help="The step to show (one report is one step; default: the first step present).")
+              help="The step to show (one report is one step; default: the first step holding "
+                   "anomalies.json, else the first step present).")
 @click.option("--rank", callback=_int_list, metavar="R",
               help="The rank to show (default: the first rank present).")
 @_bad_input
 def report(dump, golden, output, mode, step, rank, mapping, thresholds, ignore):
-    """Write a one-file HTML report of DUMP (one step/rank; the first unless --step/--rank).
+    """Write a one-file HTML report of DUMP (one step/rank; unless --step/--rank: the first holding
+    anomalies.json, else the first).
 
     The Cell tree from construct.json with each node's statistics (coloured by compare result
     with --golden), the first divergence and the NaN/Inf producer one click away, and per entry

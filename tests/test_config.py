@@ -140,6 +140,28 @@ def test_filter_in_another_task_section_is_named_once_at_construction(tmp_path, 
     assert "the active task is 'tensor'" in said
 
 
+def test_inactive_filter_advice_holds_for_each_field(tmp_path, caplog):
+    """Each misplaced filter is named, and the advice names only sections that read the field:
+    ``tensor_list`` is read in section 'statistics' only, and task 'structure' records no data."""
+    cases = [
+        ({"task": "statistics", "tensor": {"tensor_list": ["relu"]}},
+         "'tensor.tensor_list' (['relu']) is ignored: the active task is 'statistics', which reads "
+         "section 'statistics' only; move it to section 'statistics'"),
+        ({"task": "tensor", "statistics": {"tensor_list": ["relu"]}},
+         "'statistics.tensor_list' (['relu']) is ignored: the active task is 'tensor', which reads "
+         "section 'tensor' only; 'tensor_list' is read only in section 'statistics': set \"task\": "
+         "\"statistics\" to use it"),
+        ({"task": "statistics", "structure": {"list": ["relu"]}},
+         "'structure.list' (['relu']) is ignored: the active task is 'statistics', which reads section "
+         "'statistics' only; move it to section 'statistics'"),
+    ]
+    for data, expected in cases:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="msprobe"):
+            load(tmp_path, {**BASE, **data})
+        assert _inactive_filter_warnings(caplog) == [f"{tmp_path / 'config.json'}: {expected}"], data
+
+
 def test_filters_that_select_everything_or_match_the_active_section_are_not_named(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="msprobe"):
         load_config(None)                                     # the packaged default: both sections
@@ -404,7 +426,10 @@ def test_keys_in_the_wrong_place_name_where_they_are_read(tmp_path, caplog):
                "named after the task)" in m for m in lines)
     assert any("key 'history' at top level is ignored: it is read only in section 'watch'" in m
                for m in lines)
-    assert not any("tensor_list" in m for m in lines)       # read where it is; other sections unread
+    # the statistics section's tensor_list is read; the tensor section's is named as not read
+    assert [m for m in lines if "tensor_list" in m] == [
+        f"{path}: 'tensor.tensor_list' (['relu']) is ignored: the active task is 'statistics', which "
+        "reads section 'statistics' only; move it to section 'statistics'"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="msprobe"):
         cfg = load_config(path, task="tensor")               # the tensor section is read now

@@ -506,6 +506,34 @@ def test_empty_reason_at_l1_counts_only_the_calls_a_list_can_name(make_debugger,
                     "at L1 only the APIs an item can name are hooked): nothing is dumped"]   # once
 
 
+def test_empty_reason_at_l1_counts_compiled_optimizer_calls_apart(make_debugger, dump_dir):
+    """A compiled jit call (the optimizer's update) is hooked whatever the list: with a list that
+    names no API, the empty reason counts it as such, not as a call of "the 0 APIs" the list names."""
+    net, x = _ReluNet(), Tensor(np.ones((2, 4), np.float32))
+    opt = nn.Adam(net.trainable_params(), 0.01)
+    grad = ms.value_and_grad(lambda v: net(v).sum(), None, opt.parameters)
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["no_such_name"]})
+    debugger.start(net)
+    _, grads = grad(x)
+    opt(grads)
+    debugger.stop()
+    debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir, 0)).header["empty_reason"]
+    assert reason == ("1 compiled jit call (Jit.Adam) ran in this step; the config's list names none of "
+                      "the APIs and Primitives level L1 hooks, so no other call was hooked, but the "
+                      "config's list ['no_such_name'] selected none of them")
+    debugger = make_debugger(task="statistics", level="L1", section={"list": ["Functional.relu.7"]},
+                             dump_path=dump_dir + "_2")
+    debugger.start(net)
+    _, grads = grad(x)
+    opt(grads)
+    debugger.stop()
+    debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header["empty_reason"]
+    assert reason.startswith("2 calls of the 2 APIs and Primitives the config's list can name and 1 compiled "
+                             "jit call (Jit.Adam) ran in this step (at level L1 only those are hooked)"), reason
+
+
 def test_step_without_hooked_ops_is_explicitly_empty(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics", level="L1")
     debugger.start(rank_id=1)         # this rank runs no hooked op in the step
@@ -541,3 +569,22 @@ def test_empty_reason_says_when_filters_selected_nothing(make_debugger, dump_dir
     debugger.step()
     reason = msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header["empty_reason"]
     assert reason.startswith("2 hooked calls ran in this step") and "selected none" in reason
+
+
+def test_summary_keeps_the_first_line_of_a_multiline_abnormal_reason(make_debugger, dump_dir):
+    """MindSpore's errors carry its C++ stack on further lines: the summary's ABNORMAL note keeps the
+    first line; dump.json keeps the whole text."""
+    debugger = make_debugger(task="statistics", step=[0])
+    a, b = Tensor(np.ones((2, 3), np.float32)), Tensor(np.ones((2, 3), np.float32))
+    with pytest.raises((ValueError, RuntimeError)) as raised:
+        with debugger.dump():
+            ops.relu(a)
+            ops.matmul(a, b)                     # shapes (2, 3) @ (2, 3): MindSpore refuses
+    debugger.step()
+    assert "\n" in str(raised.value).strip()   # the message really is multi-line
+    d = msprobe.dump.load(only_step_dir(dump_dir, 0))
+    assert str(raised.value) in d.header["abnormal"]
+    (line,) = [line for line in msprobe.dump.summarize(dump_dir).splitlines() if "step0/" in line]
+    first = str(raised.value).strip().splitlines()[0].strip()
+    assert line.endswith(f"(ABNORMAL: the with-block raised {type(raised.value).__name__}: {first} ... "
+                         "(full text: dump.json \"abnormal\"))"), line

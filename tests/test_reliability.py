@@ -163,8 +163,13 @@ def test_rankless_run_moves_dead_process_dirs_aside(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="msprobe"):
         _one_step(dump_path, 3.0)
     moved = [r.getMessage() for r in caplog.records if "earlier run" in r.getMessage()]
-    assert len(moved) == 1 and moved[0].endswith(f"this run writes {os.path.join(step0, f'proc{os.getpid()}')}")
     names = sorted(os.listdir(step0))
+    (aside,) = [n for n in names if n.startswith(os.path.basename(dead_dir) + ".previous-")]
+    # different pid directories: nothing could be overwritten, and the message says so
+    assert moved == [f"msprobe: {dead_dir} holds a dump from an earlier run (process {int(dead.stdout)} no "
+                     f"longer runs); nothing of it would be overwritten, but it was moved to "
+                     f"{os.path.join(step0, aside)} so that readers of {step0} do not mix it with this run (this run "
+                     f"writes {os.path.join(step0, f'proc{os.getpid()}')})"]
     assert f"proc{os.getpid()}" in names and os.path.basename(alive_dir) in names
     assert os.path.basename(dead_dir) not in names
     assert any(n.startswith(os.path.basename(dead_dir) + ".previous-") for n in names)

@@ -859,3 +859,69 @@ def test_heartbeat_rewritten_in_place_holds_one_whole_document(tmp_path):
     os.remove(path)
     beat.write(json.dumps(long_doc).encode())
     assert json.loads(path.read_bytes()) == long_doc
+
+
+def test_report_and_show_open_the_anomaly_step_of_a_watch_dump(tmp_path):
+    """A watch dump holds earlier clean steps too: without --step, ``msprobe report`` shows the step
+    holding anomalies.json (and says so), and ``msprobe show`` finds the entry there first."""
+    from click.testing import CliRunner
+
+    from msprobe.cli import main
+    from msprobe.compare.html import write_report
+
+    debugger, dump_path = _debugger(tmp_path, "mix", {"history": 200})
+    ms.set_seed(0)
+    _train(Net(), debugger, 4, at=2, poison=_forward_nan)
+    assert os.path.isdir(os.path.join(dump_path, "step0"))          # the history starts at step 0
+    d, _ = _anomaly(dump_path, 2)
+    rank = os.path.basename(d)
+    html = open(write_report(dump_path, str(tmp_path / "r.html")), encoding="utf-8").read()
+    picked = re.search(r'id="picked-step">(.*?)</div>', html, re.S).group(1)
+    assert f"showing step 2 {rank}" in " ".join(picked.split()) and "anomalies.json" in picked
+    assert 'id="goto-nan"' in html
+    html = open(write_report(dump_path, str(tmp_path / "r0.html"), step=[0]), encoding="utf-8").read()
+    assert 'id="picked-step"' not in html and 'id="goto-nan"' not in html      # --step is obeyed
+    out = CliRunner().invoke(main, ["show", dump_path, "Functional.log.0.forward"]).output
+    assert out.startswith(f"Functional.log.0.forward  (step 2, {rank}:"), out
+
+
+def _overflowing_loss_setup():
+    """A Dense whose logits are about ±4e38 and a loss Cell whose cross entropy overflows to inf
+    (the logits themselves are finite)."""
+    net = nn.Dense(4, 2, weight_init=Tensor(np.array([[0.5e38] * 4, [-0.5e38] * 4], np.float32)),
+                   bias_init="zeros")
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    x, y = Tensor(np.full((2, 4), 0.5, np.float32)), Tensor(np.array([1, 1], np.int32))
+    return net, loss_fn, x, y
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_watch_says_once_that_a_loss_outside_the_model_is_not_watched(tmp_path, capsys, level):
+    """Only what start() is given (and, at L1/mix, the wrapped APIs) is watched: a loss Cell applied
+    outside the model overflows unseen, so the user is told once, at the first start(); a model that
+    holds its loss (nn.WithLossCell) is watched whole, and then nothing is said."""
+    net, loss_fn, x, y = _overflowing_loss_setup()
+    debugger, dump_path = _debugger(tmp_path, level, {})
+    grad_fn = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, net.trainable_params())
+    for _ in range(2):
+        debugger.start(net)
+        loss, _ = grad_fn(x, y)
+        debugger.stop()
+        debugger.step()
+    assert math.isinf(float(loss))
+    said = [line for line in capsys.readouterr().out.splitlines() if "watch mode watches" in line]
+    assert len(said) == 1 and "a loss Cell outside the model" in said[0] and "nn.WithLossCell" in said[0]
+    assert os.listdir(dump_path) == [n for n in os.listdir(dump_path) if n.startswith("watch_heartbeat")]
+    debugger.service.close()
+
+    with_loss = nn.WithLossCell(net, loss_fn)
+    debugger, dump_path = _debugger(tmp_path, level, {}, name="with_loss")
+    grad_fn = ms.value_and_grad(with_loss, None, net.trainable_params())
+    debugger.start(with_loss)
+    loss, _ = grad_fn(x, y)
+    debugger.stop()
+    debugger.step()
+    assert math.isinf(float(loss))
+    assert "watch mode watches" not in capsys.readouterr().out
+    assert glob.glob(os.path.join(dump_path, "step0", "*", "anomalies.json"))   # the loss is watched
+    debugger.service.close()

@@ -15,9 +15,9 @@ from typing import Optional
 import jinja2
 
 from msprobe.compare import divergence
-from msprobe.compare.inputs import InputError, rank_number, resolve
+from msprobe.compare.inputs import InputError, anomaly_first, rank_number, resolve
 from msprobe.compare.records import Side
-from msprobe.dump import load_construct, load_stacks
+from msprobe.dump import ANOMALIES, load_construct, load_stacks
 from msprobe.format import naming
 from msprobe.format.frames import frame_lines
 
@@ -47,6 +47,17 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _anomaly_step(dump, options) -> Optional[int]:
+    """Without ``--step``: the step of the first step/rank directory (of the ``--rank`` asked for)
+    holding ``anomalies.json``, or ``None`` when none does (the report then shows the first step)."""
+    if options.get("step") is not None:
+        return None
+    rank = options.get("rank")
+    for item in anomaly_first([i for i in resolve(dump) if rank is None or rank_number(i.rank) in rank]):
+        return item.step if os.path.isfile(os.path.join(item.path, ANOMALIES)) else None
+    return None
+
+
 def _pick(dump, golden, options):
     """The comparison (or None) and the target step/rank directory shown."""
     step, rank = options.get("step"), options.get("rank")
@@ -66,7 +77,11 @@ def _pick(dump, golden, options):
 
 
 def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
-    """Everything the template shows, as plain data."""
+    """Everything the template shows, as plain data. Without ``step``, the step holding
+    ``anomalies.json`` is shown when there is one (``"picked"`` then says so), else the first."""
+    picked = _anomaly_step(dump, options)
+    if picked is not None:
+        options = {**options, "step": [picked]}
     comparison, directory, step, rank = _pick(dump, golden, options)
     side = comparison.target if comparison is not None else Side(directory)
     construct = load_construct(directory)
@@ -131,6 +146,7 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                     key=lambda sr: (sr[0] is None, sr[0] or 0, sr[1]))
     return {"dump": os.path.abspath(dump), "golden": os.path.abspath(golden) if golden else None,
             "directory": directory, "step": step, "rank": rank, "header": side.header,
+            "picked": picked is not None,
             "others": [f"step {s} {r}" if s is not None else r for s, r in others],
             "mode": comparison.mode if comparison is not None else None, "roots": roots,
             "entries": len(side.names), "counts": counts, "golden_only": golden_only,

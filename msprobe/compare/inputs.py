@@ -12,7 +12,7 @@ import os
 import re
 from typing import List, NamedTuple, Optional, Sequence
 
-from msprobe.dump import JOURNAL, SUBTREES
+from msprobe.dump import ANOMALIES, JOURNAL, SUBTREES
 from msprobe.dump import iter_step_dirs
 
 _STEP = re.compile(r"^step(\d+)$")
@@ -70,6 +70,13 @@ def resolve(path: str) -> List[StepRank]:
         raise InputError(f"{path}: no dump found (expected dump.json, a step{{N}} directory with "
                          f"rank{{R}}/proc{{pid}} directories, or a dump_path with step{{N}} directories)")
     return found
+
+
+def anomaly_first(items: Sequence[StepRank]) -> List[StepRank]:
+    """``items`` with those holding ``anomalies.json`` (a non-finite value was recorded there; in
+    watch mode, the anomaly's step) first, each group in its given order."""
+    bad = [item for item in items if os.path.isfile(os.path.join(item.path, ANOMALIES))]
+    return bad + [item for item in items if item not in bad]
 
 
 def rank_number(name: str) -> Optional[int]:

@@ -715,21 +715,43 @@ _FILTER_KEYS = {"scope": ([],), "list": ([],), "data_mode": ([], ["all"]), "tens
 def _warn_inactive_filters(data: Dict[str, Any], active: str, section: Dict[str, Any],
                            source: str) -> None:
     """A filter in another task's section is not read: one WARNING per such section, naming its
-    fields, the section and the active task (not an error: configs often carry several sections,
-    e.g. the packaged default). Filters equal to the active section's value are not named."""
+    fields, the section and the active task, with advice that holds for each field (not an error:
+    configs often carry several sections, e.g. the packaged default). Filters that select
+    everything, or equal the active section's value, are not named."""
     for name in TASKS:
         other = data.get(name)
         if name == active or not isinstance(other, dict):
             continue
-        read_there = _section_fields(name).values()  # what that task would read of it
-        ignored = [key for key, selects_all in _FILTER_KEYS.items() if key in other and key in read_there
+        ignored = [key for key, selects_all in _FILTER_KEYS.items() if key in other
                    and other[key] not in selects_all and other[key] != section.get(key)]
-        if ignored:
-            fields = ", ".join(f"'{name}.{key}' ({other[key]!r})" for key in ignored)
-            logger.warning("%s: %s %s ignored: the active task is %r, which reads section %r only; move "
-                           "%s to section %r, or set \"task\": %s", source, fields,
-                           "is" if len(ignored) == 1 else "are", active, active,
-                           "it" if len(ignored) == 1 else "them", active, json.dumps(name))
+        if not ignored:
+            continue
+        by_advice: Dict[str, list] = {}
+        for key in ignored:
+            by_advice.setdefault(_filter_advice(key, name, active), []).append(key)
+        parts = []
+        for advice, keys in by_advice.items():
+            fields = ", ".join(f"'{name}.{key}' ({other[key]!r})" for key in keys)
+            parts.append(f"{fields} {'is' if len(keys) == 1 else 'are'} ignored: the active task is "
+                         f"{active!r}, which reads section {active!r} only; "
+                         + advice.format(it="it" if len(keys) == 1 else "them"))
+        logger.warning("%s: %s", source, "; ".join(parts))
+
+
+#: tasks that record data, so that setting ``"task"`` to one of them is advice worth giving
+_DATA_TASKS = ("statistics", "tensor")
+
+
+def _filter_advice(key: str, section_name: str, active: str) -> str:
+    """What to do about filter ``key`` found in the inactive section ``section_name`` (``{it}``:
+    placeholder for 'it'/'them'); true for the key: it names only sections that read the key."""
+    readers = [name for name in TASKS if key in _section_fields(name).values()]
+    use_there = (f'set "task": {json.dumps(section_name)}'
+                 if section_name in readers and section_name in _DATA_TASKS else "")
+    if active in readers:
+        return f"move {{it}} to section {active!r}" + (f", or {use_there}" if use_there else "")
+    where = " or ".join(f"section {name!r}" for name in readers)
+    return f"{key!r} is read only in {where}" + (f": {use_there} to use it" if use_there else "")
 
 
 def _section_fields(section_name: str) -> Dict[str, str]:

@@ -85,7 +85,7 @@ def _move_aside_dead_procs(step_dir: str, writes: str) -> None:
     for name in names:
         m = _PROC_DIR.match(name)
         if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
-            move_aside(os.path.join(step_dir, name), writes)
+            move_aside(os.path.join(step_dir, name), writes, f"process {m.group(1)} no longer runs")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -98,11 +98,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def move_aside(directory: str, writes: str | None = None) -> str | None:
+def move_aside(directory: str, writes: str | None = None, why: str = "") -> str | None:
     """Never overwrite silently: a non-empty ``directory`` left by an earlier run is renamed to
     ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (``-{k}`` appended when that exists too), with a
     WARNING naming both paths and ``writes``, the directory this run writes (default ``directory``
-    itself), so readers (``iter_step_dirs``, compare tools) find the newest run.
+    itself), so readers (``iter_step_dirs``, compare tools) find the newest run. When ``writes`` is
+    another directory (a sibling ``proc{pid}`` of a process that no longer runs, ``why`` saying so),
+    the WARNING says that nothing would have been overwritten: it is moved so that readers of the
+    step directory do not mix it with this run.
 
     Returns:
         The new name, ``None`` when there was nothing to move.
@@ -120,6 +123,12 @@ def move_aside(directory: str, writes: str | None = None) -> str | None:
     while os.path.exists(target):
         target, n = f"{directory}.previous-{stamp}-{n}", n + 1
     os.rename(directory, target)
-    logger.warning("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
-                   "run writes %s", directory, target, writes or directory)
+    if writes is None or writes == directory:
+        logger.warning("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
+                       "run writes %s", directory, target, directory)
+    else:
+        logger.warning("msprobe: %s holds a dump from an earlier run (%s); nothing of it would be "
+                       "overwritten, but it was moved to %s so that readers of %s do not mix it with this run "
+                       "(this run writes %s)", directory, why or "another process",
+                       target, os.path.dirname(directory), writes)
     return target

@@ -1394,11 +1394,24 @@ class Runtime:
             causes.append(f"the config's {', '.join(filters)} selected none of them")
         if not causes:
             causes.append("none of them produced a record")
-        ran = f"{calls} hooked call{'s' if calls != 1 else ''} ran in this step"
-        if hooked is not None:
-            ran = (f"{calls} call{'s' if calls != 1 else ''} of the {hooked} APIs and Primitives the "
-                   f"config's list can name ran in this step (at level L1 only those are hooked)")
-        return f"{ran}, but " + "; ".join(causes)
+        return f"{self._calls_that_ran(calls, hooked)}, but " + "; ".join(causes)
+
+    def _calls_that_ran(self, calls: int, hooked: int | None) -> str:
+        """The empty reason's count of the step's ``calls``; with a ``list`` at L1 (``hooked``: the
+        number of APIs and Primitives it can name), compiled jit calls, hooked whatever the list,
+        are counted apart."""
+        if hooked is None:
+            return f"{calls} hooked call{'s' if calls != 1 else ''} ran in this step"
+        jit = {key: n for key, n in self.counters.items() if key.startswith("Jit.") and n}
+        compiled = sum(jit.values())
+        jit_part = f"{compiled} compiled jit call{'s' if compiled != 1 else ''} ({', '.join(sorted(jit))})"
+        if not hooked and compiled == calls:
+            return (f"{jit_part} ran in this step; the config's list names none of the APIs and "
+                    "Primitives level L1 hooks, so no other call was hooked")
+        apis = calls - compiled
+        return (f"{apis} call{'s' if apis != 1 else ''} of the {hooked} APIs and Primitives the config's list can "
+                f"name{' and ' + jit_part if compiled else ''} ran in this step (at level L1 only those "
+                "are hooked)")
 
     def end_step(self) -> None:
         """Close the current step and reset every per-step state (``step()``)."""

@@ -367,6 +367,15 @@ def _iter_trees(dump_path: str):
             yield f"{tree}/", step, rank, path
 
 
+def _first_line(text: str) -> str:
+    """The first non-empty line of ``text`` (an exception's message may carry MindSpore's C++ stack
+    on further lines), marked when lines were left out."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} ... (full text: dump.json \"abnormal\")"
+
+
 def summarize(dump_path: str) -> str:
     """A one-screen text summary: steps, entries, forward/backward counts, first non-finite entry and
     the first producer of a non-finite value (inputs finite, output NaN/Inf; see ``anomalies.json``)."""
@@ -380,7 +389,7 @@ def summarize(dump_path: str) -> str:
         prefixes = sorted({k.split(".", 1)[0] for k in dump.data})
         state = "" if dump.complete else "  (INCOMPLETE)"
         if dump.header.get("abnormal"):
-            state += f"  (ABNORMAL: {dump.header['abnormal']})"
+            state += f"  (ABNORMAL: {_first_line(str(dump.header['abnormal']))})"
         if dump.header.get("partial"):
             state += f"  (PARTIAL: {dump.header['partial']})"
         where = f"{tree}step{step}/{rank}"
