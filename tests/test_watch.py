@@ -895,7 +895,7 @@ def _overflowing_loss_setup():
     return net, loss_fn, x, y
 
 
-@pytest.mark.parametrize("level", ["L1", "mix"])
+@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
 def test_watch_says_once_that_a_loss_outside_the_model_is_not_watched(tmp_path, capsys, level):
     """Only what start() is given (and, at L1/mix, the wrapped APIs) is watched: a loss Cell applied
     outside the model overflows unseen, so the user is told once, at the first start(); a model that
@@ -911,6 +911,8 @@ def test_watch_says_once_that_a_loss_outside_the_model_is_not_watched(tmp_path, 
     assert math.isinf(float(loss))
     said = [line for line in capsys.readouterr().out.splitlines() if "watch mode watches" in line]
     assert len(said) == 1 and "a loss Cell outside the model" in said[0] and "nn.WithLossCell" in said[0]
+    # at L0 the model's own construct is not recorded either, and the line says so
+    assert ("not the operations of its own construct" in said[0]) == (level == "L0")
     assert os.listdir(dump_path) == [n for n in os.listdir(dump_path) if n.startswith("watch_heartbeat")]
     debugger.service.close()
 

@@ -597,7 +597,9 @@ def _say_what_watch_sees(level: str, models) -> None:
     roots = [cell for _, cell in models or ()]
     if roots and all(isinstance(cell, (nn.WithLossCell, nn.TrainOneStepCell)) for cell in roots):
         return
-    seen = {"L0": "the Cells inside the model given to start()",
+    seen = {"L0": "the Cells inside the model given to start() (not the operations of its own construct: "
+                  "a loss computed there by functions such as ops.mse_loss is not watched either, use a "
+                  "loss Cell inside it or level L1/mix)",
             "mix": "the Cells and Primitives inside the model given to start(), and the APIs of "
                    "support_wrap_ops.yaml called anywhere between start() and stop()",
             "L1": "the Primitives inside the model given to start(), and the APIs of "
