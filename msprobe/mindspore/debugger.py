@@ -141,7 +141,12 @@ class PrecisionDebugger:
         """``with debugger.dump(model):`` — :meth:`start` with these arguments when the block is
         entered, :meth:`stop` at its end, also when it raises (the exception reaches the caller
         unchanged). Call :meth:`step` after the step. The ``with`` statement's ``as`` target is the
-        debugger. Arguments and what is raised: as :meth:`start`."""
+        debugger. Arguments and what is raised when the block is entered: as :meth:`start`.
+
+        Raises:
+            RuntimeError: at this call already when the debugger was closed (:meth:`close`).
+        """
+        self._check_open("dump")
         return _DumpBlock(self, model, token_range, rank_id)
 
     def _stop_after(self, exc) -> None:
