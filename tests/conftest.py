@@ -61,14 +61,15 @@ def _mse(pred, target):
 
 # ---------------------------------------------------------------------------------------------- helpers
 def run_steps(net, debugger, steps: int = 1, *, batch=None, loss_fn=_mse, lr: float = 0.1,
-              start_model: bool = True):
-    """``steps`` SGD training steps of ``net``; with ``debugger`` each step is start/stop/step.
+              start_model: bool = True, optimizer=nn.SGD):
+    """``steps`` training steps of ``net`` (``optimizer``: an ``nn.Optimizer`` class, SGD by default);
+    with ``debugger`` each step is start/stop/step.
 
     Returns ``(losses, grads)``: lists (one item per step) of numpy arrays (grads: one list of arrays
     per step, in ``net.trainable_params()`` order).
     """
     params = net.trainable_params()
-    opt = nn.SGD(params, learning_rate=lr)
+    opt = optimizer(params, learning_rate=lr)
     x, y = batch if batch is not None else mlp_batch()
 
     def forward(data, label):

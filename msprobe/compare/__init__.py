@@ -133,7 +133,8 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
         base = os.path.join(out_dir, result_name(c.rank, stamp, c.step, several))
         writer = ResultWriter(base, columns(c.mode, stack), xlsx)
         matches, verdicts, first_source = {}, {}, None
-        finder = DivergenceFinder(leave_out=c.recorded_at_one_level_only)  # first-diff's rule, this pass
+        # first-diff's rule, in this pass
+        finder = DivergenceFinder(leave_out=c.recorded_at_one_level_only, construct=c.construct)
         stacks = load_stacks(c.target.directory) if stack else None
         try:
             for entry in c.entries():

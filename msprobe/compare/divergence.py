@@ -12,8 +12,10 @@ qualifies too (``kind="input"``, "its parameters already differ").
 Within tolerance, an entry whose inputs pass but already differ by nearly as much as its outputs
 (error gain at most ``entry.gain`` of ``thresholds.yaml``) does not produce the difference, it
 carries one that stayed under the thresholds up to there: when such an entry comes first, the entry
-the bitwise rule names among the entries up to it is named instead (``Finding.exceeds_at`` names
-the carrying entry).
+the bitwise rule names among the entries up to it (for a Cell, up to the end of its call: the entries
+inside it) is named instead (``Finding.exceeds_at`` names the carrying entry, the innermost one inside
+that Cell). The Parameters of the Cells inside a Cell count as inputs of it for the gain
+(:meth:`StepComparison.nested_parameter_errors`).
 """
 from __future__ import annotations
 
@@ -199,7 +201,7 @@ def first_divergence(comparison: StepComparison, exact: bool = False,
     only (``kind="unmatched"``) that runs before the first divergence is named instead: the runs
     executed different calls there. When no entry has agreeing inputs and differing outputs, the
     first differing entry is returned with ``kind="input"``."""
-    finder = DivergenceFinder(exact, comparison.recorded_at_one_level_only)
+    finder = DivergenceFinder(exact, comparison.recorded_at_one_level_only, comparison.construct)
     for entry in comparison.entries():
         finder.add(entry)
     found = finder.result(comparison)
@@ -212,11 +214,15 @@ class DivergenceFinder:
     """The rule of :func:`first_divergence`, fed one compared entry at a time (in execution order), so
     ``msprobe compare`` names the same entry as ``msprobe first-diff`` from its own pass."""
 
-    def __init__(self, exact: bool = False, leave_out=None):
+    def __init__(self, exact: bool = False, leave_out=None, construct: Optional[dict] = None):
         """``leave_out``: a predicate on unmatched entries that are not counted as a difference
-        (:meth:`StepComparison.recorded_at_one_level_only`), or None."""
+        (:meth:`StepComparison.recorded_at_one_level_only`), or None. ``construct``: the target's
+        ``construct.json`` (:attr:`StepComparison.construct`), which tells the entries that run inside
+        a Cell call; None: loaded by :meth:`result`, and a Cell's nested entries are not told apart
+        while entries are added."""
         self.exact = exact
         self.leave_out = leave_out
+        self.construct = construct
         self.found = {"forward": [], "backward": []}
         #: entries whose only differing inputs are their own Parameters (``parameters.*``, L0/mix) and
         #: whose outputs differ: a Cell whose state differs, where a difference inside a found Cell starts
@@ -226,16 +232,21 @@ class DivergenceFinder:
         self.first_precision = None
         self.first_input = None
         #: tolerance mode: the first entry (before any source of its direction) whose inputs pass and
-        #: whose outputs fail but only carry on what its inputs already differ by (gain <= limit)
+        #: whose outputs fail but only carry on what its inputs already differ by (gain <= limit); the
+        #: innermost such entry inside it when it is a Cell
         self.grown = None
-        #: tolerance mode: the bitwise rule fed the same entries up to :attr:`grown`, which names
-        #: where the difference that grows over the thresholds at :attr:`grown` starts
-        self.bitwise = None if exact else DivergenceFinder(True, leave_out)
+        #: the first such entry: the bitwise rule is fed the entries up to it and those inside it
+        self._grown_call = None
+        #: an entry outside :attr:`_grown_call` came after it: the bitwise rule is fed no more
+        self._past_grown = False
+        #: tolerance mode: the bitwise rule fed the same entries up to the end of the call of
+        #: :attr:`grown`, which names where the difference that grows over the thresholds there starts
+        self.bitwise = None if exact else DivergenceFinder(True, leave_out, construct)
 
     def add(self, entry: EntryResult) -> None:
         exact = self.exact
         way = naming.direction_of(entry.name)
-        if self.bitwise is not None and self.grown is None:
+        if self.bitwise is not None and self._feeds_bitwise(entry):
             self.bitwise.add(entry)
         if entry.match == "unmatched":
             if not entry.records:  # every record of it matched an ``ignore`` pattern: left out
@@ -255,12 +266,32 @@ class DivergenceFinder:
             elif entry.precision_limited:  # agrees within the inputs' precision, not amplified
                 self.first_precision = self.first_precision or entry
             elif self.grown is None and not self.found[way]:
-                self.grown = entry
+                self.grown = self._grown_call = entry
+            elif self.grown is not None and self._inside(entry, self.grown):
+                self.grown = entry  # where inside the Cell the carried difference exceeds the thresholds
         else:
             if _only_parameters_differ(entry, exact):
                 self.changed_state[way].append(entry)
             if self.first_input is None:
                 self.first_input = entry
+
+    def _inside(self, entry: EntryResult, cell: EntryResult) -> bool:
+        """Whether ``entry`` runs inside the call of the Cell entry ``cell`` (``construct.json``)."""
+        return (self.construct is not None and entry.target is not None and cell.target is not None
+                and cell.target in cell_path(entry.target, self.construct))
+
+    def _feeds_bitwise(self, entry: EntryResult) -> bool:
+        """Whether the bitwise rule is fed ``entry``: every entry up to :attr:`grown`, then the entries
+        that run inside its call (a Cell entry is written before the calls inside it, which its
+        output waits for), while they follow it."""
+        if self._grown_call is None:
+            return True
+        if self._past_grown:
+            return False
+        if entry.target is None or self._inside(entry, self._grown_call):
+            return True
+        self._past_grown = True
+        return False
 
     def differs_bitwise(self) -> bool:
         """Tolerance mode: whether some entry fed so far differs bitwise (an unmatched one counted
@@ -269,7 +300,9 @@ class DivergenceFinder:
         return b is not None and bool(b.first_input or any(b.found.values()) or any(b.unmatched.values()))
 
     def result(self, comparison: StepComparison) -> Optional[Finding]:
-        construct = load_construct(comparison.target.directory)
+        construct = self.construct
+        if construct is None:
+            construct = load_construct(comparison.target.directory)
         for way in ("forward", "backward"):
             if self.unmatched[way] is not None:
                 return _finding("unmatched", comparison, self.unmatched[way], construct)

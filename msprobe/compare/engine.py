@@ -20,6 +20,7 @@ from msprobe.compare.batch import judge_many
 from msprobe.compare.matching import UNMATCHED, match
 from msprobe.compare.records import Side, load_sides
 from msprobe.compare.thresholds import Thresholds
+from msprobe.dump import load_construct
 from msprobe.format import naming
 from msprobe.format.naming import upstream_names
 
@@ -123,6 +124,14 @@ class StepComparison:
         if self.mode == J.TENSOR and not (self.target.has_tensor_files() and self.golden.has_tensor_files()):
             raise ValueError("tensor mode needs both dumps written with task \"tensor\"")
         self.pairs = match(self.target, self.golden, mapping)
+        self._construct = None
+
+    @property
+    def construct(self) -> dict:
+        """The target's ``construct.json``: entry name -> enclosing Cell entry or None ({} when absent)."""
+        if self._construct is None:
+            self._construct = load_construct(self.target.directory)
+        return self._construct
 
     def recorded_at_one_level_only(self, entry: EntryResult) -> bool:
         """Whether ``entry`` is present on one side only because the other dump's level does not
@@ -138,18 +147,55 @@ class StepComparison:
 
         A backward entry's outputs (input gradients) depend on its forward call's inputs too, and a
         Cell's parameter gradients on the Cell's forward inputs and backward inputs, so those count
-        as its inputs for the error gain and the verdict (see :func:`upstream_names`)."""
-        inputs = {}
+        as its inputs for the error gain and the verdict (see :func:`upstream_names`). The Parameters
+        of the Cells inside a Cell count as inputs of that Cell for its error gain (see
+        :meth:`nested_parameter_errors`)."""
+        inputs, nested = {}, self.nested_parameter_errors()
         for start in range(0, len(self.pairs), _CHUNK):
             chunk = self.pairs[start:start + _CHUNK]
             for (ti, gi, how), judged in zip(chunk, self._judge_chunk(chunk)):
-                entry = self._entry(ti, gi, how, judged, inputs)
+                entry = self._entry(ti, gi, how, judged, inputs, nested)
                 if entry.target is not None:
                     own = [r for r in entry.records if r.flow == "in" and r.is_tensor]
-                    inputs[entry.target] = (max((carried_error(r, self.thresholds) for r in own), default=0.0),
+                    carried = max((carried_error(r, self.thresholds) for r in own), default=0.0)
+                    inputs[entry.target] = (max(carried, nested.get(entry.target, 0.0)),
                                             all(r.result == J.PASS for r in own),
                                             all(r.exact for r in own))
                 yield entry
+
+    def nested_parameter_errors(self) -> Dict[str, float]:
+        """Target Cell entry -> the largest error (:func:`carried_error`) of the Parameters
+        (``parameters.*`` records, L0/mix) of the Cells nested inside it (``construct.json``), for
+        the Cells where one differs. Those Parameters are inputs of the outer Cell's computation: a
+        Cell without Parameters of its own whose inputs agree, after an update that changed the
+        Parameters inside it, does not make its output difference from nothing (infinite gain).
+        Reads only the paired Cell entries that have an enclosing Cell; {} without ``construct.json``."""
+        construct, out = self.construct, {}
+        for ti, gi, _ in self.pairs if construct else ():
+            name = self.target.names[ti] if ti is not None else None
+            if (gi is None or name is None or not name.startswith("Cell.") or construct.get(name) is None
+                    or naming.direction_of(name) != "forward"):
+                continue
+            err = self._parameter_error(ti, gi)
+            parent, seen = construct.get(name), set()
+            while err > 0.0 and parent is not None and parent not in seen:
+                seen.add(parent)
+                out[parent] = max(out.get(parent, 0.0), err)
+                parent = construct.get(parent)
+        return out
+
+    def _parameter_error(self, ti: int, gi: int) -> float:
+        """The largest :func:`carried_error` of the ``parameters.*`` tensor records of a pair (0.0: none
+        differs); records the ``ignore`` patterns match are left out."""
+        t_params = [r for r in self.target.records(ti) if r.key.startswith("parameters.") and r.is_tensor]
+        if not t_params:
+            return 0.0
+        g_by_key = {r.key: r for r in self.golden.records(gi)}
+        skip = self._skipped(ti, t_params, gi, list(g_by_key.values())) if self._ignored is not None else ()
+        errors = [carried_error(J.judge(r, g_by_key[r.key], self.mode, self.thresholds, self.target.directory,
+                                        self.golden.directory), self.thresholds)
+                  for r in t_params if r.key in g_by_key and r.key not in skip]
+        return max(errors, default=0.0)
 
     def _judge_chunk(self, chunk) -> list:
         """The judged records of each pair of ``chunk``; statistics of equal-shape tensor pairs are
@@ -209,16 +255,16 @@ class StepComparison:
     def entry(self, ti: Optional[int], gi: Optional[int], how: str) -> EntryResult:
         """One pair judged on its own (its backward/forward context is not taken into account)."""
         (judged,) = self._judge_chunk([(ti, gi, how)])
-        return self._entry(ti, gi, how, judged, {})
+        return self._entry(ti, gi, how, judged, {}, {})
 
-    def _entry(self, ti, gi, how, judged, inputs) -> EntryResult:
+    def _entry(self, ti, gi, how, judged, inputs, nested) -> EntryResult:
         t_name = self.target.names[ti] if ti is not None else None
         known = [inputs.get(n) for n in upstream_names(t_name)] if t_name else []
         known = [k for k in known if k is not None]
         upstream = (max(k[0] for k in known), all(k[1] for k in known),
                     all(k[2] for k in known)) if known else None
         return _entry_result(t_name, self.golden.names[gi] if gi is not None else None, how, judged,
-                             self.thresholds, upstream)
+                             self.thresholds, upstream, nested.get(t_name, 0.0))
 
     def rows(self, stack: Optional[dict] = None) -> Iterator[dict]:
         """One dict per record pair, keyed by :func:`columns` (``None`` for a value not available);
@@ -238,7 +284,10 @@ def carried_error(judged: J.Judged, thresholds: Thresholds) -> float:
     return max(judged.error, thresholds.group(t.dtype, g.dtype).rounding)
 
 
-def _entry_result(t_name, g_name, how, judged, thresholds, upstream=None) -> EntryResult:
+def _entry_result(t_name, g_name, how, judged, thresholds, upstream=None, nested=0.0) -> EntryResult:
+    """``upstream``: (error, pass, exact) of the inputs of :func:`upstream_names`; ``nested``: the
+    largest error of the Parameters of the Cells inside this Cell, an input error for the gain only
+    (whether the inputs agree is judged on the entry's own records)."""
     result = J.worst(r.result for r in judged) if judged else (J.UNMATCHED if how == UNMATCHED
                                                                 else J.PASS)
     if how == UNMATCHED:
@@ -252,6 +301,7 @@ def _entry_result(t_name, g_name, how, judged, thresholds, upstream=None) -> Ent
     exact = all(r.exact for r in ins)
     if upstream is not None:
         in_err, agree, exact = max(in_err, upstream[0]), agree and upstream[1], exact and upstream[2]
+    in_err = max(in_err, nested)
     out_err = max((r.error for r in outs), default=0.0)
     gain = None if out_err == 0 else (math.inf if in_err == 0 else out_err / in_err)
     limited = agree and _precision_limited(in_errors + ([upstream[0]] if upstream else []), outs)
