@@ -506,30 +506,33 @@ def test_empty_reason_at_l1_counts_only_the_calls_a_list_can_name(make_debugger,
                     "at L1 only the APIs an item can name are hooked): nothing is dumped"]   # once
 
 
+def _empty_reason_of_one_step(make_debugger, dump_path, item, net, run) -> str:
+    """``empty_reason`` of one L1 step dumped with ``list: [item]``: ``start(net)``, ``run()``, ``stop()``,
+    ``step()``, then the step's ``dump.json`` read back."""
+    debugger = make_debugger(task="statistics", level="L1", section={"list": [item]}, dump_path=dump_path)
+    debugger.start(net)
+    run()
+    debugger.stop()
+    debugger.step()
+    return msprobe.dump.load(only_step_dir(dump_path, 0)).header["empty_reason"]
+
+
 def test_empty_reason_at_l1_counts_compiled_optimizer_calls_apart(make_debugger, dump_dir):
     """A compiled jit call (the optimizer's update) is hooked whatever the list: with a list that
     names no API, the empty reason counts it as such, not as a call of "the 0 APIs" the list names."""
     net, x = _ReluNet(), Tensor(np.ones((2, 4), np.float32))
     opt = nn.Adam(net.trainable_params(), 0.01)
     grad = ms.value_and_grad(lambda v: net(v).sum(), None, opt.parameters)
-    debugger = make_debugger(task="statistics", level="L1", section={"list": ["no_such_name"]})
-    debugger.start(net)
-    _, grads = grad(x)
-    opt(grads)
-    debugger.stop()
-    debugger.step()
-    reason = msprobe.dump.load(only_step_dir(dump_dir, 0)).header["empty_reason"]
+
+    def train_step():
+        _, grads = grad(x)
+        opt(grads)
+
+    reason = _empty_reason_of_one_step(make_debugger, dump_dir, "no_such_name", net, train_step)
     assert reason == ("1 compiled jit call (Jit.Adam) ran in this step; the config's list names none of "
                       "the APIs and Primitives level L1 hooks, so no other call was hooked, but the "
                       "config's list ['no_such_name'] selected none of them")
-    debugger = make_debugger(task="statistics", level="L1", section={"list": ["Functional.relu.7"]},
-                             dump_path=dump_dir + "_2")
-    debugger.start(net)
-    _, grads = grad(x)
-    opt(grads)
-    debugger.stop()
-    debugger.step()
-    reason = msprobe.dump.load(only_step_dir(dump_dir + "_2", 0)).header["empty_reason"]
+    reason = _empty_reason_of_one_step(make_debugger, dump_dir + "_2", "Functional.relu.7", net, train_step)
     assert reason.startswith("2 calls of the 2 APIs and Primitives the config's list can name and 1 compiled "
                              "jit call (Jit.Adam) ran in this step (at level L1 only those are hooked)"), reason
 
