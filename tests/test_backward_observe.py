@@ -103,10 +103,12 @@ def test_first_grad_input_skips_arguments_without_a_gradient():
     assert found == {"first": True, "none": None}
 
 
-def test_every_tensor_hook_the_tool_registers_is_removed_by_step(make_debugger):
+def test_every_tensor_hook_the_tool_registers_is_removed(make_debugger):
     """MindSpore keeps an entry for each ``Tensor.register_hook`` until the handle is removed, even
-    once the tensor is gone: the hooks the tool puts on Parameters and on the outputs of recorded
-    calls are all removed when the step ends (at mix: Cells whose outputs come from several nodes)."""
+    once the tensor is gone: the hooks the tool puts on the outputs of recorded calls (at mix: Cells
+    whose outputs come from several nodes) are removed when the step ends; those on the Parameters
+    are registered once and stay while the capture is parked for the next dumped step, and
+    ``close()`` removes them."""
     import pytest
 
     from conftest import build_mlp, run_steps
@@ -117,15 +119,23 @@ def test_every_tensor_hook_the_tool_registers_is_removed_by_step(make_debugger):
 
     def spy_register(self, hook):
         handle = register(self, hook)
-        registered.append(handle.id)
+        registered.append((handle.id, isinstance(self, Parameter)))
         return handle
 
     def spy_remove(self):
         removed.append(self.id)
         return remove(self)
 
+    net = build_mlp()
+    params = len(net.trainable_params())
+    debugger = make_debugger(task="statistics", level="mix")   # every step dumped: parked between steps
     with pytest.MonkeyPatch.context() as mp:  # counts calls; MindSpore's functions still do the work
         mp.setattr(Tensor, "register_hook", spy_register)
         mp.setattr(_TensorHookHandle, "remove", spy_remove)
-        run_steps(build_mlp(), make_debugger(task="statistics", level="mix"), steps=2)
-    assert registered and sorted(removed) == sorted(registered)
+        run_steps(net, debugger, steps=2)
+        on_outputs = [i for i, on_parameter in registered if not on_parameter]
+        on_parameters = [i for i, on_parameter in registered if on_parameter]
+        assert on_outputs and set(on_outputs) <= set(removed)
+        assert len(on_parameters) == params and not set(on_parameters) & set(removed)
+        debugger.close()
+    assert registered and sorted(removed) == sorted(i for i, _ in registered)

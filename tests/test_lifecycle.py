@@ -106,6 +106,84 @@ def test_backward_after_stop_is_recorded(make_debugger, dump_dir):
     assert "Tensor.sum.0.forward" not in data        # after stop(): not recorded
 
 
+def _parameter_hook_spy(mp):
+    """Count ``Parameter.register_hook`` registrations and their removals (MindSpore still does the
+    work): returns ``(registered ids, removed ids)``."""
+    from mindspore import Parameter
+    from mindspore.common.hook_handle import _TensorHookHandle
+
+    registered, removed = [], []
+    register, remove = Parameter.register_hook, _TensorHookHandle.remove
+
+    def spy_register(self, hook):
+        handle = register(self, hook)
+        registered.append(handle.id)
+        return handle
+
+    def spy_remove(self):
+        if self.id in registered:  # not the hooks on the outputs of recorded calls
+            removed.append(self.id)
+        return remove(self)
+
+    mp.setattr(Parameter, "register_hook", spy_register)
+    mp.setattr(_TensorHookHandle, "remove", spy_remove)
+    return registered, removed
+
+
+def _grad_entries(dump_dir, step) -> list:
+    return sorted(e for e in msprobe.dump.load(only_step_dir(dump_dir, step)).data if ".parameters_grad." in e)
+
+
+def test_parameter_hooks_stay_while_parked_and_record_only_their_steps(make_debugger, dump_dir):
+    """L0, steps 0-2 dumped: the parameter-gradient hooks are registered once, at step 0's first Cell
+    call under a gradient, and removed at the last step's step(). A dumped step that makes no Cell
+    call under a gradient records none, even when a backward reaches the Parameters (step 1); a
+    backward after stop() is recorded (step 2)."""
+    net = build_mlp()
+    params = net.trainable_params()
+    x, y = mlp_batch()
+    debugger = make_debugger(task="statistics", level="L0", step=[0, 1, 2])
+    with pytest.MonkeyPatch.context() as mp:
+        registered, removed = _parameter_hook_spy(mp)
+        run_steps(net, debugger, 1)
+        assert len(registered) == len(params) and not removed     # kept for step 1
+        trained = _grad_entries(dump_dir, 0)
+        assert trained == ["Cell.fc1.Dense.parameters_grad.0", "Cell.fc2.Dense.parameters_grad.0"]
+
+        debugger.start(net)
+        net(x)                                                   # forward only
+        ms.grad(lambda a: (net.fc1.weight * a).sum(), None, [net.fc1.weight])(Tensor(2.0, ms.float32))
+        debugger.stop()
+        debugger.step()
+        assert _grad_entries(dump_dir, 1) == [] and not removed
+
+        def forward(a, b):
+            debugger.start(net)
+            loss = ops.mse_loss(net(a), b)
+            debugger.stop()                                      # start - forward - stop - backward - step
+            return loss
+
+        ms.value_and_grad(forward, None, params)(x, y)
+        debugger.step()
+        assert _grad_entries(dump_dir, 2) == trained
+        assert len(registered) == len(params) and sorted(removed) == sorted(registered)   # the dump ended
+
+
+def test_parameter_hooks_are_removed_before_a_step_not_dumped(make_debugger, dump_dir):
+    """L0, steps 0 and 2 dumped: the hooks registered in step 0 are removed at its step() (the capture
+    is not parked for step 1) and registered again in step 2; step 1 runs without them."""
+    net = build_mlp()
+    params = net.trainable_params()
+    debugger = make_debugger(task="statistics", level="L0", step=[0, 2])
+    with pytest.MonkeyPatch.context() as mp:
+        registered, removed = _parameter_hook_spy(mp)
+        run_steps(net, debugger, 1)
+        assert len(registered) == len(params) and sorted(removed) == sorted(registered)
+        run_steps(net, debugger, 2)
+        assert len(registered) == 2 * len(params) and sorted(removed) == sorted(registered)
+    assert _grad_entries(dump_dir, 2) == _grad_entries(dump_dir, 0) != []
+
+
 def test_stop_without_start_and_double_start(make_debugger, dump_dir):
     relu = ops.relu
     # step 0 is the last dumped step: its stop() removes the wrappers (before another dumped step

@@ -14,6 +14,11 @@
   Cell hooks are not parked: a jit function calling the Cell between steps would compile them into
   its graph (and fail). Gradient probes already attached to tensors still report, so
   ``start - forward - stop - backward - step`` captures the backward too (seed: 采集指定代码块的前反向数据).
+  The parameter-gradient hooks (L0, mix) are registered at the first dumped step's first Cell call
+  under a gradient and stay registered while the capture is parked: each records only from its
+  step's first Cell call under a gradient until that step's ``step()`` and returns at once
+  otherwise. They are removed at the ``step()`` after which the capture is not parked, when it is
+  released between steps, and at ``close()``/exit.
 * ``step()`` closes the step directory and resets per-step state.
 Calling ``start`` twice, or ``stop`` without ``start``, does nothing.
 """
@@ -85,7 +90,12 @@ class DumpService:
         self._custom: dict = {}
         self._api_patches: AttributePatches | None = None  # built once, applied at each start()
         self._guard: AttributePatches | None = None  # likewise
-        self._cells = CellCapture(self.runtime)  # its hook plan is built at the first start(model)
+        #: the parameter-gradient hooks of the Cell capture (L0, mix): registered at a step's first
+        #: Cell call under a gradient, kept registered while the capture is parked (one object for the
+        #: service's life, so the finalizer below can remove them); removed by _release_capture between
+        #: steps, at the step() after which the capture is not parked, and at close()
+        self._param_hooks = HandleSet()
+        self._cells = CellCapture(self.runtime, self._param_hooks)  # plan built at the first start(model)
         self._primitives = None  # (models key, primitive_targets) read at the first start(model)
         self._recompute = None  # recompute_cells(models), read at the first start(model) at L1
         self._kernel_dump = None
@@ -99,6 +109,7 @@ class DumpService:
         # collected without close() (the debugger was dropped): give back what was changed
         weakref.finalize(self, self._process_state.restore)
         weakref.finalize(self, self._capture.remove)
+        weakref.finalize(self, self._param_hooks.remove)
         weakref.finalize(self, self._gc_window.remove)
         # dropped with a step open (a debugger made inside a function): the step is written then
         weakref.finalize(self, _finish_runtime, self.runtime)
@@ -159,8 +170,12 @@ class DumpService:
         return None if models is None else [(index, weakref.ref(root)) for index, root in models]
 
     def _drop_plans(self) -> None:
-        """Forget everything read from a model (Cell hook plan, Primitive targets)."""
-        self._cells = CellCapture(self.runtime)
+        """Forget everything read from a model (Cell hook plan, Primitive targets). The dropped plan's
+        parameter-gradient hooks are removed, at the end of the step when one is open (a backward
+        after ``stop()`` is still recorded)."""
+        rt = self.runtime
+        self._cells.release_parameter_hooks(rt.tensor_hooks if rt.step_open else None)
+        self._cells = CellCapture(rt, self._param_hooks)
         self._primitives = None
         self._recompute = None  # recompute_cells(models), read at the first start(model) at L1
 
@@ -314,10 +329,14 @@ class DumpService:
         capture.add(Handle(self._guard.undo, "in-place guard"))
 
     def _release_capture(self) -> None:
-        """Remove the parked capture (nothing when none is installed)."""
+        """Remove the parked capture (nothing when none is installed), and the parameter-gradient
+        hooks when no step is open (in an open step they record until its ``step()``, which removes
+        them when the capture is not parked by then)."""
         if self._capture:
             self._capture.remove()
         self._capture_models = None
+        if not self.runtime.step_open:
+            self._param_hooks.remove()
 
     def _primitive_targets(self) -> list:
         """Primitives held by the model's Cells, read at the first ``start(model)`` of a model."""
@@ -513,6 +532,8 @@ class DumpService:
             rt.budget.estimate_after_step(directory, step, len(self.config.step))
         if self.config.last_step is not None and rt.step > self.config.last_step:
             self._finish()
+        if not self._capture:  # the parameter-gradient hooks stay only while the capture is parked
+            self._param_hooks.remove()
         rt.raise_user_error(final=True)
 
     def _finish(self) -> None:
@@ -539,6 +560,7 @@ class DumpService:
         if self._graph:
             self._graph.close()
         self.runtime.close_writer()
+        self._param_hooks.remove()  # after the step is written: a backward until then is recorded
         self.runtime.close_timer()
         self._process_state.restore()
 

@@ -75,10 +75,22 @@ def _has_jit_config(fn, depth: int) -> bool:
     return wrapped is not None and _has_jit_config(wrapped, depth + 1)
 
 
-class CellCapture:
-    """Installs forward and parameter-gradient hooks on every descendant Cell of the models."""
+#: :attr:`CellCapture._param_token` before any step reached a Cell call under a gradient (never a
+#: step token, nor ``None``, the token when no step is open)
+_NO_STEP = -1
 
-    def __init__(self, runtime):
+
+class CellCapture:
+    """Installs forward and parameter-gradient hooks on every descendant Cell of the models.
+
+    Args:
+        runtime: the :class:`~msprobe.engine.runtime.Runtime`.
+        param_hooks: the :class:`~msprobe.engine.handles.HandleSet` the parameter-gradient hooks are
+            registered into (the service's, which decides when they are removed); a new one when
+            not given.
+    """
+
+    def __init__(self, runtime, param_hooks: HandleSet | None = None):
         self.rt = runtime
         self.fwd_in, self.fwd_out, self.bwd_in, self.bwd_out = runtime.data_flags()
         # parameter gradients: not collected when only forward data is asked for
@@ -87,7 +99,11 @@ class CellCapture:
         #: hook)])], ForwardHookTable of the plain Cells): user objects are held weakly, so the plan
         #: never keeps a network alive
         self._plan = None
-        self._param_token = None  # step token of the step whose parameter hooks are registered
+        #: step token of the step that reached its first Cell call under a gradient: the
+        #: parameter-gradient hooks record only while it is the open step's token
+        self._param_token = _NO_STEP
+        self._param_hook_set = HandleSet() if param_hooks is None else param_hooks
+        self._param_handle: Handle | None = None  # this plan's registered hooks, in _param_hook_set
         #: every entry recorded, statistics only (:meth:`Runtime.takes_whole_calls`): a hook's records
         #: are queued at once (:meth:`Runtime.queue_cell_lines`); set at each install
         self._whole = False
@@ -133,19 +149,39 @@ class CellCapture:
         return handles
 
     def _hook_parameters(self) -> None:
-        """Register every planned parameter-gradient hook, at the first Cell call under a gradient in
-        the step (a forward-only step registers none). They stay until ``step()``, so a backward run
-        after ``stop()`` (seed: start -> forward -> stop -> backward -> step) is still recorded."""
+        """The step reached its first Cell call under a gradient: the parameter-gradient hooks record
+        from here until ``step()`` (a forward-only step records none; a backward run after ``stop()``,
+        seed: start -> forward -> stop -> backward -> step, is still recorded). The planned hooks are
+        registered here when they are not already: they stay registered from one dumped step to the
+        next while the service keeps the capture parked (each returns at once outside the steps it
+        records), and the service removes them (:attr:`_param_hook_set`)."""
         rt = self.rt
         token = rt.step_token
         if self._param_token == token or self._plan is None:
             return
         self._param_token = token
+        if self._param_handle is not None and self._param_handle.active:
+            return
+        registered = []
         for _, _, _, _, param_hooks in self._plan[1]:
             for param_ref, hook in param_hooks:
                 param = param_ref()
                 if param is not None:
-                    rt.tensor_hooks.append(param.register_hook(hook))
+                    registered.append(param.register_hook(hook))
+        self._param_handle = self._param_hook_set.add(
+            Handle(lambda: _remove_each(registered), "parameter-gradient hooks"))
+
+    def release_parameter_hooks(self, later: list | None = None) -> None:
+        """Remove this plan's parameter-gradient hooks (the plan is dropped); with ``later`` (the
+        runtime's ``tensor_hooks`` while a step is open), hand them to it instead, to be removed
+        when the step ends."""
+        handle, self._param_handle = self._param_handle, None
+        if handle is None or not handle.active:
+            return
+        if later is None:
+            handle.remove()
+        else:
+            later.append(handle)
 
     def _build_plan(self, models) -> list:
         plan = []
@@ -342,11 +378,6 @@ class CellCapture:
         return Handle(undo, f"{prefix} (custom bprop)")
 
     # ------------------------------------------------------------------ parameter gradients
-    def _hook_params(self, prefix: str, cell, handles: HandleSet) -> None:
-        """Register the parameter-gradient hooks of ``cell`` into ``handles``."""
-        for param, hook in self._param_hooks(prefix, cell):
-            handles.add(_hook_handle(param.register_hook(hook)))
-
     def _param_hooks(self, prefix: str, cell) -> list:
         """``[(Parameter, hook)]`` recording ``{prefix}.parameters_grad.{g}`` for the Cell's own
         trainable parameters (``g`` counts the Cell's backward passes in the step)."""
@@ -354,12 +385,13 @@ class CellCapture:
         if not params:
             return []
         first = params[0][0]
-        rt = self.rt
+        rt, capture = self.rt, self
         key = naming.param_grad_counter(prefix)
         hooks = []
         for pname, param in params:
             def hook(grad, pname=pname):
-                if not rt.step_open:
+                # no open step, or it has not reached its first Cell call under a gradient
+                if rt.step_token != capture._param_token:
                     return None
                 if pname == first:
                     g = rt.next_count(key)
@@ -460,6 +492,12 @@ def _own_parameters(cell) -> dict:
 
 def _hook_handle(ms_handle) -> Handle:
     return Handle(ms_handle.remove)
+
+
+def _remove_each(ms_handles: list) -> None:
+    """Remove MindSpore hook handles (``Parameter.register_hook``'s), last registered first."""
+    while ms_handles:
+        ms_handles.pop().remove()
 
 
 def _hook_dicts():
