@@ -381,10 +381,11 @@ def test_hooks_not_duplicated_across_steps(tmp_path):
     net = build_net()
     x, z = make_inputs()
     step_fn = ms.value_and_grad(net, None, net.trainable_params())
-    for _ in range(3):
+    for step in range(3):
         debugger.start(net)
         assert len(net.shared._forward_pre_hook) == 1 and len(net.shared._forward_hook) == 1
-        assert net.shared.weight.hooks() == []   # registered at the first Cell call under a gradient
+        # registered at the first Cell call under a gradient, then kept while the capture is parked
+        assert len(net.shared.weight.hooks()) == (1 if step else 0)
         step_fn(x, z)
         assert len(net.shared.weight.hooks()) == 1
         debugger.stop()
@@ -396,7 +397,9 @@ def test_hooks_not_duplicated_across_steps(tmp_path):
         assert len(net.shared.weight.hooks()) == 1
         debugger.stop()
         debugger.step()
-        assert net.shared.weight.hooks() == []
+        assert len(net.shared.weight.hooks()) == 1   # every step is dumped: parked for the next one
+    debugger.close()
+    assert net.shared.weight.hooks() == []
 
 
 # ---------------------------------------------------------------------------------------- mix
