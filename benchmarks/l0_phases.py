@@ -12,7 +12,8 @@ every other round, so a drift of the machine's load hits them alike):
 * ``all``: the level as configured;
 * ``no backward probes``: ``BackwardProbe.observe`` does nothing (no tensor or node hook: the Cells'
   backward entries are missing);
-* ``no parameter hooks``: ``CellCapture._hook_parameters`` does nothing (no ``parameters_grad``);
+* ``no parameter hooks``: ``CellCapture._hook_parameters`` registers nothing and removes the hooks an
+  earlier variant's steps left registered (no ``parameters_grad``);
 * ``neither``: both of the above;
 * ``hooks only``: a second debugger whose ``list`` selects nothing (every hook installed and running,
   the parameter-gradient hooks too; only the ``construct.json`` edges are recorded);
@@ -102,8 +103,8 @@ def main(argv=None) -> int:
     def no_observe(self, args, out, mark=None):
         return None
 
-    def no_params(self):
-        return None
+    def no_params(self):  # and none left registered by an earlier variant's steps
+        self.release_parameter_hooks()
 
     switches = {
         "all": (),
