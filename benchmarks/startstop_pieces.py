@@ -38,6 +38,7 @@ PARTS = (
     ("msprobe.capture.cells.cell", "CellCapture", ("install", "_remove", "_hook_parameters")),
     ("msprobe.engine.step_files", None, ("write_step",)),
     ("msprobe.engine.runtime", None, ("encode_batch", "materialize")),
+    ("msprobe.engine.flush", None, ("release_tensors",)),
     ("msprobe.engine.messages", None, ("announce",)),
     ("msprobe.read.report", None, ("step_reports", "without_empty_backward")),
     ("msprobe.engine.layout", None, ("clear_for",)),
