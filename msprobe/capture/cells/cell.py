@@ -162,14 +162,19 @@ class CellCapture:
         self._param_token = token
         if self._param_handle is not None and self._param_handle.active:
             return
-        registered = []
-        for _, _, _, _, param_hooks in self._plan[1]:
-            for param_ref, hook in param_hooks:
-                param = param_ref()
-                if param is not None:
-                    registered.append(param.register_hook(hook))
-        self._param_handle = self._param_hook_set.add(
+        registered = []  # held by the handle first: a failure part-way leaves nothing untracked
+        handle = self._param_handle = self._param_hook_set.add(
             Handle(lambda: _remove_each(registered), "parameter-gradient hooks"))
+        try:
+            for _, _, _, _, param_hooks in self._plan[1]:
+                for param_ref, hook in param_hooks:
+                    param = param_ref()
+                    if param is not None:
+                        registered.append(param.register_hook(hook))
+        except BaseException:  # the caller reports it; the next step registers them again
+            self._param_handle = None
+            handle.remove()
+            raise
 
     def release_parameter_hooks(self, later: list | None = None) -> None:
         """Remove this plan's parameter-gradient hooks (the plan is dropped); with ``later`` (the
