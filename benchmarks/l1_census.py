@@ -19,8 +19,9 @@ original's own time, and notes which parts of the recorder ran:
   exact Tensors; the output's kind is given), ``C+python`` (its inputs could not be described in C:
   ``CallRecorder.fast_call``), ``C+general`` (a recomputed forward or a failed dump: ``_call``),
   ``general`` (not a fast-path API: in-place, compiled region, collective);
-* backward observation: ``none`` (no gradient recorded), ``C`` (``observe_plain`` did it), or the
-  Python branch of ``BackwardProbe.observe`` that did (``single``, ``alias``, ``walk``, ``no node``);
+* backward observation: ``no gradient`` (none recorded), ``C`` (the compiled recorder, or
+  ``observe_plain``, hooked it), or the Python branch of ``BackwardProbe.observe`` that did
+  (``single``, ``alias``, ``walk``, ``no hook``);
 * values described by the Python fallback (``describe_other``) inside the compiled describer, by type.
 
 Gradient hooks firing in the backward (``Runtime.record_items``, ``record_item`` and the Python
@@ -46,6 +47,7 @@ class Census:
 
     def __init__(self):
         self.counting = False
+        self.variant = ""                # prefix of the class names (--probe-objects: which way this step ran)
         self.frames: list = []           # the open calls' notes (calls do not nest: one at most)
         self.by_class = collections.defaultdict(lambda: {"calls": 0, "ns": [], "apis": collections.Counter(), "observe_ns": [],
                                                           "bwd_ns": 0, "bwd_calls": 0})
@@ -92,7 +94,7 @@ def install(census: Census):
     noting(CallRecorder, "_call", "general")
     for name, key in (("_hook_single", "single"), ("_hook_alias_at", "alias"), ("_hook_walk", "walk")):
         noting(BackwardProbe, name, "observe", lambda a, k, key=key: key)
-    observe = BackwardProbe.observe
+    observe = BackwardProbe.observe_general
 
     def observe_patched(self, args, out, mark=None):
         census.note("observe", "no hook")  # replaced by the branch that hooks, if any
@@ -101,7 +103,7 @@ def install(census: Census):
             return observe(self, args, out, mark)
         finally:
             census.note("observe_ns", clock() - t)
-    BackwardProbe.observe = observe_patched
+    BackwardProbe.observe_general = observe_patched
     if hotpath.ext is not None:
         plain = hotpath.ext.observe_plain
 
@@ -152,9 +154,10 @@ def install(census: Census):
         census.note("entry", entry)
     BackwardProbe.__init__ = probe_made
 
-    def shim(real, general: bool):
+    def shim(real, general: bool, runtime):
         def record(api, original, args, kwargs, inplace=False, **more):
             notes = {"original": 0}
+            observed = getattr(real, "observed", 0)  # calls the compiled recorder observed itself
 
             def timed_original(*a, **k):
                 t = clock()
@@ -169,7 +172,10 @@ def install(census: Census):
             finally:
                 spent = clock() - t - notes["original"] - (census.flush_ns - flushed)
                 census.frames.pop()
-                cls = _class_of(notes, general)
+                if getattr(real, "observed", 0) != observed:  # no BackwardProbe: its entry from the counter
+                    notes["plain"] = True
+                    notes["entry"] = f"{api}.{runtime.counters[api] - 1}.backward"
+                cls = census.variant + _class_of(notes, general)
                 counted = notes.get("counted")  # a call of recorder.call that took fast_record: counted there
                 if census.frames:
                     census.frames[-1]["counted"] = True
@@ -188,8 +194,8 @@ def install(census: Census):
 
     def recorder_made(self, runtime):
         init(self, runtime)
-        self.fast_record = shim(self.fast_record, False)
-        self.call = shim(self.call, True)
+        self.fast_record = shim(self.fast_record, False, runtime)
+        self.call = shim(self.call, True, runtime)
     CallRecorder.__init__ = recorder_made
 
 
@@ -217,6 +223,9 @@ def main(argv=None) -> int:
     p.add_argument("--level", default="L1", choices=("L1", "mix"))
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--apis", type=int, default=6, help="APIs named per class")
+    p.add_argument("--probe-objects", action="store_true",
+                   help="every other step, the compiled recorder makes a BackwardProbe object for every call under "
+                        "a gradient and calls its observe (observe_here off): both ways per class, side by side")
     args = p.parse_args(argv)
 
     import llama_split
@@ -237,8 +246,15 @@ def main(argv=None) -> int:
     debugger = PrecisionDebugger(dump_path=os.path.join(out, "dump"), task="statistics", level=args.level)
     clock = time.thread_time_ns
     step_ns = []
-    for i in range(args.steps + 2):
+    compiled = debugger.service.recorder.fast_record
+    compiled = getattr(compiled, "__closure__", None) and compiled.__closure__  # the shim's cells
+    recorder = next((c.cell_contents for c in compiled or () if hasattr(c.cell_contents, "observe_here")), None)
+    rounds = args.steps * (2 if args.probe_objects else 1)
+    for i in range(rounds + 2):
         census.counting = i >= 2
+        if args.probe_objects and recorder is not None:
+            recorder.observe_here = bool(i % 2)
+            census.variant = "[observed here] " if i % 2 else "[probe objects] "
         t = clock()
         debugger.start(net)
         loss, grads = grad_fn(*batches[i % len(batches)])
@@ -250,11 +266,14 @@ def main(argv=None) -> int:
         loss.asnumpy()
     debugger.service.close()
     steps = args.steps
+    if recorder is not None:
+        recorder.observe_here = True
     total_calls = sum(row["calls"] for row in census.by_class.values())
-    print(f"{args.model} {args.level}: {total_calls / steps:.0f} recorded calls per step, dumped step "
-          f"{statistics.median(step_ns) / 1e6:.1f} ms training-thread CPU (median of {steps}); loadavg "
+    print(f"{args.model} {args.level}: {total_calls / rounds:.0f} recorded calls per step, dumped step "
+          f"{statistics.median(step_ns) / 1e6:.1f} ms training-thread CPU (median of {rounds}); loadavg "
           f"{os.getloadavg()[0]:.2f}")
-    print("per step: calls, forward tool ms (less the original), µs/call median, backward hook ms")
+    print("per step: calls, forward tool ms (less the original), µs/call median (of it in BackwardProbe.observe_general), "
+          "gradient hooks ms (calls)")
     rows = sorted(census.by_class.items(), key=lambda kv: -sum(kv[1]["ns"]))
     for cls, row in rows:
         ns = row["ns"]
