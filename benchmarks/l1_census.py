@@ -94,7 +94,8 @@ def install(census: Census):
     noting(CallRecorder, "_call", "general")
     for name, key in (("_hook_single", "single"), ("_hook_alias_at", "alias"), ("_hook_walk", "walk")):
         noting(BackwardProbe, name, "observe", lambda a, k, key=key: key)
-    observe = BackwardProbe.observe_general
+    observe_name = "observe_general" if hasattr(BackwardProbe, "observe_general") else "observe"  # (older trees)
+    observe = getattr(BackwardProbe, observe_name)
 
     def observe_patched(self, args, out, mark=None):
         census.note("observe", "no hook")  # replaced by the branch that hooks, if any
@@ -103,7 +104,7 @@ def install(census: Census):
             return observe(self, args, out, mark)
         finally:
             census.note("observe_ns", clock() - t)
-    BackwardProbe.observe_general = observe_patched
+    setattr(BackwardProbe, observe_name, observe_patched)
     if hotpath.ext is not None:
         plain = hotpath.ext.observe_plain
 
