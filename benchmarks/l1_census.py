@@ -4,6 +4,7 @@ thread's CPU time per class.
 
     .venv-mindformers/bin/python benchmarks/l1_census.py [--model llama] [--level L1] [--steps 3]
     .venv/bin/python benchmarks/l1_census.py --model tiny
+    .venv-mindformers/bin/python benchmarks/l1_census.py --steps 40 --probe-objects
 
 The model, batches and train step are those of ``benchmarks/llama_split.py`` (``--model llama``: the
 mindformers ``LlamaForCausalLM`` of ``tests/scripts/thirdparty_worker.py``; ``tiny``: the TinyLM of
@@ -15,8 +16,8 @@ Each recorded call goes through a Python shim around the recorder (``CallRecorde
 original's own time, and notes which parts of the recorder ran:
 
 * forward path: ``C`` (``hotpath.ext.Recorder`` queued the call itself), ``C+finish`` (the compiled
-  recorder handed the output to ``CallRecorder._finish``: not one Tensor or an exact list/tuple of
-  exact Tensors; the output's kind is given), ``C+python`` (its inputs could not be described in C:
+  recorder handed the output to ``CallRecorder._finish``: an output it does not describe, such as a
+  dict or a namedtuple; the output's kind is given), ``C+python`` (its inputs could not be described in C:
   ``CallRecorder.fast_call``), ``C+general`` (a recomputed forward or a failed dump: ``_call``),
   ``general`` (not a fast-path API: in-place, compiled region, collective);
 * backward observation: ``no gradient`` (none recorded), ``C`` (the compiled recorder, or
@@ -24,7 +25,9 @@ original's own time, and notes which parts of the recorder ran:
   (``single``, ``alias``, ``walk``, ``no hook``);
 * values described by the Python fallback (``describe_other``) inside the compiled describer, by type.
 
-Gradient hooks firing in the backward (``Runtime.record_items``, ``record_item`` and the Python
+The figures of trees whose recorder makes a ``BackwardProbe`` for every call include the shim's wrappers of
+``BackwardProbe.__init__`` and ``observe`` (≈1 µs each): compare trees with ``--probe-objects``, which runs
+both ways in one process. Gradient hooks firing in the backward (``Runtime.record_items``, ``record_item`` and the Python
 closures' ``_record``) are timed per class of the call that registered them. The shim costs ≈1–2 µs
 per call, so per-call figures are upper bounds; the counts are exact.
 """
