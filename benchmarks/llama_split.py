@@ -114,7 +114,9 @@ def main(argv=None) -> int:
                         "(gradient hooks fire, Runtime.record_items and record_item record nothing), copy-parameters "
                         "(a recorded call's Parameters host-copied for the flush instead of read at once), "
                         "scan-at-start (the coverage scan for names bound before start() runs at every start(), "
-                        "not only when the capture is installed)")
+                        "not only when the capture is installed), probe-objects (the compiled recorder makes a "
+                        "BackwardProbe for every call under a gradient and calls its observe, instead of hooking "
+                        "the common case itself)")
     args = p.parse_args(argv)
 
     sys.path.insert(0, WORKER_DIR)
@@ -162,6 +164,9 @@ def main(argv=None) -> int:
 
     patches = {"on": {}, "no-observe": {(BackwardProbe, "observe"): noop},
                "no-items": {(Runtime, "record_items"): noop, (Runtime, "record_item"): noop}}
+    compiled = debugger.service.recorder.fast_record
+    if hasattr(compiled, "observe_here"):  # the compiled recorder: every call through a BackwardProbe object
+        patches["probe-objects"] = {(compiled, "observe_here"): False}
     variants = args.variants.split(",")
     if args.baseline:
         old = {name: _module_at(args.baseline, path) for name, path in

@@ -329,13 +329,19 @@ def test_md5_dump_files_identical_with_and_without_extension(tmp_path, monkeypat
     assert leaves and all(len(leaf["md5"]) == 8 for leaf in leaves if leaf.get("type") == "mindspore.Tensor")
 
 
-def _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields):
+def _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields, ways=("c", "python"),
+                                      build=build_mlp):
+    """Step 1's files, losses and gradients of two steps of ``build()`` dumped each of the ``ways``: ``c``
+    (the compiled path), ``probe objects`` (the compiled recorder observing every call through a
+    ``BackwardProbe`` it makes), ``python`` (no extension)."""
     outputs = []
-    for use_c in (True, False):
-        monkeypatch.setattr(hotpath, "ext", ext if use_c else None)
-        dump = str(tmp_path / f"dump_{use_c}")
+    for way in ways:
+        monkeypatch.setattr(hotpath, "ext", None if way == "python" else ext)
+        dump = str(tmp_path / f"dump_{way}")
         debugger = make_debugger(dump_path=dump, **fields)
-        losses, grads = run_steps(build_mlp(), debugger, steps=2, batch=mlp_batch())
+        if way == "probe objects":
+            debugger.service.recorder.fast_record.observe_here = False
+        losses, grads = run_steps(build(), debugger, steps=2, batch=mlp_batch())
         step_dir = only_step_dir(dump, 1)
         files = {}
         for name in ("dump.json", "stack.json", "construct.json"):
@@ -347,6 +353,40 @@ def _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fiel
         outputs.append((files, [l.tobytes() for l in losses], [[g.tobytes() for g in s] for s in grads]))
     monkeypatch.setattr(hotpath, "ext", ext)
     return outputs
+
+
+class _ShapesAndSplits(ms.nn.Cell):
+    """Calls whose output is not one Tensor: a Primitive and a function returning a tuple of ints, a
+    function returning an int, one returning a tuple of Tensors, and a tuple argument (``concat``)."""
+
+    def __init__(self):
+        super().__init__()
+        ms.set_seed(0)
+        self.dense = ms.nn.Dense(8, 4)
+        self.shape = ops.Shape()
+
+    def construct(self, x):
+        h = self.dense(x)
+        rows, cols = self.shape(h)
+        left, right = ops.split(h, cols // 2, axis=1)
+        scale = ops.numel(x) / (rows * 8.0)
+        return ops.concat((left * right, right), axis=1).reshape(ops.shape(h)) * scale
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_calls_of_other_outputs_give_the_python_paths_files(tmp_path, monkeypatch, make_debugger, level):
+    """Outputs of plain scalars, tuples of them and tuples of Tensors are recorded by the compiled
+    recorder, and the gradients of its calls hooked without a BackwardProbe object: the files, losses
+    and gradients of the Python path, and of the compiled recorder making a probe for every call."""
+    ways = ("c", "probe objects", "python")
+    outputs = _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger, {"level": level}, ways,
+                                                _ShapesAndSplits)
+    assert outputs[0] == outputs[1] == outputs[2]
+    data = outputs[0][0]["dump.json"]["data"]
+    assert data["Primitive.shape.Shape.0.forward"]["output"] == [{"type": "int", "value": 4}] * 2
+    assert data["Functional.numel.0.forward"]["output"] == [{"type": "int", "value": 32}]
+    assert len(data["Functional.split.0.forward"]["output"]) == 2
+    assert "Functional.split.0.backward" in data and "Functional.concat.0.backward" in data
 
 
 def test_dtype_objects_described_as_python_describes_them():

@@ -179,6 +179,13 @@ class BackwardProbe:
         ext = hotpath.ext
         if ext is not None and ext.observe_plain(self, args, out):
             return  # the common cases below (no hook, the alias hook, one node's plain hook) in C
+        self.observe_general(args, out, mark)
+
+    def observe_general(self, args: tuple, out, mark: int | None = None) -> None:
+        """:meth:`observe` without its compiled common case: every call, in Python. The compiled
+        recorder (``hotpath.ext.Recorder``) observes the common case of the calls it records itself
+        and hands the others here. Arguments and exceptions as :meth:`observe`."""
+        ext = hotpath.ext
         node_of = _node_of if ext is None else ext.grad_node  # the same function in C
         targets = None
         if type(out) is Tensor or (type(out) not in _NOT_TENSORS and isinstance(out, Tensor)):

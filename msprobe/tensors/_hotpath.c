@@ -979,6 +979,15 @@ done:
 }
 
 /* ------------------------------------------------------------------ stack key */
+/* the frame's last instruction, as the Python key holds it (f_lasti, in bytes) */
+static long frame_lasti(PyFrameObject *frame) {
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyFrame_GetLasti(frame);
+#else
+    return frame->f_lasti * (PY_VERSION_HEX >= 0x030A0000 ? 2 : 1);
+#endif
+}
+
 static PyObject *frames_key(PyFrameObject *frame, Py_ssize_t limit) {
     Py_XINCREF(frame);
     PyObject *key = PyList_New(0);
@@ -988,11 +997,7 @@ static PyObject *frames_key(PyFrameObject *frame, Py_ssize_t limit) {
         PyObject *code = PyLong_FromVoidPtr(codeobj);  /* id(code): what the Python key holds */
         Py_DECREF(codeobj);
         if (code == NULL) { Py_DECREF(frame); Py_DECREF(key); return NULL; }
-#if PY_VERSION_HEX >= 0x030B0000
-        PyObject *lasti = PyLong_FromLong(PyFrame_GetLasti(frame));
-#else
-        PyObject *lasti = PyLong_FromLong(frame->f_lasti * (PY_VERSION_HEX >= 0x030A0000 ? 2 : 1));
-#endif
+        PyObject *lasti = PyLong_FromLong(frame_lasti(frame));
         int bad = lasti == NULL || PyList_Append(key, code) < 0 || PyList_Append(key, lasti) < 0;
         Py_DECREF(code);
         Py_XDECREF(lasti);
@@ -1005,6 +1010,29 @@ static PyObject *frames_key(PyFrameObject *frame, Py_ssize_t limit) {
     PyObject *out = PyList_AsTuple(key);
     Py_DECREF(key);
     return out;
+}
+
+/* The pairs frames_key holds as ints, (code address, last instruction) of at most `limit` frames from
+ * `frame` outwards, as the bytes of one array: no int object per frame (the compiled recorder finds a
+ * stack it has seen by these bytes, Recorder.stack_raw). */
+static PyObject *frames_raw(PyFrameObject *frame, Py_ssize_t limit) {
+    uintptr_t local[512], *pairs = local;
+    if (limit > 256 && (pairs = PyMem_Malloc(2 * (size_t)limit * sizeof(uintptr_t))) == NULL) return PyErr_NoMemory();
+    Py_ssize_t n = 0;
+    Py_XINCREF(frame);
+    for (; frame != NULL && n < limit; n++) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        pairs[2 * n] = (uintptr_t)code;
+        Py_DECREF(code);
+        pairs[2 * n + 1] = (uintptr_t)frame_lasti(frame);
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)pairs, 2 * n * (Py_ssize_t)sizeof(uintptr_t));
+    if (pairs != local) PyMem_Free(pairs);
+    return raw;
 }
 
 static PyObject *stack_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1583,6 +1611,18 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kwargs) {
 }
 
 /* ------------------------------------------------------------------ one recorded call (capture/calls.py) */
+/* Who hooks a call's gradients: a BackwardProbe (observe_plain), or the compiled recorder for a call it
+ * records (no probe object: the runtime and the backward entry directly, the probe's token read as
+ * BackwardProbe.__init__ reads it). */
+typedef struct {
+    PyObject *probe;  /* the BackwardProbe, or NULL */
+    PyObject *rt, *entry;  /* the runtime and the backward entry when probe is NULL */
+    int want_input, want_output;
+} Observer;
+
+/* defined with the backward hooks below */
+static int observe_tensor(Observer *o, PyObject *args, PyObject *out);
+
 /* Recorder(recorder, runtime, hotpath_module, parts: dict): CallRecorder.fast_call in C, for a call whose
  * inputs and Tensor output are described here. Called as recorder(api, original, args, kwargs,
  * inplace=False) like the Python method; CallWrapper calls it without building a call. What is not the
@@ -1593,8 +1633,15 @@ typedef struct {
     PyObject_HEAD
     PyObject *rt, *hotpath, *slow, *python, *finish, *tool_error, *probe_type, *grad_enabled, *backward_of,
         *fallback, *forks, *stacks, *stack_ids, *rendered, *stack_miss, *lock_acquire, *lock_release;
+    /* frames_raw bytes -> stack id of the stacks this recorder has seen: the ids of stacks._ids, whose key
+     * holds the same frames (their code objects are kept alive by the StackTable, so no address in these
+     * bytes is reused) */
+    PyObject *stack_raw;
     int extra_info, track_parents, backward, max_walk;
     PyObject *bwd_in, *bwd_out;
+    int want_input, want_output;  /* bwd_in, bwd_out as truth values */
+    Py_ssize_t observed;  /* calls whose gradients were hooked here, without a BackwardProbe object */
+    char observe_here;  /* 1: observe_tensor first (the default); 0: every call through a BackwardProbe's observe */
     PyObject *unchanged;  /* the runtime's _unchanged: a Parameter described as it is (read at once) */
     int md5;
     vectorcallfunc vectorcall;
@@ -1609,7 +1656,7 @@ static PyTypeObject RecorderType;
 
 /* the object fields of a Recorder, for the garbage collector's traverse and clear */
 #define RECORDER_OBJECTS(X) X(rt) X(hotpath) X(slow) X(python) X(finish) X(tool_error) X(probe_type) \
-    X(grad_enabled) X(backward_of) X(fallback) X(forks) X(stacks) X(stack_ids) X(rendered) X(stack_miss) \
+    X(grad_enabled) X(backward_of) X(fallback) X(forks) X(stacks) X(stack_ids) X(rendered) X(stack_miss) X(stack_raw) \
     X(lock_acquire) X(lock_release) X(bwd_in) X(bwd_out) X(unchanged)
 
 static int recorder_traverse(Recorder *r, visitproc visit, void *arg) {
@@ -1650,6 +1697,7 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     if (r == NULL) return NULL;
     memset(&r->rt, 0, offsetof(Recorder, vectorcall) - offsetof(Recorder, rt));
     r->vectorcall = recorder_vectorcall;
+    r->observe_here = 1;
     Py_INCREF(rt); r->rt = rt;
     Py_INCREF(mod); r->hotpath = mod;
     PyObject_GC_Track(r);
@@ -1670,16 +1718,17 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         (r->lock_release = PyObject_GetAttrString(lock, "release")) == NULL ||
         (r->stack_ids = PyObject_GetAttrString(r->stacks, "_ids")) == NULL ||
         (r->rendered = PyObject_GetAttrString(r->stacks, "rendered")) == NULL ||
-        (r->stack_miss = PyObject_GetAttrString(r->stacks, "of_caller")) == NULL)
+        (r->stack_miss = PyObject_GetAttrString(r->stacks, "of_caller")) == NULL ||
+        (r->stack_raw = PyDict_New()) == NULL)
         goto fail;
     Py_CLEAR(lock);
     if (!PyDict_Check(r->stack_ids) || !PyList_Check(r->rendered)) {
         PyErr_SetString(PyExc_TypeError, "Recorder: stacks._ids must be a dict, stacks.rendered a list");
         goto fail;
     }
-    const char *names[] = {"extra_info", "track_parents", "backward", "md5"};
-    int *dest[] = {&r->extra_info, &r->track_parents, &r->backward, &r->md5};
-    for (int i = 0; i < 4; i++) {
+    const char *names[] = {"extra_info", "track_parents", "backward", "md5", "bwd_in", "bwd_out"};
+    int *dest[] = {&r->extra_info, &r->track_parents, &r->backward, &r->md5, &r->want_input, &r->want_output};
+    for (int i = 0; i < 6; i++) {
         PyObject *v = part(parts, names[i]);
         if (v == NULL) goto fail;
         *dest[i] = PyObject_IsTrue(v);
@@ -1833,27 +1882,35 @@ static PyObject *dict2(PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2) {
 
 /* (id(code), f_lasti, ...) from `frame` outwards, at most `limit` frames (stacks.stack_key) */
 static PyObject *frames_key(PyFrameObject *frame, Py_ssize_t limit);
+static PyObject *frames_raw(PyFrameObject *frame, Py_ssize_t limit);
 
 /* Runtime.end_call for a Tensor output described into `body`: the stack-use line with the body (the
  * stack's frames line before it on its first use in the step) or one key line per body item, then the
  * construct edges, added to the batch under the runtime's lock; the batch flushed when due. */
 static int queue_call(Recorder *r, PyObject *fwd, PyObject *body, PyObject *slots, PyObject *edges) {
-    PyObject *rt = r->rt, *key = NULL;
+    PyObject *rt = r->rt, *key = NULL, *raw = NULL;
     if (r->extra_info) {
-        key = frames_key(PyEval_GetFrame(), r->max_walk);
-        if (key == NULL) return -1;
+        raw = frames_raw(PyEval_GetFrame(), r->max_walk);
+        if (raw == NULL) return -1;
     }
     PyObject *writer = PyObject_GetAttr(rt, S_writer), *pending = NULL, *emitted = NULL, *sid = NULL;
-    if (writer == NULL) { Py_XDECREF(key); return -1; }
+    if (writer == NULL) { Py_XDECREF(raw); return -1; }
     PyObject *held = PyObject_CallNoArgs(r->lock_acquire);
-    if (held == NULL) { Py_DECREF(writer); Py_XDECREF(key); return -1; }
+    if (held == NULL) { Py_DECREF(writer); Py_XDECREF(raw); return -1; }
     Py_DECREF(held);
     int bad = 1, full = 0;
     if ((pending = PyObject_GetAttr(rt, S_pending)) == NULL || !PyList_Check(pending)) goto unlock;
     if (r->extra_info) {
-        sid = PyDict_GetItemWithError(r->stack_ids, key);
+        sid = PyDict_GetItemWithError(r->stack_raw, raw);
         if (sid != NULL) Py_INCREF(sid);
-        else if (PyErr_Occurred() || (sid = PyObject_CallOneArg(r->stack_miss, key)) == NULL) goto unlock;
+        else if (PyErr_Occurred()) goto unlock;
+        else {  /* a stack this recorder has not seen: its id by the StackTable's key (StackTable.of_caller) */
+            if ((key = frames_key(PyEval_GetFrame(), r->max_walk)) == NULL) goto unlock;
+            sid = PyDict_GetItemWithError(r->stack_ids, key);
+            if (sid != NULL) Py_INCREF(sid);
+            else if (PyErr_Occurred() || (sid = PyObject_CallOneArg(r->stack_miss, key)) == NULL) goto unlock;
+            if (PyDict_SetItem(r->stack_raw, raw, sid) < 0) goto unlock;
+        }
         if ((emitted = PyObject_GetAttr(rt, S_emitted)) == NULL || !PySet_Check(emitted)) goto unlock;
         int seen = PySet_Contains(emitted, sid);
         if (seen < 0) goto unlock;
@@ -1900,7 +1957,7 @@ unlock:
     }
     if (bad && !PyErr_Occurred())
         PyErr_SetString(PyExc_TypeError, "Runtime._pending is not a list or _emitted_stacks not a set");
-    Py_XDECREF(key); Py_XDECREF(writer); Py_XDECREF(pending); Py_XDECREF(emitted); Py_XDECREF(sid);
+    Py_XDECREF(key); Py_XDECREF(raw); Py_XDECREF(writer); Py_XDECREF(pending); Py_XDECREF(emitted); Py_XDECREF(sid);
     if (bad) return -1;
     if (full) {
         PyObject *kw = PyDict_New(), *res = NULL, *flush = NULL;
@@ -1924,24 +1981,63 @@ static PyObject *parent_of(PyObject *rt) {
     return parent;
 }
 
+/* an exact None, bool, int, float or str: described in C, never a work handle (async_handles._NO_HANDLE) */
+static int plain_scalar(PyObject *v) {
+    PyTypeObject *tp = Py_TYPE(v);
+    return v == Py_None || tp == &PyBool_Type || tp == &PyLong_Type || tp == &PyFloat_Type || tp == &PyUnicode_Type;
+}
+
 /* How CallRecorder._finish records `out` when it holds no work handle (async_handles._find_handle) and
- * is its own output list or one item of it (semantics.as_output_list): 1 for a Tensor (also a
- * Parameter), 2 for an exact list or tuple of exact Tensors, 0 for anything else; -1 on an error. */
-static int plain_output(PyObject *out) {
+ * is its own output list or one item of it (semantics.as_output_list): PLAIN_TENSOR for a Tensor (also a
+ * Parameter), PLAIN_SEQUENCE for an exact list or tuple of exact Tensors and plain scalars (*tensors: how
+ * many Tensors), PLAIN_SCALAR for a plain scalar, 0 for anything else; -1 on an error. */
+enum { PLAIN_TENSOR = 1, PLAIN_SEQUENCE = 2, PLAIN_SCALAR = 3 };
+
+static int plain_output(PyObject *out, Py_ssize_t *tensors) {
     PyTypeObject *tp = Py_TYPE(out);
+    *tensors = 0;
     if (tp == &PyTuple_Type || tp == &PyList_Type) {
         PyObject *seq = PySequence_Fast(out, "output");
         if (seq == NULL) return -1;
         int all = 1;
-        for (Py_ssize_t i = 0; all && i < PySequence_Fast_GET_SIZE(seq); i++)
-            all = Py_TYPE(PySequence_Fast_GET_ITEM(seq, i)) == (PyTypeObject *)TensorType;
+        for (Py_ssize_t i = 0; all && i < PySequence_Fast_GET_SIZE(seq); i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+            if (Py_TYPE(item) == (PyTypeObject *)TensorType) ++*tensors;
+            else all = plain_scalar(item);
+        }
         Py_DECREF(seq);
-        return all ? 2 : 0;
+        return all ? PLAIN_SEQUENCE : 0;
     }
-    if (tp == &PyBool_Type || tp == &PyLong_Type || tp == &PyFloat_Type || tp == &PyUnicode_Type ||
-        tp == &PyDict_Type || out == Py_None)
-        return 0;
-    return is_tensor(out);
+    if (plain_scalar(out)) return PLAIN_SCALAR;
+    if (tp == &PyDict_Type) return 0;
+    int t = is_tensor(out);
+    if (t > 0) *tensors = 1;
+    return t > 0 ? PLAIN_TENSOR : t;
+}
+
+/* BackwardProbe(runtime, entry, bwd_in, bwd_out): the Python probe of a call the compiled code does not observe */
+static PyObject *make_probe(Recorder *r, PyObject *entry) {
+    return PyObject_CallFunctionObjArgs(r->probe_type, r->rt, entry, r->bwd_in, r->bwd_out, NULL);
+}
+
+/* CallRecorder._finish's `probe.observe(args, out)` for a call whose output `out` holds a Tensor: in C when
+ * observe_tensor takes it (a Tensor output; `tensor`), else by a BackwardProbe made now
+ * (BackwardProbe.observe_general: what observe does once observe_plain has declined; observe itself when
+ * observe_here is off). 0, or -1 on an error. */
+static int observe_call(Recorder *r, PyObject *entry, PyObject *args, PyObject *out, int tensor) {
+    if (tensor && r->observe_here) {
+        Observer o = {NULL, r->rt, entry, r->want_input, r->want_output};
+        int done = observe_tensor(&o, args, out);
+        if (done > 0) r->observed++;
+        if (done != 0) return done < 0 ? -1 : 0;
+    }
+    PyObject *probe = make_probe(r, entry);
+    if (probe == NULL) return -1;
+    PyObject *res = PyObject_CallMethod(probe, r->observe_here ? "observe_general" : "observe", "OO", args, out);
+    Py_DECREF(probe);
+    if (res == NULL) return -1;
+    Py_DECREF(res);
+    return 0;
 }
 
 /* The Parameters among slots[start:] (described with the runtime's _unchanged) when the runtime reads
@@ -2017,7 +2113,8 @@ static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyO
         Py_DECREF(none);
         return PyObject_CallFunctionObjArgs(r->python, api, original, args, kwargs, NULL);
     }
-    PyObject *body = NULL, *fwd = NULL, *probe = NULL, *edges = NULL, *argskw = NULL, *out;
+    /* bwd: the backward entry while the gradient is on; its gradients are observed after the call */
+    PyObject *body = NULL, *fwd = NULL, *bwd = NULL, *edges = NULL, *argskw = NULL, *out;
     Py_ssize_t n = next_count(rt, api);
     if (n < 0) goto tool_failed;
     if (add_asked(rt, 2) < 0 || (body = dict2(S_input_args, a, S_input_kwargs, k)) == NULL) goto tool_failed;
@@ -2031,16 +2128,14 @@ static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyO
         Py_XDECREF(g);
         if (on < 0) { Py_XDECREF(parent); goto tool_failed; }
         if (on) {
-            PyObject *bwd = PyUnicode_FromFormat("%U.%zd.%U", api, n, S_backward);
-            if (bwd != NULL) probe = PyObject_CallFunctionObjArgs(r->probe_type, rt, bwd, r->bwd_in, r->bwd_out, NULL);
-            if (probe != NULL && r->track_parents) {
+            bwd = PyUnicode_FromFormat("%U.%zd.%U", api, n, S_backward);
+            if (bwd != NULL && r->track_parents) {
                 PyObject *up = PyObject_CallOneArg(r->backward_of, parent);
                 bwd_edge = up == NULL ? NULL : PyTuple_Pack(2, bwd, up);
                 Py_XDECREF(up);
-                if (bwd_edge == NULL) Py_CLEAR(probe);
+                if (bwd_edge == NULL) Py_CLEAR(bwd);
             }
-            Py_XDECREF(bwd);
-            if (probe == NULL) { Py_XDECREF(parent); goto tool_failed; }
+            if (bwd == NULL) { Py_XDECREF(parent); goto tool_failed; }
         }
     }
     if (r->track_parents) {
@@ -2055,7 +2150,7 @@ static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyO
     if (edges == NULL) goto tool_failed;
     goto call;
 tool_failed:  /* the tool's failure before the call: reported, the call is not recorded */
-    Py_CLEAR(body); Py_CLEAR(fwd); Py_CLEAR(probe); Py_CLEAR(edges);
+    Py_CLEAR(body); Py_CLEAR(fwd); Py_CLEAR(bwd); Py_CLEAR(edges);
     argskw = PyTuple_Pack(2, args, kwargs);
     if (argskw == NULL || report(r, api, argskw) < 0) {
         Py_XDECREF(argskw); Py_DECREF(slots); Py_DECREF(snapshot); Py_DECREF(a); Py_DECREF(k);
@@ -2076,16 +2171,17 @@ call:
         }
     } else if (fwd != NULL) {
         int done = 0;
-        int plain = plain_output(out);
+        Py_ssize_t tensors = 0;
+        int plain = plain_output(out, &tensors);
         if (plain < 0) PyErr_Clear();  /* the Python tail decides */
         if (plain > 0) {  /* described and queued here */
             Py_ssize_t before = PyList_GET_SIZE(slots);
             PyObject *list = NULL;
-            if (plain == 1) {  /* a Tensor: the list of it */
+            if (plain != PLAIN_SEQUENCE) {  /* a Tensor or a scalar: the list of it */
                 PyObject *d = describe_value(out, 1, keep, slots, r->fallback);
                 if (d != NULL && (list = PyList_New(1)) != NULL) PyList_SET_ITEM(list, 0, d);
                 else Py_XDECREF(d);
-            } else {  /* a list or tuple of Tensors is its own output list */
+            } else {  /* a list or tuple is its own output list */
                 list = describe_value(out, 0, keep, slots, r->fallback);
             }
             if (list != NULL && now > 0 && settle_parameters(slots, before, snapshot, r->md5) < 0) Py_CLEAR(list);
@@ -2097,23 +2193,24 @@ call:
                 Py_DECREF(list);
                 int failed = stored ? truth_attr(rt, S_failed) : -1;
                 if (failed == 0 && queue_call(r, fwd, body, slots, edges) < 0) failed = -1;
-                if (failed >= 0 && probe != NULL) {
-                    PyObject *res = PyObject_CallMethod(probe, "observe", "OO", args, out);
-                    if (res == NULL) failed = -1;
-                    Py_XDECREF(res);
-                }
+                /* an output without a Tensor takes no gradient: BackwardProbe.observe would hook nothing */
+                if (failed >= 0 && bwd != NULL && tensors && observe_call(r, bwd, args, out, plain == PLAIN_TENSOR) < 0)
+                    failed = -1;
                 if (failed < 0 && report(r, api, out) < 0) { Py_CLEAR(out); }
                 done = 1;
             }
         }
-        if (!done) {
-            PyObject *res = PyObject_CallFunctionObjArgs(r->finish, api, fwd, body, slots, edges, args, kwargs, out,
-                                                         probe ? probe : Py_None, Py_False, NULL);
+        if (!done) {  /* the Python tail records the output and observes the call with a probe made now */
+            PyObject *probe = bwd != NULL ? make_probe(r, bwd) : Py_NewRef(Py_None), *res = NULL;
+            if (probe != NULL || report(r, api, out) == 0)
+                res = PyObject_CallFunctionObjArgs(r->finish, api, fwd, body, slots, edges, args, kwargs, out,
+                                                   probe != NULL ? probe : Py_None, Py_False, NULL);
             if (res == NULL) Py_CLEAR(out);
             Py_XDECREF(res);
+            Py_XDECREF(probe);
         }
     }
-    Py_XDECREF(body); Py_XDECREF(fwd); Py_XDECREF(probe); Py_XDECREF(edges);
+    Py_XDECREF(body); Py_XDECREF(fwd); Py_XDECREF(bwd); Py_XDECREF(edges);
     Py_DECREF(slots); Py_DECREF(snapshot); Py_DECREF(a); Py_DECREF(k);
     return leave(rt, out);
 }
@@ -2127,9 +2224,19 @@ static PyObject *recorder_vectorcall(PyObject *self, PyObject *const *args, size
     return record_call((Recorder *)self, args[0], args[1], args[2], args[3]);
 }
 
+static PyMemberDef recorder_members[] = {
+    {"observed", T_PYSSIZET, offsetof(Recorder, observed), READONLY,
+     "calls whose gradients this recorder hooked itself (no BackwardProbe object made)"},
+    {"observe_here", T_BOOL, offsetof(Recorder, observe_here), 0,
+     "True (default): the common case of a call's gradients hooked here; False: every call observed by a\n"
+     "BackwardProbe made for it (BackwardProbe.observe: the same hooks; for tests and measurements)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "msprobe.tensors._hotpath.Recorder",
+    .tp_members = recorder_members,
     .tp_basicsize = sizeof(Recorder),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Recorder(runtime, hotpath, parts): CallRecorder.fast_call in C (see the source).",
@@ -2268,7 +2375,7 @@ static PyTypeObject CallWrapperType = {
  * gradient-taking argument itself (BackwardProbe._hook_alias_at). The hook registered is a GradHook, which
  * builds the items the Python closures build, in the same order, and hands them to Runtime.record_items. */
 static PyObject *S_input_side, *S_output_side, *S_want_input, *S_want_output, *S_runtime, *S_entry, *S_token,
-    *S_size, *S_record_items, *S_tensor_hooks, *S_register_hook;
+    *S_size, *S_record_items, *S_tensor_hooks, *S_register_hook, *S_step_token;
 
 typedef struct {
     PyObject_HEAD
@@ -2370,9 +2477,14 @@ static PyTypeObject GradHookType = {
     .tp_vectorcall_offset = offsetof(GradHook, vectorcall),
 };
 
-/* a GradHook of `probe` (its runtime's record_items, entry, token) for a call of `n_args` arguments */
-static GradHook *hook_new(PyObject *probe, Py_ssize_t n_args, int want_input) {
-    PyObject *rt = PyObject_GetAttr(probe, S_runtime);
+/* the observer's runtime: new reference */
+static PyObject *observer_runtime(Observer *o) {
+    return o->probe != NULL ? PyObject_GetAttr(o->probe, S_runtime) : Py_NewRef(o->rt);
+}
+
+/* a GradHook of the observer (its runtime's record_items, entry, token) for a call of `n_args` arguments */
+static GradHook *hook_new(Observer *o, Py_ssize_t n_args, int want_input) {
+    PyObject *rt = observer_runtime(o);
     if (rt == NULL) return NULL;
     GradHook *h = PyObject_GC_New(GradHook, &GradHookType);
     if (h == NULL) { Py_DECREF(rt); return NULL; }
@@ -2380,9 +2492,10 @@ static GradHook *hook_new(PyObject *probe, Py_ssize_t n_args, int want_input) {
     h->vectorcall = hook_vectorcall;
     h->want_input = want_input;
     h->record_items = PyObject_GetAttr(rt, S_record_items);
+    if (h->record_items != NULL)
+        h->entry = o->probe != NULL ? PyObject_GetAttr(o->probe, S_entry) : Py_NewRef(o->entry);
+    if (h->entry != NULL) h->token = PyObject_GetAttr(o->probe != NULL ? o->probe : rt, o->probe != NULL ? S_token : S_step_token);
     Py_DECREF(rt);
-    if (h->record_items != NULL) h->entry = PyObject_GetAttr(probe, S_entry);
-    if (h->entry != NULL) h->token = PyObject_GetAttr(probe, S_token);
     if (h->token != NULL) h->size = PyLong_FromSsize_t(n_args);
     if (h->size != NULL) h->n_out = PyLong_FromLong(1);
     PyObject_GC_Track(h);
@@ -2397,86 +2510,75 @@ static int among(PyObject *out, PyObject *args) {
     return 0;
 }
 
-/* probe.size = len(args) */
-static int set_size(PyObject *probe, PyObject *args) {
+/* probe.size = len(args), when there is a probe */
+static int set_size(Observer *o, PyObject *args) {
+    if (o->probe == NULL) return 0;
     PyObject *n = PyLong_FromSsize_t(PyTuple_GET_SIZE(args));
-    int bad = n == NULL || PyObject_SetAttr(probe, S_size, n) < 0;
+    int bad = n == NULL || PyObject_SetAttr(o->probe, S_size, n) < 0;
     Py_XDECREF(n);
     return bad ? -1 : 0;
 }
 
 /* BackwardProbe._hook_alias_at(out, position): the tensor hook, its handle kept in runtime.tensor_hooks */
-static int hook_alias(PyObject *probe, PyObject *args, PyObject *out, PyObject *position) {
-    if (set_size(probe, args) < 0) return -1;
-    GradHook *h = hook_new(probe, PyTuple_GET_SIZE(args), 1);
+static int hook_alias(Observer *o, PyObject *args, PyObject *out, PyObject *position) {
+    if (set_size(o, args) < 0) return -1;
+    GradHook *h = hook_new(o, PyTuple_GET_SIZE(args), 1);
     if (h == NULL) return -1;
     Py_INCREF(position);
     h->position = position;
     PyObject *handle = PyObject_CallMethodOneArg(out, S_register_hook, (PyObject *)h);
     Py_DECREF(h);
     if (handle == NULL) return -1;
-    PyObject *rt = PyObject_GetAttr(probe, S_runtime), *hooks = rt ? PyObject_GetAttr(rt, S_tensor_hooks) : NULL;
-    PyObject *res = hooks ? PyObject_CallMethod(hooks, "append", "O", handle) : NULL;
+    PyObject *rt = observer_runtime(o), *hooks = rt ? PyObject_GetAttr(rt, S_tensor_hooks) : NULL;
+    int bad = hooks == NULL || !PyList_Check(hooks) || PyList_Append(hooks, handle) < 0;
+    if (bad && hooks != NULL && !PyList_Check(hooks) && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "Runtime.tensor_hooks is not a list");
     Py_XDECREF(rt); Py_XDECREF(hooks); Py_DECREF(handle);
-    if (res == NULL) return -1;
-    Py_DECREF(res);
-    return 0;
+    return bad ? -1 : 0;
 }
 
-/* observe_plain(probe, args, out) -> bool: BackwardProbe.observe for a Tensor output when it ends in no
- * hook, the alias hook or _hook_single's plain hook (True, done); False with nothing done for any other
- * call (the Python code then observes it). The same attributes are read in the same order. */
-static PyObject *observe_plain(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 3 || !PyTuple_Check(a[1])) {
-        PyErr_SetString(PyExc_TypeError, "observe_plain(probe, args: tuple, out)");
-        return NULL;
-    }
-    if (FloatDtypes == NULL || TensorKinds == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() and setup_calls() were not called");
-        return NULL;
-    }
-    PyObject *probe = a[0], *args = a[1], *out = a[2];
-    int t = is_tensor(out);
-    if (t <= 0) return t < 0 ? NULL : Py_NewRef(Py_False);
-    int want_input = truth_attr(probe, S_want_input), want_output = want_input < 0 ? -1 : truth_attr(probe, S_want_output);
-    if (want_output < 0) return NULL;
-    PyObject *targets = NULL, *node = NULL, *nodes = NULL, *mapping = NULL, *result = NULL;
+/* BackwardProbe.observe for the Tensor `out` of a call of positional arguments `args` when it ends in no
+ * hook, the alias hook or _hook_single's plain hook: 1 (done), 0 with nothing done for any other call
+ * (the Python code then observes it), -1 on an error. The same attributes are read in the same order. */
+static int observe_tensor(Observer *o, PyObject *args, PyObject *out) {
+    int want_input = o->want_input, want_output = o->want_output;
+    PyObject *targets = NULL, *node = NULL, *nodes = NULL, *mapping = NULL;
+    int result = -1;
     Py_ssize_t n_args = PyTuple_GET_SIZE(args);
     if (want_input && want_output && among(out, args)) {
-        if ((targets = grad_targets(NULL, args)) == NULL) return NULL;
+        if ((targets = grad_targets(NULL, args)) == NULL) return -1;
         Py_ssize_t n = PyList_GET_SIZE(targets), hit = 0;
         if (n == 1) {
             PyObject *only = PyList_GET_ITEM(targets, 0);
             if (PyTuple_GET_ITEM(only, 2) == out && PyTuple_GET_ITEM(only, 1) == Py_None) {
-                int bad = hook_alias(probe, args, out, PyTuple_GET_ITEM(only, 0));
+                int bad = hook_alias(o, args, out, PyTuple_GET_ITEM(only, 0));
                 Py_DECREF(targets);
-                return bad ? NULL : Py_NewRef(Py_True);
+                return bad ? -1 : 1;
             }
         }
         for (Py_ssize_t i = 0; !hit && i < n; i++) hit = PyTuple_GET_ITEM(PyList_GET_ITEM(targets, i), 2) == out;
-        if (!hit) { Py_DECREF(targets); return Py_NewRef(Py_True); }
+        if (!hit) { Py_DECREF(targets); return 1; }
     }
     if ((node = node_of(out)) == NULL) goto done;
-    if (node == Py_None) { result = Py_NewRef(Py_True); goto done; }
+    if (node == Py_None) { result = 1; goto done; }
     if (targets == NULL && (targets = grad_targets(NULL, args)) == NULL) goto done;
     if ((nodes = PyList_New(1)) == NULL) goto done;
     PyList_SET_ITEM(nodes, 0, Py_NewRef(node));
     PyObject *sm_args[2] = {nodes, targets};
     if ((mapping = single_mapping(NULL, sm_args, 2)) == NULL) goto done;
-    if (mapping == Py_None) { result = Py_NewRef(Py_False); goto done; }
+    if (mapping == Py_None) { result = 0; goto done; }
     Py_ssize_t n_map = 0;
     if (want_output) {
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++)
             if (PyTuple_GET_ITEM(PyList_GET_ITEM(targets, i), 1) != Py_None) {  /* a list argument: Python */
-                result = Py_NewRef(Py_False);
+                result = 0;
                 goto done;
             }
         n_map = PyList_GET_SIZE(mapping);
     }
-    if (set_size(probe, args) < 0) goto done;
-    if (!want_input && n_map == 0) { result = Py_NewRef(Py_True); goto done; }
-    GradHook *h = hook_new(probe, n_args, want_input);
+    if (set_size(o, args) < 0) goto done;
+    if (!want_input && n_map == 0) { result = 1; goto done; }
+    GradHook *h = hook_new(o, n_args, want_input);
     if (h == NULL) goto done;
     if (n_map) {
         h->plain = PyMem_Calloc(2 * n_map, sizeof(Py_ssize_t));
@@ -2494,10 +2596,33 @@ static PyObject *observe_plain(PyObject *self, PyObject *const *a, Py_ssize_t na
     Py_DECREF(h);
     if (handle == NULL) goto done;
     Py_DECREF(handle);
-    result = Py_NewRef(Py_True);
+    result = 1;
 done:
     Py_XDECREF(targets); Py_XDECREF(node); Py_XDECREF(nodes); Py_XDECREF(mapping);
     return result;
+}
+
+/* observe_plain(probe, args, out) -> bool: BackwardProbe.observe for a Tensor output when it ends in no
+ * hook, the alias hook or _hook_single's plain hook (True, done); False with nothing done for any other
+ * call (the Python code then observes it). The same attributes are read in the same order. */
+static PyObject *observe_plain(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "observe_plain(probe, args: tuple, out)");
+        return NULL;
+    }
+    if (FloatDtypes == NULL || TensorKinds == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() and setup_calls() were not called");
+        return NULL;
+    }
+    int t = is_tensor(a[2]);
+    if (t <= 0) return t < 0 ? NULL : Py_NewRef(Py_False);
+    Observer o = {a[0], NULL, NULL, 0, 0};
+    o.want_input = truth_attr(a[0], S_want_input);
+    o.want_output = o.want_input < 0 ? -1 : truth_attr(a[0], S_want_output);
+    if (o.want_output < 0) return NULL;
+    int done = observe_tensor(&o, a[1], a[2]);
+    return done < 0 ? NULL : Py_NewRef(done ? Py_True : Py_False);
 }
 
 /* item_lines(entry, items, snapshot, slots, fallback) -> [journal.item_line(entry, key, index, size,
@@ -2619,7 +2744,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     INTERN(S_input_side, "input"); INTERN(S_output_side, "output"); INTERN(S_want_input, "want_input");
     INTERN(S_want_output, "want_output"); INTERN(S_runtime, "runtime"); INTERN(S_entry, "entry"); INTERN(S_token, "token");
     INTERN(S_size, "size"); INTERN(S_record_items, "record_items"); INTERN(S_tensor_hooks, "tensor_hooks");
-    INTERN(S_register_hook, "register_hook"); INTERN(S_parameters_now, "_parameters_now");
+    INTERN(S_register_hook, "register_hook"); INTERN(S_step_token, "step_token"); INTERN(S_parameters_now, "_parameters_now");
     if ((ObjectClass = _PyType_Lookup(&PyBaseObject_Type, S_class)) == NULL) return NULL;
     Py_INCREF(ObjectClass);
     if ((S_empty_tuple = PyTuple_New(0)) == NULL) return NULL;
