@@ -22,7 +22,9 @@ every other round, so a drift of the machine's load hits them alike):
   Cell the tool hooks (what MindSpore's hook dispatch alone costs in the step).
 
 Printed: per variant and phase the median over ``--rounds`` of the CPU ms, and the excess over
-``off``. The files of the switched-off variants are incomplete on purpose: this measures, it does not
+``off``; with ``--pair A,B`` also the median and quartiles of B's minus A's CPU ms within each round,
+and each one's minimum over the rounds (the least disturbed step: on a loaded machine the steadier
+figure). The files of the switched-off variants are incomplete on purpose: this measures, it does not
 dump.
 """
 from __future__ import annotations
@@ -54,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--level", default="L0")
     p.add_argument("--watch", action="store_true", help="watch mode (default settings)")
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--pair", default="", help="two variants 'A,B': also print the quartiles of B - A per "
+                   "round, by phase (the two ran within the same round)")
     p.add_argument("--variants", default="off,off again,all,no backward probes,no parameter hooks,neither,"
                    "hooks only,no-op hooks", help="comma-separated, from the list above")
     args = p.parse_args(argv)
@@ -164,6 +168,14 @@ def main(argv=None) -> int:
             m = statistics.median(r[ph] for r in rows[v])
             cells.append(f"{1e3 * m:7.2f}" + (f" ({1e3 * (m - base[ph]):+6.2f})" if base else ""))
         print(f"  {v:20s}" + "".join(f"{c:>16s}" for c in cells))
+    if args.pair:
+        first, second = (v.strip() for v in args.pair.split(","))
+        print(f"  {second} - {first}, per round, quartiles (ms):")
+        for ph in PHASES:
+            diffs = sorted(1e3 * (b[ph] - a[ph]) for a, b in zip(rows[first], rows[second]))
+            q1, q2, q3 = statistics.quantiles(diffs, n=4)
+            print(f"    {ph:10s} {q2:+7.2f}  [{q1:+7.2f}, {q3:+7.2f}]   minima {1e3 * min(r[ph] for r in rows[first]):7.2f} "
+                  f"/ {1e3 * min(r[ph] for r in rows[second]):7.2f}")
     dbg.service.close()
     return 0
 
