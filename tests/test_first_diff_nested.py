@@ -45,7 +45,7 @@ class Net(nn.Cell):
         return self.head(self.b1(self.fc0(self.flat(self.conv(x)))))
 
 
-def _dump(root, name, level, change=None, fp16=False, steps=2):
+def _dump(root, name, level, change=None, fp16=False, steps=2, optimizer=nn.Adam, lr=1e-3):
     from msprobe.mindspore import PrecisionDebugger
 
     ms.set_seed(3)
@@ -61,7 +61,7 @@ def _dump(root, name, level, change=None, fp16=False, steps=2):
     os.makedirs(os.path.join(str(root), name + "_cfg"), exist_ok=True)
     debugger = PrecisionDebugger(write_config(os.path.join(str(root), name + "_cfg"), level=level,
                                               dump_path=dump_path))
-    opt = nn.Adam(net.trainable_params(), learning_rate=1e-3)
+    opt = optimizer(net.trainable_params(), learning_rate=lr)
     rng = np.random.RandomState(11)
     x = Tensor(rng.randn(4, 1, 4, 4).astype(np.float32))
     y = Tensor(rng.randn(4, 3).astype(np.float32))
@@ -71,7 +71,7 @@ def _dump(root, name, level, change=None, fp16=False, steps=2):
         return ((out.astype(ms.float32) - label) ** 2).mean()
 
     grad_fn = ms.value_and_grad(forward, None, opt.parameters)
-    for _ in range(steps):  # Adam, as the user's training loop
+    for _ in range(steps):  # Adam by default, as the user's training loop
         debugger.start(net)
         opt(grad_fn(x, y)[1])
         debugger.stop()
@@ -175,6 +175,20 @@ def test_float16_against_float32_is_a_difference_of_precision_at_every_level(run
         rows = [r for r in compare(target, golden, step=[0]) if ".parameters_grad." in r["NPU Name"]]
         assert rows and any(r["Result"] == "error" for r in rows)            # Float32 tolerance exceeded
         assert {r["Gain Verdict"] for r in rows} == {"carried"}, rows      # but only carried
+
+
+def test_after_updates_every_level_says_the_runs_differ_in_precision(tmp_path):
+    """SGD with a large learning rate: after an update the Float32 Parameters of the Float16 run
+    differ from the Float32 run's by more than Float32's tolerance, within Float16's. Every level
+    gives the same verdict at every step: a difference of precision (at L0 a Cell's own
+    ``parameters.*`` differ, at L1 a MatMul's ``input.1``, at mix both: not "its parameters already
+    differ" at one level and "of precision" at another)."""
+    kinds = {}
+    for level in ("L0", "mix", "L1"):
+        base = _dump(tmp_path, f"{level}_sgd", level, steps=3, optimizer=nn.SGD, lr=0.1)
+        fp16 = _dump(tmp_path, f"{level}_sgd_fp16", level, fp16=True, steps=3, optimizer=nn.SGD, lr=0.1)
+        kinds[level] = [(f.step, f.kind) for f in first_divergence(fp16, base)]
+    assert kinds["L0"] == kinds["mix"] == kinds["L1"] == [(0, "precision"), (1, "precision"), (2, "precision")], kinds
 
 
 def test_agreeing_within_tolerance_while_differing_bitwise_is_said(runs, tmp_path):
