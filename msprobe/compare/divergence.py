@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from msprobe.compare import judge as J
-from msprobe.compare.engine import CARRIED, EntryResult, StepComparison, levels_compared_in_part
+from msprobe.compare.engine import CARRIED, EntryResult, StepComparison, dtype_pair, levels_compared_in_part
 from msprobe.compare.records import TENSOR_TYPES, Side, flow_of
 from msprobe.dump import load_construct, load_stacks
 from msprobe.format import naming
@@ -244,12 +244,12 @@ def _scalar(record):
 
 def first_divergence(comparison: StepComparison, exact: bool = False,
                      bitwise: Optional[List[StepComparison]] = None) -> Optional[Finding]:
-    """The first divergence of one compared step/rank (see the module docstring), None when every
+    """The first difference of one compared step/rank (see the module docstring), None when every
     entry agrees. ``bitwise``: a list to which ``comparison`` is appended when it agrees within
     tolerance (None is returned, ``exact=False``) but some entry differs bitwise.
 
     Forward entries are searched first, then backward ones. In each, an entry present on one side
-    only (``kind="unmatched"``) that runs before the first divergence is named instead: the runs
+    only (``kind="unmatched"``) that runs before the first difference is named instead: the runs
     executed different calls there. When no entry has agreeing inputs and differing outputs, the
     first differing entry is returned with ``kind="input"``."""
     finder = DivergenceFinder(exact, comparison.recorded_at_one_level_only, comparison.construct)
@@ -461,7 +461,7 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
                    path, t_stacks.get(_forward_of(entry.target), []),
                    g_stacks.get(_forward_of(entry.golden), []),
                    [_record_dict(r) for r in entry.records], entry.gain, _setup_difference(comparison),
-                   dtypes=entry.dtypes)
+                   dtypes=entry.dtypes or dtype_pair(entry.records))
 
 
 def _setup_difference(comparison: StepComparison) -> Optional[str]:

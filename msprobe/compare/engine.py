@@ -69,9 +69,9 @@ class EntryResult:
     #: lower precision's tolerance (Float32 Parameters updated from Float16 gradients) and the entry
     #: does not amplify it (not ``grows``)
     precision_limited: bool = False
-    #: ``(target dtype, golden dtype)`` of a tensor input whose two sides' dtypes differ (its own
-    #: inputs first, then those of :func:`upstream_names`, then its outputs), or ``None``: the
-    #: precisions the runs differ in
+    #: when the two runs differ in precision (:attr:`StepComparison.lower_precision`): ``(target dtype,
+    #: golden dtype)`` of a tensor input whose two sides' dtypes differ (its own inputs first, then
+    #: those of :func:`upstream_names`, then its outputs), or ``None``
     dtypes: Optional[Tuple[str, str]] = None
 
     def side(self, flow: str) -> List[J.Judged]:
@@ -95,7 +95,7 @@ class InputState(NamedTuple):
 def levels_compared_in_part(target_header: dict, golden_header: dict) -> bool:
     """Whether one dump is ``mix`` and the other ``L0`` or ``L1``: then what the lower level records
     (Cells at L0, APIs at L1) is compared, and the entries only ``mix`` records are left out of the
-    first divergence (:meth:`StepComparison.recorded_at_one_level_only`). L0 against L1 have no
+    first difference (:meth:`StepComparison.recorded_at_one_level_only`). L0 against L1 have no
     entry kind in common and are not compared in part."""
     levels = {target_header.get("level"), golden_header.get("level")}
     return levels in ({"mix", "L0"}, {"mix", "L1"})
@@ -183,10 +183,11 @@ class StepComparison:
                 if entry.target is not None:
                     own = [r for r in entry.records if r.flow == "in" and r.is_tensor]
                     carried = max((carried_error(r, self.thresholds) for r in own), default=0.0)
-                    inputs[entry.target] = InputState(max(carried, nested.get(entry.target, 0.0)),
-                                                      all(r.result == J.PASS for r in own),
-                                                      all(r.exact for r in own), _dtype_pair(own),
-                                                      _within(own, self.lower_precision))
+                    agree, lower = all(r.result == J.PASS for r in own), self.lower_precision
+                    inputs[entry.target] = InputState(max(carried, nested.get(entry.target, 0.0)), agree,
+                                                      all(r.exact for r in own),
+                                                      None if lower is None else dtype_pair(own),
+                                                      agree if lower is None else _within(own, lower))
                 yield entry
 
     def nested_parameter_errors(self) -> Dict[str, float]:
@@ -328,8 +329,9 @@ def _entry_result(t_name, g_name, how, judged, thresholds, upstream: Optional[In
     in_err = max(in_errors, default=0.0)
     agree = all(r.result == J.PASS for r in ins)
     exact = all(r.exact for r in ins)
-    dtypes = _dtype_pair(ins)
-    within = _within(ins, lower)
+    # only two runs that differ in precision need them (the rest of the time: no cost per entry)
+    dtypes = None if lower is None else dtype_pair(ins)
+    within = agree if lower is None else _within(ins, lower)
     if upstream is not None:
         in_err, agree, exact = max(in_err, upstream.error), agree and upstream.agree, exact and upstream.exact
         dtypes, within = dtypes or upstream.dtypes, within and upstream.within_precision
@@ -350,18 +352,16 @@ def _entry_result(t_name, g_name, how, judged, thresholds, upstream: Optional[In
         # and it does not amplify that: a difference of precision
         limited = True
     return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact, limited,
-                       dtypes or _dtype_pair(outs))
+                       None if lower is None else dtypes or dtype_pair(outs))
 
 
-def _within(records: List[J.Judged], lower: Optional[Group]) -> bool:
+def _within(records: List[J.Judged], lower: Group) -> bool:
     """Whether every one of ``records`` passes, or differs by at most the ``warning`` threshold of
-    ``lower`` (the lower precision the two runs differ in; None: they do not differ in precision)."""
-    if lower is None:
-        return all(r.result == J.PASS for r in records)
+    ``lower`` (the lower precision the two runs differ in)."""
     return all(r.result == J.PASS or r.error <= lower.warning for r in records)
 
 
-def _dtype_pair(records: List[J.Judged]) -> Optional[Tuple[str, str]]:
+def dtype_pair(records: List[J.Judged]) -> Optional[Tuple[str, str]]:
     """``(target dtype, golden dtype)`` of the first of ``records`` whose two sides' dtypes differ."""
     for r in records:
         if r.target is not None and r.golden is not None and r.target.dtype != r.golden.dtype:
