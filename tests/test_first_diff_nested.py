@@ -137,6 +137,8 @@ def test_compare_and_first_diff_give_the_same_answer(runs, tmp_path, level):
     import json
     (item,) = json.load(open(summary, encoding="utf-8"))["results"]
     assert (item["first_difference"]["entry"], item["first_difference"]["label"]) == (found.entry, "first difference")
+    as_json = json.loads(cli("first-diff", target, golden, "--step", "0", "--json", check_code=1).stdout)
+    assert [(d["entry"], d["label"]) for d in as_json["divergences"]] == [(found.entry, "first difference")]
     assert item["first_difference"]["parameters_differ"] == found.differing_parameters()
     assert "first_source_entry" not in item
     with open(item["csv"], newline="", encoding="utf-8") as f:

@@ -160,9 +160,10 @@ class Finding:
         return ""
 
     def to_dict(self) -> dict:
-        """The finding as JSON-ready data (``first-diff --json``); stacks as one line per frame,
-        innermost first (:mod:`msprobe.format.frames`, as ``msprobe show --all-frames`` prints)."""
-        out = asdict(self)
+        """The finding as JSON-ready data (``first-diff --json``), with its :meth:`label`; stacks as one
+        line per frame, innermost first (:mod:`msprobe.format.frames`, as ``msprobe show --all-frames``
+        prints)."""
+        out = dict(asdict(self), label=self.label())
         out["target_stack"], out["golden_stack"] = frame_lines(self.target_stack), frame_lines(self.golden_stack)
         if out["gain"] is not None and math.isinf(out["gain"]):
             out["gain"] = "inf"
