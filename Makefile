@@ -19,7 +19,7 @@ demo: install
 	rm -rf demo_dump demo_dump_fp16 demo_compare demo_watch  # the demo's own output, new per run
 	$(PY) examples/lenet_digits.py --dump-path ./demo_dump
 	@echo "--- the same training in float16; compare its step 0 with float32's and name the first"
-	@echo "--- divergence (within fp16 tolerance: exit 0, agree; bitwise with --exact: exit 1, first difference)"
+	@echo "--- difference (within fp16 tolerance: exit 0, agree or differ in precision; bitwise with --exact: exit 1)"
 	$(PY) examples/lenet_digits.py --dtype float16 --steps 3 --dump-steps 0 --dump-path ./demo_dump_fp16
 	$(VENV)/bin/msprobe compare -tp ./demo_dump_fp16 -gp ./demo_dump --step 0 -o ./demo_compare
 	$(VENV)/bin/msprobe first-diff ./demo_dump_fp16 ./demo_dump --step 0 || test $$? -eq 1

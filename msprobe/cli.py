@@ -2,7 +2,8 @@
 
 Exit codes (every command):
     0  success; for ``first-diff``: the runs agree within tolerance (one dump: no NaN/Inf producer)
-    1  ``first-diff`` only: the runs diverge (one dump: a NaN/Inf producer was found)
+    1  ``first-diff`` only: a first difference was found, other than one of precision only (one
+       dump: a NaN/Inf producer was found)
     2  bad input: a path that is not a dump, dumps that cannot be paired, a bad option value
   141  standard output was closed before everything was printed (``msprobe first-diff ... | head``):
        the command stops quietly with the status a shell gives a command ended by SIGPIPE (128 + 13);
@@ -100,8 +101,8 @@ def _judging_opts(func):
 def main():
     """msprobe for MindSpore: read, compare and report precision dumps.
 
-    Exit codes: 0 success (first-diff: runs agree), 1 first-diff found a divergence or a NaN/Inf
-    producer, 2 bad input, 141 standard output closed early (e.g. piped into head).
+    Exit codes: 0 success (first-diff: runs agree, or differ in precision only), 1 first-diff found a
+    first difference or a NaN/Inf producer, 2 bad input, 141 standard output closed early (e.g. piped into head).
     """
     _show_warnings()
 
@@ -142,20 +143,31 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
     for item in result["results"]:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(item["records"].items()))
         where = f"step {item['step']} {item['rank']}" if item["step"] is not None else item["rank"]
-        found = item["first_divergence"]
-        first = "none (the runs agree within tolerance)" if found is None else (
-            f"{found['entry']} ({found['direction']}"
-            + ("; its parameters already differ: " + ", ".join(found["parameters_differ"])
-               if found.get("parameters_differ") else "")
-            + ("; its inputs already differ" if found["kind"] == "input" and not found.get("parameters_differ")
-               else "")
-            + ("; present on one side only" if found["kind"] == "unmatched" else "")
-            + ("; a difference of precision, not a divergence" if found["kind"] == "precision" else "")
-            + (f"; it first exceeds the thresholds at {found['exceeds_at']}" if found.get("exceeds_at") else "")
-            + ")")
-        click.echo(f"{where} ({item['mode']}): {counts}; first divergence (as msprobe first-diff): {first}")
+        first = _first_difference_text(item["first_difference"])
+        click.echo(f"{where} ({item['mode']}): {counts}; {first}")
         click.echo(f"  {item['csv']}")
     click.echo(f"summary: {result['summary']}")
+
+
+def _first_difference_text(found: Optional[dict]) -> str:
+    """``compare``'s line about the first difference (a summary's ``first_difference``), with the
+    label and entry ``first-diff`` prints for the same pair."""
+    if found is None:
+        return "first difference (as msprobe first-diff): none (the runs agree within tolerance)"
+    why = []
+    if found.get("parameters_differ"):
+        why.append("its parameters already differ: " + ", ".join(found["parameters_differ"]))
+    elif found["kind"] == "input":
+        why.append("its inputs already differ")
+    if found["kind"] == "unmatched":
+        why.append("present on one side only")
+    if found["kind"] == "precision":
+        why.append("the runs differ in precision" + (" (target {}, golden {})".format(*found["dtypes"])
+                                                     if found.get("dtypes") else ""))
+    if found.get("exceeds_at"):
+        why.append(f"it first exceeds the thresholds at {found['exceeds_at']}")
+    return (f"{found['label']} (as msprobe first-diff): {found['entry']} ("
+            + "; ".join([found["direction"], *why]) + ")")
 
 
 def _record_text(values: dict, scalar) -> str:
@@ -251,14 +263,15 @@ def _folded_stack(frames: list, limit: int) -> list:
 @_all_frames_opt
 @_bad_input
 def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ignore, as_json, all_frames):
-    """Name the first entry where TARGET diverges from GOLDEN, per step and rank.
+    """Name the first difference of TARGET from GOLDEN (the entry where the runs part), per step and rank.
 
     In execution order, forward then backward: the first entry whose inputs agree (within the
     thresholds, or bitwise with --exact) and whose outputs do not, with its Cell path, both
     stacks and the numbers. Also the first NaN/Inf producer (inputs finite, output not) of each
     dump. Without GOLDEN only the NaN/Inf producer of TARGET is searched.
 
-    Exit 0: the runs agree (no producer); 1: they diverge (a producer exists); 2: bad input.
+    Exit 0: the runs agree, or differ in precision only (no producer); 1: a first difference (a
+    producer) was found; 2: bad input.
     """
     from msprobe.compare import first_divergence, level_notes, nan_producer
     from msprobe.compare.output import json_safe
@@ -281,18 +294,16 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
             for note in level_notes(target, golden, step, rank):
                 click.echo(f"  note: {note}")
         for f in diverged:
-            _print_finding(f, {"divergence": "first divergence", "input": "first difference",
-                               "precision": "first difference of precision",
-                               "unmatched": "first unmatched entry"}[f.kind], exact, all_frames)
+            _print_finding(f, f.label(), exact, all_frames)
         for side, found in nans.items():
             if not found:
                 click.echo(f"{side}: no NaN/Inf producer")
             for f in found[:1]:
-                _print_finding(f, f"{side}: first NaN/Inf producer", all_frames=all_frames)
+                _print_finding(f, f"{side}: {f.label()}", all_frames=all_frames)
             if len(found) > 1:
                 click.echo(f"  ({side}: NaN/Inf producers in {len(found)} step/rank directories; "
                            f"--json lists all)")
-    # a difference of precision alone (the runs agree within the lower precision) is not a divergence
+    # a difference of precision alone (the runs agree within the lower precision) exits 0
     bad = [f for f in diverged if f.kind != "precision"] if golden is not None else nans["target"]
     sys.exit(EXIT_DIVERGED if bad else EXIT_OK)
 
@@ -307,7 +318,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
 def show(dump, entry, step, rank, all_frames):
     """Show one ENTRY of DUMP: its records, stack and Cell path (first matching step/rank; without
     --step, step/rank directories holding anomalies.json are searched first)."""
-    from msprobe.compare.divergence import cell_path
+    from msprobe.compare.divergence import shown_cell_path
     from msprobe.format.naming import forward_of
     from msprobe.compare.inputs import anomaly_first, rank_number, resolve
     from msprobe.compare.records import Side
@@ -330,7 +341,7 @@ def show(dump, entry, step, rank, all_frames):
             continue
         click.echo(f"{entry}  (step {item.step}, {item.rank}: {item.path})")
         construct = load_construct(item.path)
-        path = cell_path(entry, construct)
+        path = shown_cell_path(entry, construct)
         click.echo(f"Cell path: {' > '.join(path) if path else '(none)'}")
         for rec in side.records(side.index[entry]):
             desc = (f"{rec.dtype} {list(rec.shape)} Max={rec.stats[0]} Min={rec.stats[1]} "
@@ -380,7 +391,7 @@ def report(dump, golden, output, mode, step, rank, mapping, thresholds, ignore):
     anomalies.json, else the first).
 
     The Cell tree from construct.json with each node's statistics (coloured by compare result
-    with --golden), the first divergence and the NaN/Inf producer one click away, and per entry
+    with --golden), the first difference and the NaN/Inf producer one click away, and per entry
     its records, stack and source line. Opens from disk, no server.
     """
     from msprobe.compare.html import write_report

@@ -74,21 +74,30 @@ def test_statistics_rows_two_seeds(dumps, tmp_path):
     assert w["Max diff"] == pytest.approx(w["NPU max"] - w["Bench max"])
     assert w["MaxRelativeErr"] == pytest.approx(abs(w["Max diff"]) / abs(w["Bench max"]))
     assert {r["Match"] for r in rows} == {"name"}
-    # the weights differ from the start: the first difference comes from outside the dump
+    # the weights differ from the start: at mix the first call taking one of them is named (the
+    # MatMul inside fc1), with the Cell whose Parameter it is
     (found,) = first_divergence(dumps["seed1"], dumps["base"])
-    assert (found.kind, found.entry) == ("input", "Cell.fc1.Dense.forward.0")
-    # first-diff names the differing parameters, which are in the dump
+    assert (found.kind, found.entry) == ("input", "Primitive.matmul.MatMul.0.forward")
+    assert (found.parameters_of, found.cell_path) == ("Cell.fc1.Dense.forward.0", ["Cell.fc1.Dense.forward.0"])
+    # first-diff names the differing parameter, which is in the dump
     out = cli("first-diff", dumps["seed1"], dumps["base"], check_code=1).stdout
-    # ... each with how much it differs (the number the thresholds judge)
-    assert re.search(r"its parameters already differ \(parameters\.weight: largest scaled statistic "
-                     r"error [0-9.e+-]+, parameters\.bias: largest scaled statistic error [0-9.e+-]+\)", out), out
+    # ... with how much it differs (the number the thresholds judge)
+    assert re.search(r"its parameters already differ \(input\.1 = parameters\.weight of Cell\.fc1\.Dense"
+                     r"\.forward\.0: largest scaled statistic error [0-9.e+-]+\)", out), out
     assert "outside the dump" not in out
     # compare's summary line and the report say the same
     out = cli("compare", "-tp", dumps["seed1"], "-gp", dumps["base"], "-o", str(tmp_path / "c"), check_code=0).stdout
-    assert "(forward; its parameters already differ: parameters.weight, parameters.bias)" in out, out
+    assert ("(forward; its parameters already differ: input.1 = parameters.weight of "
+            "Cell.fc1.Dense.forward.0)") in out, out
     report = tmp_path / "r.html"
     cli("report", dumps["seed1"], "--golden", dumps["base"], "-o", str(report), check_code=0)
-    assert "its parameters already differ (parameters.weight: largest" in report.read_text(), out
+    assert ("its parameters already differ (input.1 = parameters.weight of Cell.fc1.Dense.forward.0: "
+            "largest") in report.read_text(), out
+    # at L0 the Cell is the deepest entry
+    l0 = make_dump(tmp_path, "seed1_l0", level="L0", seed=1)
+    (found,) = first_divergence(l0, make_dump(tmp_path, "base_l0", level="L0"))
+    assert (found.kind, found.entry) == ("input", "Cell.fc1.Dense.forward.0")
+    assert found.differing_parameters() == ["parameters.weight", "parameters.bias"]
 
 
 def test_identical_runs_agree_and_exit_zero(dumps):
@@ -126,8 +135,8 @@ def test_float16_to_float32_cast_is_not_blamed(tmp_path):
     assert dtypes["input.0"] == ("Float16", "Float32") and dtypes["output.0"] == ("Float32", "Float32")
     out = [r for r in cast if ".output." in r["NPU Name"]]
     assert out and all(r["Result"] != "pass" for r in out)          # Float32 tolerance is exceeded
-    assert {r["Entry Result"] for r in cast} == {"propagated"}
-    assert all(r["Entry Result"] != "source" for r in rows)
+    assert {r["Gain Verdict"] for r in cast} == {"carried"}
+    assert all(r["Gain Verdict"] != "grows" for r in rows)
     (found,) = first_divergence(target, golden)
     assert (found.kind, found.entry) == ("precision", "Functional.cast.0.forward")
     # not a divergence: first-diff names it and exits 0 (the runs agree within the lower precision)
@@ -173,9 +182,9 @@ def test_first_divergence_names_the_changed_op(dumps):
     assert recs["input.0"]["result"] == "pass" and recs["output.0"]["result"] != "pass"
     assert "approximate" in " ".join(recs)                    # the argument that changed is shown
     rows = compare(dumps["tanh"], dumps["base"])
-    verdicts = {r["NPU Name"].rsplit(".", 2)[0]: r["Entry Result"] for r in rows}
-    assert verdicts["Functional.gelu.0.forward"] == "source"
-    assert verdicts["Cell.fc2.Dense.forward.0"] == "propagated"  # carries gelu's error, not blamed
+    verdicts = {r["NPU Name"].rsplit(".", 2)[0]: r["Gain Verdict"] for r in rows}
+    assert verdicts["Functional.gelu.0.forward"] == "grows"
+    assert verdicts["Cell.fc2.Dense.forward.0"] == "carried"  # carries gelu's error, not blamed
 
 
 def test_first_divergence_inside_a_cell_names_the_innermost_call(dumps):
@@ -183,7 +192,7 @@ def test_first_divergence_inside_a_cell_names_the_innermost_call(dumps):
     assert found.entry == "Mint.mul.0.forward"
     assert found.cell_path == ["Cell.scale.Scale.forward.0"]
     proc = cli("first-diff", dumps["factor"], dumps["base"], check_code=1)
-    assert "first divergence" in proc.stdout and "Mint.mul.0.forward" in proc.stdout
+    assert proc.stdout.splitlines()[0].startswith("first difference (step ") and "Mint.mul.0.forward" in proc.stdout
     assert proc.stdout.splitlines()[1] == "  inputs agree, outputs do not (forward)", proc.stdout  # why
     assert "Cell path: Cell.scale.Scale.forward.0" in proc.stdout
     # the stack printed shows the user's frames: the Cell-call machinery between them is folded
@@ -250,9 +259,8 @@ def test_cli_compare_files_and_reference_flags(dumps, tmp_path):
     assert [c.value for c in next(sheet.iter_rows(max_row=1))] == table[0]
     (summary_path,) = glob.glob(str(out / "compare_summary_*.json"))
     summary = json.load(open(summary_path))
-    assert summary["results"][0]["first_source_entry"] == "Functional.gelu.0.forward"
-    assert "first divergence (as msprobe first-diff): Functional.gelu.0.forward (forward)" in proc.stdout
-    assert summary["results"][0]["first_divergence"]["entry"] == "Functional.gelu.0.forward"
+    assert "first difference (as msprobe first-diff): Functional.gelu.0.forward (forward)" in proc.stdout
+    assert summary["results"][0]["first_difference"]["entry"] == "Functional.gelu.0.forward"
 
 
 def test_steps_are_paired_and_filtered(tmp_path):
@@ -531,7 +539,7 @@ def test_an_ignore_pattern_that_matches_nothing_is_named(dumps, tmp_path):
     proc = cli("compare", "-tp", dumps["tanh"], "-gp", dumps["base"], "-o", str(tmp_path / "o"),
                "--ignore", unused, check_code=0)
     assert f"ignore pattern {unused!r} matches no record" in proc.stderr
-    assert "first divergence (as msprobe first-diff): Functional.gelu.0.forward" in proc.stdout
+    assert "first difference (as msprobe first-diff): Functional.gelu.0.forward" in proc.stdout
     proc = cli("report", dumps["tanh"], "--golden", dumps["base"], "-o", str(tmp_path / "r.html"),
                "--ignore", unused, check_code=0)
     assert f"ignore pattern {unused!r} matches no record" in proc.stderr

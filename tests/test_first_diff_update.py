@@ -83,17 +83,24 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("level", ["L0", "mix"])
 def test_after_an_update_tolerance_mode_names_what_the_bitwise_rule_names(runs, level):
+    """L0 names the first Cell whose Parameters differ; mix the call inside it that takes them (its
+    MatMul, the deepest entry), with that Cell in its Cell path."""
     target, golden = runs[(level, True)], runs[(level, False)]
     (bitwise,) = first_divergence(target, golden, exact=True, step=[STEP])
     (found,) = first_divergence(target, golden, step=[STEP])
-    assert (bitwise.kind, bitwise.entry) == ("input", FIRST), bitwise
-    assert (found.kind, found.entry) == ("input", FIRST), (found.kind, found.entry, found.exceeds_at)
-    assert found.differing_parameters() == ["parameters.weight", "parameters.bias"]
+    named = FIRST if level == "L0" else "Primitive.matmul.MatMul.0.forward"
+    assert (bitwise.kind, bitwise.entry) == ("input", named), bitwise
+    assert (found.kind, found.entry) == ("input", named), (found.kind, found.entry, found.exceeds_at)
+    if level == "L0":
+        assert found.differing_parameters() == ["parameters.weight", "parameters.bias"]
+    else:
+        assert found.differing_parameters() == [f"input.1 = parameters.weight of {FIRST}"]
+        assert found.cell_path[-1] == FIRST, found.cell_path
     # the carrying entry is a call inside Net whose own inputs already differ, not Net
     assert found.exceeds_at not in (None, OUTER), found.exceeds_at
     out = cli("first-diff", target, golden, "--step", str(STEP), check_code=1).stdout
-    assert out.splitlines()[0].endswith(FIRST), out
-    assert "its parameters already differ (parameters.weight" in out, out
+    assert out.splitlines()[0].endswith(named), out
+    assert "its parameters already differ (" + found.differing_parameters()[0] in out, out
     assert "inputs agree, outputs do not" not in out, out
 
 
@@ -109,4 +116,4 @@ def test_the_outer_cell_is_not_a_source_with_infinite_gain(runs):
     assert out["Result"] != "pass"
     # its input is bitwise equal; what it carries is the difference of the Parameters inside it
     assert out["Error Gain"] is not None and np.isfinite(out["Error Gain"]), out
-    assert out["Entry Result"] == "propagated", out
+    assert out["Gain Verdict"] == "carried", out

@@ -71,7 +71,7 @@ def test_schema_version(tmp_path, make_debugger, dump_dir):
     debugger.stop()
     debugger.step()
     d, dump = load_step(dump_dir)
-    assert dump.header["schema"] == "msprobe-mindspore/1"
+    assert dump.header["schema"] == "msprobe-mindspore/2"
     future = dict(json.load(open(os.path.join(d, "dump.json"), encoding="utf-8")), schema="msprobe-mindspore/999")
     _write_dump(tmp_path / "future" / "step0" / "rank0", future)
     with pytest.raises(DumpFormatError, match=r"schema 'msprobe-mindspore/999' is not supported.*upgrade"):

@@ -895,35 +895,52 @@ def _overflowing_loss_setup():
     return net, loss_fn, x, y
 
 
-@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
-def test_watch_says_once_that_a_loss_outside_the_model_is_not_watched(tmp_path, capsys, level):
-    """Only what start() is given (and, at L1/mix, the wrapped APIs) is watched: a loss Cell applied
-    outside the model overflows unseen, so the user is told once, at the first start(); a model that
-    holds its loss (nn.WithLossCell) is watched whole, and then nothing is said."""
-    net, loss_fn, x, y = _overflowing_loss_setup()
-    debugger, dump_path = _debugger(tmp_path, level, {})
-    grad_fn = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, net.trainable_params())
+class _NetAndLoss(nn.Cell):
+    """A model of the user's own that computes its loss (neither nn.WithLossCell nor nn.TrainOneStepCell)."""
+
+    def __init__(self, net, loss_fn):
+        super().__init__()
+        self.net, self.loss_fn = net, loss_fn
+
+    def construct(self, x, y):
+        return self.loss_fn(self.net(x), y)
+
+
+def _watch_two_steps(tmp_path, level, name, model, grad_fn, x, y):
+    debugger, dump_path = _debugger(tmp_path, level, {}, name=name)
     for _ in range(2):
-        debugger.start(net)
+        debugger.start(model)
         loss, _ = grad_fn(x, y)
         debugger.stop()
         debugger.step()
     assert math.isinf(float(loss))
+    debugger.service.close()
+    return dump_path
+
+
+@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
+def test_watch_says_once_that_a_loss_outside_the_model_is_not_watched(tmp_path, capsys, level):
+    """Only what start() is given (and, at L1/mix, the wrapped APIs) is watched: a loss Cell applied
+    outside the model overflows unseen, so the user is told once, after the first step, naming the
+    last forward call watched (it returns logits, not a loss). Decided by what was watched, not by
+    the model's class: a model of the user's own that holds its loss Cell is watched whole (as
+    nn.WithLossCell is), and then nothing is said."""
+    net, loss_fn, x, y = _overflowing_loss_setup()
+    grad_fn = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, net.trainable_params())
+    dump_path = _watch_two_steps(tmp_path, level, "outside", net, grad_fn, x, y)
     said = [line for line in capsys.readouterr().out.splitlines() if "watch mode watches" in line]
     assert len(said) == 1 and "a loss Cell outside the model" in said[0] and "nn.WithLossCell" in said[0]
+    if level == "L0":  # the Dense holds no Cell: nothing of it is recorded at L0
+        assert "it watched no forward call in step 0, so no loss either" in said[0], said[0]
+    else:  # the last call watched returns the logits
+        assert re.search(r"the last forward call it watched in step 0, Primitive\.\S+, returns no single "
+                         r"value \(output \[2, 2\]\)", said[0]), said[0]
     # at L0 the model's own construct is not recorded either, and the line says so
     assert ("not the operations of its own construct" in said[0]) == (level == "L0")
     assert os.listdir(dump_path) == [n for n in os.listdir(dump_path) if n.startswith("watch_heartbeat")]
-    debugger.service.close()
 
-    with_loss = nn.WithLossCell(net, loss_fn)
-    debugger, dump_path = _debugger(tmp_path, level, {}, name="with_loss")
-    grad_fn = ms.value_and_grad(with_loss, None, net.trainable_params())
-    debugger.start(with_loss)
-    loss, _ = grad_fn(x, y)
-    debugger.stop()
-    debugger.step()
-    assert math.isinf(float(loss))
-    assert "watch mode watches" not in capsys.readouterr().out
-    assert glob.glob(os.path.join(dump_path, "step0", "*", "anomalies.json"))   # the loss is watched
-    debugger.service.close()
+    for name, model in (("with_loss", nn.WithLossCell(net, loss_fn)), ("own", _NetAndLoss(net, loss_fn))):
+        grad_fn = ms.value_and_grad(model, None, net.trainable_params())
+        dump_path = _watch_two_steps(tmp_path, level, name, model, grad_fn, x, y)
+        assert "watch mode watches" not in capsys.readouterr().out, name
+        assert glob.glob(os.path.join(dump_path, "step0", "*", "anomalies.json")), name  # the loss is watched

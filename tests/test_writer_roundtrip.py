@@ -19,6 +19,7 @@ import msprobe.engine.writer as writer_module
 from msprobe.engine.step_files import StepExtras, dump_document, write_step
 from msprobe.engine.writer import StepWriter
 from msprobe.format import journal, validate_dump_tree, validate_file
+from msprobe.format.frames import frame_line
 from msprobe.format.journal import Piece
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,9 +160,30 @@ def test_stopped_step_has_files_and_journal_both_readable(tmp_path):
     assert not dump.load(str(step)).complete
     anomalies = read_json(step / "anomalies.json")
     assert anomalies["first_producer"] == RELU and anomalies["step"] == 1
-    assert anomalies["stack"] == [STACK]
+    assert anomalies["stack"] == [frame_line(STACK)]   # one line per frame (stack.json: two)
     writer.close()
     assert same(dump.load(str(step)).data, expected_data(nan=True))
+
+
+def test_a_format_1_dump_with_two_line_anomaly_frames_is_still_read(tmp_path):
+    """Format 2 writes ``anomalies.json``'s frames on one line (as the commands print them); a dump of
+    format 1 (``"schema": "msprobe-mindspore/1"``, two-line frames there) stays valid and readable, and
+    ``read_report`` gives its frames in the one-line form."""
+    step = tmp_path / "dump" / "step1" / "rank3"
+    writer = new_writer(step)
+    writer.append(lines_of_a_step(nan=True))
+    write_step(writer, StepExtras())
+    writer.close()
+    assert read_json(step / "dump.json")["schema"] == journal.SCHEMA == "msprobe-mindspore/2"
+    new_form = dump.read_report(str(step), dump.ANOMALIES)
+    for name, edit in (("dump.json", lambda d: d.update(schema="msprobe-mindspore/1")),
+                       ("anomalies.json", lambda d: d.update(stack=[STACK]))):
+        doc = read_json(step / name)
+        edit(doc)
+        (step / name).write_text(json.dumps(doc), encoding="utf-8")
+    validate_dump_tree(str(tmp_path / "dump"))
+    assert dump.load(str(step)).header["schema"] == "msprobe-mindspore/1"
+    assert dump.read_report(str(step), dump.ANOMALIES)["stack"] == new_form["stack"] == [frame_line(STACK)]
 
 
 def test_run_id_and_version_in_every_file_with_a_top_level_object(tmp_path):

@@ -1,4 +1,4 @@
-"""Comparing two dumps: rows per record, the first divergence, the first NaN/Inf producer.
+"""Comparing two dumps: rows per record, the first difference, the first NaN/Inf producer.
 
     from msprobe.compare import compare, first_divergence, nan_producer
     rows = compare("./dump_fp16", "./dump_fp32")             # list of dicts, reference column names
@@ -78,7 +78,7 @@ def compare(target: str, golden: str, **options) -> List[dict]:
 
 def first_divergence(target: str, golden: str, exact: bool = False, bitwise: Optional[list] = None,
                      **options) -> List[Finding]:
-    """Per paired step/rank, the first divergence (:mod:`msprobe.compare.divergence`); pairs that
+    """Per paired step/rank, the first difference (:mod:`msprobe.compare.divergence`); pairs that
     agree are left out, so ``[]`` means the runs agree. ``bitwise``: a list that receives the
     :class:`StepComparison` of each pair that agrees within tolerance but differs bitwise
     (``exact=False`` only). Options as for :func:`comparisons`."""
@@ -132,7 +132,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
     for c in comparisons(target, golden, **options):
         base = os.path.join(out_dir, result_name(c.rank, stamp, c.step, several))
         writer = ResultWriter(base, columns(c.mode, stack), xlsx)
-        matches, verdicts, first_source = {}, {}, None
+        matches, verdicts = {}, {}
         # first-diff's rule, in this pass
         finder = DivergenceFinder(leave_out=c.recorded_at_one_level_only, construct=c.construct)
         stacks = load_stacks(c.target.directory) if stack else None
@@ -140,8 +140,6 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
             for entry in c.entries():
                 matches[entry.match] = matches.get(entry.match, 0) + 1
                 verdicts[entry.verdict] = verdicts.get(entry.verdict, 0) + 1
-                if first_source is None and entry.verdict == "source":
-                    first_source = entry.name
                 finder.add(entry)
                 writer.write(entry_values(entry, c.mode, stacks))
         finally:
@@ -150,12 +148,11 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
         summary["results"].append({
             "step": c.step, "rank": c.rank, "mode": c.mode, "target_dir": c.target.directory,
             "golden_dir": c.golden.directory, "csv": writer.csv_path, "xlsx": writer.xlsx_path,
-            "records": writer.counts, "entries_by_match": matches, "entries_by_result": verdicts,
-            "first_source_entry": first_source,
-            "first_divergence": None if found is None else {
-                "entry": found.entry, "kind": found.kind, "direction": found.direction,
+            "records": writer.counts, "entries_by_match": matches, "entries_by_gain_verdict": verdicts,
+            "first_difference": None if found is None else {
+                "entry": found.entry, "label": found.label(), "kind": found.kind, "direction": found.direction,
                 "parameters_differ": found.differing_parameters() if found.kind == "input" else [],
-                "exceeds_at": found.exceeds_at, "reason": found.reason()}})
+                "exceeds_at": found.exceeds_at, "dtypes": found.dtypes, "reason": found.reason()}})
     summary_path = os.path.join(out_dir, f"compare_summary_{stamp}.json")
     write_summary(summary_path, json_safe(summary))
     summary["summary"] = summary_path

@@ -1,13 +1,15 @@
-"""First divergence of two runs and first NaN/Inf producer of one run.
+"""First difference of two runs (where they part) and first NaN/Inf producer of one run.
 
-First divergence: in execution order, forward entries first, then backward (and parameter
+First difference: in execution order, forward entries first, then backward (and parameter
 gradients), the first entry whose inputs agree and whose outputs do not (a backward entry's inputs
 include its forward call's inputs). "Agree" is the ``pass``
 result of the thresholds (``exact=True``: bitwise equal statistics/CRC, or arrays in tensor mode).
 When that entry is a Cell, the first qualifying entry inside it (``construct.json``) is named
 instead, innermost first, so a Cell is only blamed when none of its dumped children is; a Cell inside
 it whose only differing inputs are its own Parameters (``parameters.*``) and whose outputs differ
-qualifies too (``kind="input"``, "its parameters already differ").
+qualifies too (``kind="input"``, "its parameters already differ"); at mix the first call directly
+inside that Cell taking one of those Parameters as an input is named instead, the deepest entry where
+the difference shows (:attr:`Finding.parameters_of`).
 
 Within tolerance, an entry whose inputs pass but already differ by nearly as much as its outputs
 (error gain at most ``entry.gain`` of ``thresholds.yaml``) does not produce the difference, it
@@ -21,14 +23,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from msprobe.compare import judge as J
-from msprobe.compare.engine import EntryResult, StepComparison, levels_compared_in_part
+from msprobe.compare.engine import CARRIED, EntryResult, StepComparison, dtype_pair, levels_compared_in_part
 from msprobe.compare.records import TENSOR_TYPES, Side, flow_of
 from msprobe.dump import load_construct, load_stacks
 from msprobe.format import naming
 from msprobe.format.frames import frame_lines
+
+
+#: :meth:`Finding.label` per kind: one term, "first difference", for the entry where two runs part
+LABELS = {"divergence": "first difference", "input": "first difference",
+          "precision": "first difference of precision", "unmatched": "first unmatched entry",
+          "nan": "first NaN/Inf producer"}
 
 
 @dataclass
@@ -38,8 +46,9 @@ class Finding:
     Attributes:
         kind: ``divergence`` (inputs agree, outputs do not), ``precision`` (no divergence; the first
             entry whose outputs fail only at a stricter precision than its inputs were judged with,
+            or whose inputs differ by no more than the lower precision the runs differ in allows,
             without amplifying their error: the runs differ in precision, e.g. Float16 vs Float32,
-            and agree within the lower one up to there), ``input`` (the first differing entry
+            and agree within the lower one up to there; :attr:`EntryResult.precision_limited`), ``input`` (the first differing entry
             already had differing inputs: the difference comes from outside the dump: data,
             parameters, or code that is not dumped), ``unmatched`` (the first entry present on one
             side only), ``nan`` (inputs finite, an output NaN/Inf).
@@ -67,6 +76,15 @@ class Finding:
     #: ``exact=True``) and its records are told apart bitwise.
     exceeds_at: Optional[str] = None
     exceeds_gain: Optional[float] = None
+    #: mix: the Cell entry whose own Parameters, already different, this entry (a call inside it)
+    #: takes as inputs (named instead of the Cell: the deepest entry where the difference shows), or
+    #: ``None``; :attr:`parameter_inputs` maps each such input record to the Cell's parameter record
+    parameters_of: Optional[str] = None
+    parameter_inputs: Dict[str, str] = field(default_factory=dict)
+    #: ``(target dtype, golden dtype)`` of an input of this entry (or of its forward call; without
+    #: one, of an output) whose two sides' dtypes differ, e.g. ``("Float16", "Float32")``; ``None``
+    #: when none does (:attr:`EntryResult.dtypes`)
+    dtypes: Optional[Tuple[str, str]] = None
 
     def _differs(self, rec: dict, exact: bool) -> bool:
         bitwise = exact or self.exceeds_at is not None
@@ -74,17 +92,31 @@ class Finding:
 
     def differing_parameters(self, exact: bool = False) -> List[str]:
         """The ``parameters.*`` records (a Cell's own Parameters, L0/mix) that do not agree
-        (bitwise with ``exact`` or when :attr:`exceeds_at` is set, else within tolerance)."""
-        return [rec["record"] for rec in self.records if rec.get("record", "").startswith("parameters.")
+        (bitwise with ``exact`` or when :attr:`exceeds_at` is set, else within tolerance), and the
+        inputs that are such Parameters of the Cell around this entry (:attr:`parameters_of`), as
+        ``"input.1 = parameters.weight of Cell.fc.Dense.forward.0"``."""
+        return [self._record_label(rec["record"]) for rec in self.records
+                if (rec.get("record", "").startswith("parameters.") or rec.get("record") in self.parameter_inputs)
                 and self._differs(rec, exact)]
+
+    def _record_label(self, record: str) -> str:
+        """``record``, with the Cell parameter it is when it is one of :attr:`parameter_inputs`."""
+        param = self.parameter_inputs.get(record)
+        return record if param is None else f"{record} = {param} of {self.parameters_of}"
 
     def differing_inputs(self, exact: bool = False) -> List[str]:
         """Each input record (``input.N``, a keyword, ``parameters.*``; a backward entry's incoming
         gradients) that does not agree, as ``"NAME: HOW MUCH"`` (see :func:`difference_text`), with
         ``", within tolerance"`` when it differs bitwise only."""
-        return [f"{rec['record']}: {difference_text(rec)}" + (", within tolerance" if rec.get("result") == J.PASS
-                                                               else "")
+        return [f"{self._record_label(rec['record'])}: {difference_text(rec)}"
+                + (", within tolerance" if rec.get("result") == J.PASS else "")
                 for rec in self.records if flow_of(rec.get("record", "")) == "in" and self._differs(rec, exact)]
+
+    def label(self) -> str:
+        """What this finding is called wherever it is shown (``first-diff``, ``compare``'s printed line
+        and summary, the report): ``first difference`` (kinds ``divergence`` and ``input``), ``first
+        difference of precision``, ``first unmatched entry``, ``first NaN/Inf producer``."""
+        return LABELS[self.kind]
 
     def reason(self, exact: bool = False) -> str:
         """Why this entry is named, in one sentence (``first-diff``, ``compare`` and ``report`` say
@@ -113,18 +145,25 @@ class Finding:
             return (f"its inputs already differ ({which}): the difference comes from outside the dump "
                     "(data, parameters or code that is not dumped)")
         if self.kind == "precision":
-            return ("its outputs fail only at a stricter precision than its inputs were judged with and "
-                    "do not amplify their error: the runs differ in precision before this entry and "
-                    "agree within the lower precision up to here")
+            which = f" (target {self.dtypes[0]}, golden {self.dtypes[1]})" if self.dtypes else ""
+            if any(rec.get("result") != J.PASS for rec in self.records if flow_of(rec.get("record", "")) == "in"):
+                how = ("its inputs differ, by no more than the lower precision's tolerance, and it does not "
+                       "amplify that")
+            else:
+                how = ("its outputs fail only at a stricter precision than its inputs were judged with and "
+                       "do not amplify their error")
+            return (f"{how}: the runs differ in precision{which} before this entry and agree within the "
+                    "lower precision up to here")
         if self.kind == "unmatched":
             return "present on one side only " + (f"({self.note})" if self.note else
                                                   "(the runs executed different calls)")
         return ""
 
     def to_dict(self) -> dict:
-        """The finding as JSON-ready data (``first-diff --json``); stacks as one line per frame,
-        innermost first (:mod:`msprobe.format.frames`, as ``msprobe show --all-frames`` prints)."""
-        out = asdict(self)
+        """The finding as JSON-ready data (``first-diff --json``), with its :meth:`label`; stacks as one
+        line per frame, innermost first (:mod:`msprobe.format.frames`, as ``msprobe show --all-frames``
+        prints)."""
+        out = dict(asdict(self), label=self.label())
         out["target_stack"], out["golden_stack"] = frame_lines(self.target_stack), frame_lines(self.golden_stack)
         if out["gain"] is not None and math.isinf(out["gain"]):
             out["gain"] = "inf"
@@ -150,13 +189,26 @@ def difference_text(rec: dict) -> str:
 
 
 def cell_path(entry: str, construct: dict) -> List[str]:
-    """Enclosing Cell entries of ``entry``, outermost first."""
+    """Enclosing Cell entries of ``entry`` (``construct.json``: entry name -> parent Cell entry or
+    None), outermost first; ``[]`` for an entry at the top level or absent from ``construct``."""
     path, seen, parent = [], set(), construct.get(entry)
     while parent and parent not in seen:
         seen.add(parent)
         path.append(parent)
         parent = construct.get(parent)
     return path[::-1]
+
+
+def shown_cell_path(entry: str, construct: dict) -> List[str]:
+    """The Cell path shown with ``entry`` (``first-diff``, ``show``, the report): :func:`cell_path`,
+    except for a parameter-gradient entry (``Cell.b1.fc.Dense.parameters_grad.0``, which
+    ``construct.json`` does not hold): the path of the Cell call it belongs to, that call included
+    (its backward entry, or its forward entry when ``construct.json`` has no backward one)."""
+    calls = naming.param_grad_calls(entry) if entry not in construct else None
+    for own in reversed(calls or ()):
+        if own in construct:
+            return cell_path(own, construct) + [own]
+    return cell_path(entry, construct)
 
 
 def _agrees(judged: J.Judged, exact: bool) -> bool:
@@ -193,12 +245,12 @@ def _scalar(record):
 
 def first_divergence(comparison: StepComparison, exact: bool = False,
                      bitwise: Optional[List[StepComparison]] = None) -> Optional[Finding]:
-    """The first divergence of one compared step/rank (see the module docstring), None when every
+    """The first difference of one compared step/rank (see the module docstring), None when every
     entry agrees. ``bitwise``: a list to which ``comparison`` is appended when it agrees within
     tolerance (None is returned, ``exact=False``) but some entry differs bitwise.
 
     Forward entries are searched first, then backward ones. In each, an entry present on one side
-    only (``kind="unmatched"``) that runs before the first divergence is named instead: the runs
+    only (``kind="unmatched"``) that runs before the first difference is named instead: the runs
     executed different calls there. When no entry has agreeing inputs and differing outputs, the
     first differing entry is returned with ``kind="input"``."""
     finder = DivergenceFinder(exact, comparison.recorded_at_one_level_only, comparison.construct)
@@ -231,6 +283,11 @@ class DivergenceFinder:
         self.unmatched = {"forward": None, "backward": None}
         self.first_precision = None
         self.first_input = None
+        #: entries whose own Parameters (``parameters.*``) do not agree, by target name
+        self._with_parameters = {}
+        #: Cell entry name -> (the first entry directly inside it whose differing inputs include
+        #: those Parameters, {its input record: the Cell's parameter record}) (mix)
+        self.uses = {}
         #: tolerance mode: the first entry (before any source of its direction) whose inputs pass and
         #: whose outputs fail but only carry on what its inputs already differ by (gain <= limit); the
         #: innermost such entry inside it when it is a Cell
@@ -261,7 +318,7 @@ class DivergenceFinder:
         self._seq[id(entry)] = len(self._seq)
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
         if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
-            if exact or entry.verdict != "propagated":
+            if exact or entry.verdict != CARRIED:
                 self.found[way].append(entry)
             elif entry.precision_limited:  # agrees within the inputs' precision, not amplified
                 self.first_precision = self.first_precision or entry
@@ -269,11 +326,37 @@ class DivergenceFinder:
                 self.grown = self._grown_call = entry
             elif self.grown is not None and self._inside(entry, self.grown):
                 self.grown = entry  # where inside the Cell the carried difference exceeds the thresholds
+        elif not exact and entry.precision_limited:  # its inputs differ only within the runs' lower precision
+            self.first_precision = self.first_precision or entry
         else:
             if _only_parameters_differ(entry, exact):
                 self.changed_state[way].append(entry)
+            self._note_parameter_use(entry)
             if self.first_input is None:
                 self.first_input = entry
+
+    def _note_parameter_use(self, entry: EntryResult) -> None:
+        """``entry``'s inputs differ: remember it when its own Parameters differ, and, when it runs
+        directly inside such a Cell (mix) and some differing input of it is one of that Cell's
+        differing Parameters (equal dtype, shape and statistics on both sides), as the first entry
+        of that Cell using them (:attr:`uses`)."""
+        if entry.target is None:
+            return
+        params = [r for r in entry.records if r.flow == "in" and r.target is not None
+                  and r.target.key.startswith("parameters.") and not _agrees(r, self.exact)]
+        if params:
+            self._with_parameters[entry.target] = params
+        cell = self.construct.get(entry.target) if self.construct else None
+        if cell is None or cell in self.uses or cell not in self._with_parameters:
+            return
+        used = {}
+        for r in entry.records:
+            if r.flow == "in" and not _agrees(r, self.exact):
+                same = [p for p in self._with_parameters[cell] if _same_values(r, p)]
+                if same:
+                    used[r.target.key] = same[0].target.key
+        if used:
+            self.uses[cell] = (entry, used)
 
     def _inside(self, entry: EntryResult, cell: EntryResult) -> bool:
         """Whether ``entry`` runs inside the call of the Cell entry ``cell`` (``construct.json``)."""
@@ -310,12 +393,24 @@ class DivergenceFinder:
                 return self._origin(comparison, construct)
             if self.found[way]:
                 kind, entry = _innermost(self.found[way], self.changed_state[way], self._seq, construct)
-                return _finding(kind, comparison, entry, construct)
+                return self._named(kind, comparison, entry, construct)
         if self.first_precision is not None:
             return _finding("precision", comparison, self.first_precision, construct)
         if self.first_input is not None:
-            return _finding("input", comparison, self.first_input, construct)
+            return self._named("input", comparison, self.first_input, construct)
         return None
+
+    def _named(self, kind: str, comparison: StepComparison, entry: EntryResult, construct: dict) -> Finding:
+        """The finding of ``entry``; a Cell whose own Parameters differ (``kind="input"``) gives way to
+        the first call inside it (mix) that takes them as inputs (:attr:`uses`), with the Cell in
+        :attr:`Finding.parameters_of`: the deepest entry where the difference shows."""
+        use = self.uses.get(entry.target) if kind == "input" else None
+        if use is None:
+            return _finding(kind, comparison, entry, construct)
+        inner, used = use
+        found = _finding("input", comparison, inner, construct)
+        found.parameters_of, found.parameter_inputs = entry.target, used
+        return found
 
     def _origin(self, comparison: StepComparison, construct: dict) -> Finding:
         """Where the difference that first exceeds the thresholds at :attr:`grown` starts: what the
@@ -341,6 +436,12 @@ def _innermost(group: List[EntryResult], changed: List[EntryResult], seq: dict,
     return kind, best
 
 
+def _same_values(record: J.Judged, param: J.Judged) -> bool:
+    """Whether two judged records hold the same tensors on both sides (dtype, shape, statistics)."""
+    return all(a is not None and b is not None and (a.dtype, a.shape, a.stats) == (b.dtype, b.shape, b.stats)
+               for a, b in ((record.target, param.target), (record.golden, param.golden)))
+
+
 def _only_parameters_differ(entry: EntryResult, exact: bool) -> bool:
     """Whether ``entry``'s outputs differ bitwise while of its inputs only its own Parameters
     (``parameters.*``) do (bitwise); its other inputs agree (bitwise with ``exact``)."""
@@ -354,13 +455,14 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
     name = entry.name
     t_stacks = load_stacks(comparison.target.directory)
     g_stacks = load_stacks(comparison.golden.directory)
-    path = cell_path(name, construct) if entry.target is not None else []
+    path = shown_cell_path(name, construct) if entry.target is not None else []
     if not path and entry.golden is not None:  # an entry of the golden only, or an L1 target: its Cells
-        path = cell_path(entry.golden, load_construct(comparison.golden.directory))
+        path = shown_cell_path(entry.golden, load_construct(comparison.golden.directory))
     return Finding(kind, comparison.step, comparison.rank, name, entry.golden, naming.direction_of(name),
                    path, t_stacks.get(_forward_of(entry.target), []),
                    g_stacks.get(_forward_of(entry.golden), []),
-                   [_record_dict(r) for r in entry.records], entry.gain, _setup_difference(comparison))
+                   [_record_dict(r) for r in entry.records], entry.gain, _setup_difference(comparison),
+                   dtypes=entry.dtypes or dtype_pair(entry.records))
 
 
 def _setup_difference(comparison: StepComparison) -> Optional[str]:
@@ -433,7 +535,7 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
                 best = name
         recs = side.records(side.index[best])
         stacks = load_stacks(directory)
-        return Finding("nan", step, rank, best, None, want, cell_path(best, construct),
+        return Finding("nan", step, rank, best, None, want, shown_cell_path(best, construct),
                        stacks.get(_forward_of(best), []), [],
                        [{"record": r.key, "finite": _finite(r), "dtype": r.dtype,
                          "target": dict(zip(("Max", "Min", "Mean", "Norm"), r.stats))} for r in recs])

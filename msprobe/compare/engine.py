@@ -2,10 +2,12 @@
 
 Column names follow the reference compare tool (``NPU`` = target, ``Bench`` = golden); this tool adds
 ``Match`` (how the two entries were paired, see :mod:`msprobe.compare.matching`), ``Error Gain`` and
-``Entry Result`` (see ``thresholds.yaml``: ``source`` blames this entry, ``propagated`` means its
-inputs already carried the error). Inputs are the tensor inputs (positional, keyword, parameters);
+``Gain Verdict`` (see ``thresholds.yaml``: ``grows``, the error grows in this entry by more than
+``entry.gain`` times what its inputs carry; ``carried``, its inputs already carried the error). This
+verdict is per entry: where the runs part is the entry ``first-diff`` names
+(:mod:`msprobe.compare.divergence`). Inputs are the tensor inputs (positional, keyword, parameters);
 a scalar or string argument that differs is part of what the call computes, so a call whose
-tensor inputs agree and whose ``approximate="tanh"`` became ``"none"`` is the source.
+tensor inputs agree and whose ``approximate="tanh"`` became ``"none"`` is ``grows``.
 """
 from __future__ import annotations
 
@@ -13,13 +15,13 @@ import fnmatch
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from msprobe.compare import judge as J
 from msprobe.compare.batch import judge_many
 from msprobe.compare.matching import UNMATCHED, match
 from msprobe.compare.records import Side, load_sides
-from msprobe.compare.thresholds import Thresholds
+from msprobe.compare.thresholds import Group, Thresholds
 from msprobe.dump import load_construct
 from msprobe.format import naming
 from msprobe.format.naming import upstream_names
@@ -34,9 +36,11 @@ MODE_COLUMNS = {
                "Five Thousandths Err Ratio"],
     J.MD5: ["NPU MD5", "BENCH MD5"],
 }
-TAIL = ["Result", "Err_message", "Match", "Error Gain", "Entry Result"]
+TAIL = ["Result", "Err_message", "Match", "Error Gain", "Gain Verdict"]
 STACK = "NPU_Stack_Info"
-SOURCE, PROPAGATED = "source", "propagated"
+#: :attr:`EntryResult.verdict` (``Gain Verdict``) of an entry whose outputs fail: the error grows in it
+#: by more than ``entry.gain`` (or a scalar/string argument differs), or it is carried in by its inputs
+GROWS, CARRIED = "grows", "carried"
 _CHUNK = 2048   # entry pairs judged together
 
 
@@ -56,12 +60,19 @@ class EntryResult:
     records: List[J.Judged]
     gain: Optional[float]
     result: str                   # pass, warning, error, unmatched: worst record
-    verdict: str                  # pass, source, propagated, unmatched
+    verdict: str                  # pass, grows, carried, unmatched (the Gain Verdict column)
     inputs_agree: bool = True     # every tensor input passes (backward: and its forward's inputs)
     inputs_exact: bool = True     # every input record is bitwise equal (likewise)
     #: the inputs pass only at their own, looser precision: judged with the tolerance of the failing
-    #: outputs' dtype (a Float16 -> Float32 cast), an input would not pass
+    #: outputs' dtype (a Float16 -> Float32 cast), an input would not pass; or, when the two runs
+    #: differ in precision (:attr:`StepComparison.lower_precision`), the inputs differ by at most that
+    #: lower precision's tolerance (Float32 Parameters updated from Float16 gradients) and the entry
+    #: does not amplify it (not ``grows``)
     precision_limited: bool = False
+    #: when the two runs differ in precision (:attr:`StepComparison.lower_precision`): ``(target dtype,
+    #: golden dtype)`` of a tensor input whose two sides' dtypes differ (its own inputs first, then
+    #: those of :func:`upstream_names`, then its outputs), or ``None``
+    dtypes: Optional[Tuple[str, str]] = None
 
     def side(self, flow: str) -> List[J.Judged]:
         return [r for r in self.records if r.flow == flow]
@@ -71,10 +82,20 @@ class EntryResult:
         return self.target or self.golden
 
 
+class InputState(NamedTuple):
+    """What an entry's tensor inputs carry into the entries they also feed (:func:`upstream_names`)."""
+
+    error: float                   #: largest :func:`carried_error` (with the nested Parameters' errors)
+    agree: bool                    #: every one passes
+    exact: bool                    #: every one is bitwise equal
+    dtypes: Optional[Tuple[str, str]]  #: :attr:`EntryResult.dtypes` of them
+    within_precision: bool         #: every one differs by at most the runs' lower precision's tolerance
+
+
 def levels_compared_in_part(target_header: dict, golden_header: dict) -> bool:
     """Whether one dump is ``mix`` and the other ``L0`` or ``L1``: then what the lower level records
     (Cells at L0, APIs at L1) is compared, and the entries only ``mix`` records are left out of the
-    first divergence (:meth:`StepComparison.recorded_at_one_level_only`). L0 against L1 have no
+    first difference (:meth:`StepComparison.recorded_at_one_level_only`). L0 against L1 have no
     entry kind in common and are not compared in part."""
     levels = {target_header.get("level"), golden_header.get("level")}
     return levels in ({"mix", "L0"}, {"mix", "L1"})
@@ -125,6 +146,10 @@ class StepComparison:
             raise ValueError("tensor mode needs both dumps written with task \"tensor\"")
         self.pairs = match(self.target, self.golden, mapping)
         self._construct = None
+        #: the thresholds group of the less precise of the float dtypes that only one of the two dumps
+        #: holds (a Float16 run against a Float32 one: ``float16``), or None: the runs do not differ in
+        #: precision. Differences within its tolerance are the precision's (:class:`EntryResult`).
+        self.lower_precision = self.thresholds.lower_of(self.target.dtypes() ^ self.golden.dtypes())
 
     @property
     def construct(self) -> dict:
@@ -158,9 +183,11 @@ class StepComparison:
                 if entry.target is not None:
                     own = [r for r in entry.records if r.flow == "in" and r.is_tensor]
                     carried = max((carried_error(r, self.thresholds) for r in own), default=0.0)
-                    inputs[entry.target] = (max(carried, nested.get(entry.target, 0.0)),
-                                            all(r.result == J.PASS for r in own),
-                                            all(r.exact for r in own))
+                    agree, lower = all(r.result == J.PASS for r in own), self.lower_precision
+                    inputs[entry.target] = InputState(max(carried, nested.get(entry.target, 0.0)), agree,
+                                                      all(r.exact for r in own),
+                                                      None if lower is None else dtype_pair(own),
+                                                      agree if lower is None else _within(own, lower))
                 yield entry
 
     def nested_parameter_errors(self) -> Dict[str, float]:
@@ -261,10 +288,11 @@ class StepComparison:
         t_name = self.target.names[ti] if ti is not None else None
         known = [inputs.get(n) for n in upstream_names(t_name)] if t_name else []
         known = [k for k in known if k is not None]
-        upstream = (max(k[0] for k in known), all(k[1] for k in known),
-                    all(k[2] for k in known)) if known else None
+        upstream = InputState(max(k.error for k in known), all(k.agree for k in known),
+                              all(k.exact for k in known), next((k.dtypes for k in known if k.dtypes), None),
+                              all(k.within_precision for k in known)) if known else None
         return _entry_result(t_name, self.golden.names[gi] if gi is not None else None, how, judged,
-                             self.thresholds, upstream, nested.get(t_name, 0.0))
+                             self.thresholds, upstream, nested.get(t_name, 0.0), self.lower_precision)
 
     def rows(self, stack: Optional[dict] = None) -> Iterator[dict]:
         """One dict per record pair, keyed by :func:`columns` (``None`` for a value not available);
@@ -284,10 +312,12 @@ def carried_error(judged: J.Judged, thresholds: Thresholds) -> float:
     return max(judged.error, thresholds.group(t.dtype, g.dtype).rounding)
 
 
-def _entry_result(t_name, g_name, how, judged, thresholds, upstream=None, nested=0.0) -> EntryResult:
-    """``upstream``: (error, pass, exact) of the inputs of :func:`upstream_names`; ``nested``: the
+def _entry_result(t_name, g_name, how, judged, thresholds, upstream: Optional[InputState] = None,
+                  nested=0.0, lower: Optional[Group] = None) -> EntryResult:
+    """``upstream``: the :class:`InputState` of the inputs of :func:`upstream_names`; ``nested``: the
     largest error of the Parameters of the Cells inside this Cell, an input error for the gain only
-    (whether the inputs agree is judged on the entry's own records)."""
+    (whether the inputs agree is judged on the entry's own records); ``lower``: the thresholds group
+    of the lower precision the two runs differ in (:attr:`StepComparison.lower_precision`), or None."""
     result = J.worst(r.result for r in judged) if judged else (J.UNMATCHED if how == UNMATCHED
                                                                 else J.PASS)
     if how == UNMATCHED:
@@ -299,21 +329,44 @@ def _entry_result(t_name, g_name, how, judged, thresholds, upstream=None, nested
     in_err = max(in_errors, default=0.0)
     agree = all(r.result == J.PASS for r in ins)
     exact = all(r.exact for r in ins)
+    # only two runs that differ in precision need them (the rest of the time: no cost per entry)
+    dtypes = None if lower is None else dtype_pair(ins)
+    within = agree if lower is None else _within(ins, lower)
     if upstream is not None:
-        in_err, agree, exact = max(in_err, upstream[0]), agree and upstream[1], exact and upstream[2]
+        in_err, agree, exact = max(in_err, upstream.error), agree and upstream.agree, exact and upstream.exact
+        dtypes, within = dtypes or upstream.dtypes, within and upstream.within_precision
     in_err = max(in_err, nested)
     out_err = max((r.error for r in outs), default=0.0)
     gain = None if out_err == 0 else (math.inf if in_err == 0 else out_err / in_err)
-    limited = agree and _precision_limited(in_errors + ([upstream[0]] if upstream else []), outs)
+    limited = agree and _precision_limited(in_errors + ([upstream.error] if upstream else []), outs)
     # a changed scalar or string argument is what the call computes differently
     changed_args = agree and any(not r.exact for r in judged if r.flow == "in" and not r.is_tensor)
     if all(r.result == J.PASS for r in outs):
         verdict = J.PASS
     elif (gain is not None and gain > thresholds.gain) or changed_args:
-        verdict = SOURCE
+        verdict = GROWS
     else:  # its inputs already differ (within tolerance or not) by nearly as much as its outputs
-        verdict = PROPAGATED
-    return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact, limited)
+        verdict = CARRIED
+    if lower is not None and within and verdict != GROWS and (verdict == CARRIED or not agree):
+        # the runs differ in precision, its inputs differ by no more than the lower precision allows,
+        # and it does not amplify that: a difference of precision
+        limited = True
+    return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact, limited,
+                       None if lower is None else dtypes or dtype_pair(outs))
+
+
+def _within(records: List[J.Judged], lower: Group) -> bool:
+    """Whether every one of ``records`` passes, or differs by at most the ``warning`` threshold of
+    ``lower`` (the lower precision the two runs differ in)."""
+    return all(r.result == J.PASS or r.error <= lower.warning for r in records)
+
+
+def dtype_pair(records: List[J.Judged]) -> Optional[Tuple[str, str]]:
+    """``(target dtype, golden dtype)`` of the first of ``records`` whose two sides' dtypes differ."""
+    for r in records:
+        if r.target is not None and r.golden is not None and r.target.dtype != r.golden.dtype:
+            return r.target.dtype, r.golden.dtype
+    return None
 
 
 def _precision_limited(in_errors: list, outs: list) -> bool:

@@ -3,7 +3,7 @@
 No server and nothing fetched: styles and the small navigation script are inline. One step/rank is
 shown: the Cell tree of ``construct.json`` (entries outside any Cell at the top level, execution
 order), each node with its records' statistics and, with a golden dump, coloured by its compare
-result; links to the first divergence and the first NaN/Inf producer open the tree down to them.
+result; links to the first difference and the first NaN/Inf producer open the tree down to them.
 """
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                        "nonfinite": any(r["bad"] for r in records)}
     roots = []
     for name in side.names:
-        parent, seen = construct.get(name), {name}
+        # a parameter-gradient entry sits under the Cell call it belongs to
+        parent, seen = (divergence.shown_cell_path(name, construct) or [None])[-1], {name}
         while parent is not None and parent not in nodes and parent not in seen:  # an undumped Cell
             seen.add(parent)
             parent = construct.get(parent)
@@ -137,7 +138,8 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
     def finding(f):
         if f is None:
             return None
-        return {"id": ids.get(f.entry), "entry": f.entry, "kind": f.kind, "direction": f.direction,
+        return {"id": ids.get(f.entry), "entry": f.entry, "kind": f.kind, "label": f.label(),
+                "direction": f.direction,
                 "note": f.note, "reason": f.reason(),
                 "cell_path": f.cell_path, "source": source_line(f.target_stack)}
 

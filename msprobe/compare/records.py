@@ -225,6 +225,10 @@ class Side:
             for n in range(start[i], start[i + 1]):
                 yield f"{name}.{strings[keys[n]]}"
 
+    def dtypes(self) -> set:
+        """The dtypes its records hold (``Float32``, ``Int64``, ...; None for non-tensor values)."""
+        return {meta[1] for meta in self._metas}
+
     def has_md5(self) -> bool:
         return any(extra[0] is not None for extra in self._extra.values())
 

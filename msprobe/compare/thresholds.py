@@ -75,6 +75,15 @@ class Thresholds:
         return self.groups[min(names, key=lambda n: self.order.index(n) if n in self.order else 0)]
 
 
+    def lower_of(self, dtypes) -> Optional[Group]:
+        """The group of the least precise floating dtype among ``dtypes`` (names as in ``dtypes:``),
+        or None when none of them is a floating dtype (integers, booleans, non-tensors)."""
+        names = {self.dtypes.get(d, "exact") for d in dtypes if d is not None} - {"exact"}
+        if not names:
+            return None
+        return self.groups[min(names, key=lambda n: self.order.index(n) if n in self.order else 0)]
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in over.items():

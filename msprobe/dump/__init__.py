@@ -1,6 +1,7 @@
 """Reading dumps back: ``load(step_rank_dir)``, ``iter_entries(step_rank_dir)``,
 ``iter_bodies(step_rank_dir)`` (streamed ``(entry, body)``),
-``load_stacks(step_rank_dir)``, ``load_construct(step_rank_dir)``, ``summarize(dump_path)``;
+``load_stacks(step_rank_dir)``, ``load_construct(step_rank_dir)``, ``summarize(dump_path)``,
+``read_report(step_rank_dir, ANOMALIES)`` (``anomalies.json``/``coverage.json``, either format version);
 L2 kernel dumps: ``iter_kernel_steps(dump_path)``, ``load_kernel_statistics(step_dir)``; a tensor file:
 ``load_npy(path)`` (bfloat16 files too); ``JOURNAL`` (the journal's file name), ``ANOMALIES`` (the
 file a step/rank directory holds when it has a non-finite value), ``SUBTREES``
@@ -8,7 +9,7 @@ file a step/rank directory holds when it has a non-finite value), ``SUBTREES``
 from msprobe.read.reader import (SUBTREES, DumpFormatError, Piece, StepDump, iter_bodies, iter_entries,
                                  iter_kernel_steps, iter_step_dirs, load, load_construct,
                                  load_kernel_statistics, load_stacks, summarize)
-from msprobe.read.report import ANOMALIES
+from msprobe.read.report import ANOMALIES, read_report
 from msprobe.format.journal import JOURNAL
 
 
@@ -22,4 +23,4 @@ def load_npy(path: str):
 
 __all__ = ["load", "summarize", "iter_step_dirs", "iter_entries", "iter_bodies", "iter_kernel_steps",
            "load_kernel_statistics", "load_stacks", "load_construct", "Piece", "StepDump", "DumpFormatError",
-           "load_npy", "JOURNAL", "ANOMALIES", "SUBTREES"]
+           "load_npy", "JOURNAL", "ANOMALIES", "SUBTREES", "read_report"]

@@ -39,6 +39,7 @@ from msprobe.engine import layout, watch_history
 from msprobe.engine.flush import encode_batch
 from msprobe.engine.step_files import StepExtras, write_step
 from msprobe.engine.watch_history import History
+from msprobe.engine.watch_loss import WATCHED, LossCheck
 from msprobe.engine.writer import StepWriter
 from msprobe.format import journal, naming
 from msprobe.format.journal import SCHEMA, TENSOR_DIR
@@ -115,11 +116,15 @@ class Watch:
     Args:
         settings: the validated ``watch`` section (:class:`msprobe.engine.config.WatchSettings`).
         dump_path: the configured ``dump_path`` (heartbeat files are written there).
+        level: the dump level; at ``L0``/``L1``/``mix`` whether the watched calls compute the loss
+            is told once (:mod:`msprobe.engine.watch_loss`).
     """
 
-    def __init__(self, settings, dump_path: str):
+    def __init__(self, settings, dump_path: str, level: str | None = None):
         self.settings = settings
         self.dump_path = dump_path
+        #: says once when the watched calls of the first step do not compute the loss, or None
+        self.loss_check = LossCheck(level) if level in WATCHED else None
         #: the lines kept: the open step whole, the last ``history`` entries before it (``len``: those)
         self.ring = History(settings.history)
         self.stack_frames = self.ring.stack_frames  # stack id -> frames (definitions are never dropped)
@@ -302,6 +307,8 @@ class WatchWriter:
             watch.ring.count(self.step, self.directory, records)  # once per run: never written
             return
         text, resolved, non_finite = encode_batch(records)
+        if watch.loss_check is not None and not watch.loss_check.done:
+            watch.loss_check.see([piece for rec in resolved for piece, _ in _pieces(rec)], self.step)
         found = None
         if non_finite or watch.checks_values:
             outputs, inputs = watch.checks_values, watch.checks_inputs
@@ -428,6 +435,8 @@ class WatchWriter:
             self.real.close()
         else:
             self.watch.ring.end_step()
+        if self.watch.loss_check is not None:
+            self.watch.loss_check.end_step(self.step)
         self.watch.heartbeat(self.rank, self.step)
 
     # ------------------------------------------------------------------ detection

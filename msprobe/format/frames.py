@@ -1,10 +1,10 @@
-"""Stack frames as the commands print them: one line each.
+"""Stack frames as the commands print them, and as ``anomalies.json`` holds them: one line each.
 
-The files of a dump (``stack.json``, and ``anomalies.json``'s ``stack``, which copies them) keep the
-seed's form of a frame, two lines: ``"File {path}, line {n}, in {function}, \\n {source line}"``.
-What the ``msprobe`` commands print (``show`` and ``first-diff``, as text or ``--json``, and the HTML
-report) is that text without its line break, ``"File {path}, line {n}, in {function},  {source
-line}"``, in the files' order: innermost frame first.
+``stack.json`` keeps the seed's form of a frame, two lines: ``"File {path}, line {n}, in {function},
+\\n {source line}"``. What the ``msprobe`` commands print (``show`` and ``first-diff``, as text or
+``--json``, and the HTML report), and ``anomalies.json``'s ``stack`` (format version 2; version 1
+copied the two-line form), is that text without its line break, ``"File {path}, line {n}, in
+{function},  {source line}"``, in ``stack.json``'s order: innermost frame first.
 """
 from __future__ import annotations
 

@@ -36,7 +36,10 @@ import orjson
 from msprobe._version import __version__ as VERSION
 from msprobe.format.npy import write_unnamed
 
-SCHEMA = "msprobe-mindspore/1"
+#: the format version written (docs/FORMAT.md, "Version")
+SCHEMA = "msprobe-mindspore/2"
+#: earlier versions still read: 1 differs only in ``anomalies.json``'s ``stack`` (two-line frames)
+OLDER_SCHEMAS = ("msprobe-mindspore/1",)
 
 JOURNAL = "dump.journal"
 TENSOR_DIR = "dump_tensor_data"

@@ -26,15 +26,16 @@ from jsonschema.exceptions import best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from msprobe.format.journal import JOURNAL, TENSOR_DIR, line_kind
+from msprobe.format.journal import JOURNAL, SCHEMA, TENSOR_DIR, line_kind
 
 try:  # optional: the same schemas checked ~300x faster; jsonschema still reports every error
     import jsonschema_rs
 except ImportError:
     jsonschema_rs = None
 
-#: the dump format version these schemas describe (``"schema"`` field of dump.json/debug.json)
-SCHEMA_VERSION = "msprobe-mindspore/1"
+#: the dump format version written (``"schema"`` field of dump.json/debug.json); the schemas accept
+#: the earlier versions still read too (:data:`msprobe.format.journal.OLDER_SCHEMAS`)
+SCHEMA_VERSION = SCHEMA
 
 _URN = "urn:msprobe-mindspore:format:1:"
 

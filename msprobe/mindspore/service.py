@@ -47,7 +47,6 @@ from msprobe.capture.primitive import install_primitive_hooks, primitive_targets
 from msprobe.engine.config import ConfigError
 from msprobe.engine.gc_window import widen_gen0
 from msprobe.engine.handles import AttributePatches, Handle, HandleSet, patch_attribute
-from msprobe.engine.messages import announce
 from msprobe.engine.runtime import Runtime
 
 logger = logging.getLogger("msprobe")
@@ -231,8 +230,6 @@ class DumpService:
             self._note_stale_bindings(rt)
         self._install()
         rt.begin_capture()
-        if cfg.watch is not None and rt.first_time(("what watch mode sees",)):
-            _say_what_watch_sees(cfg.level, self.models)
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.step_dir)
         return True
 
@@ -609,26 +606,6 @@ def _model_gone(service_ref, refs) -> None:
 
 
 _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def _say_what_watch_sees(level: str, models) -> None:
-    """Watch mode, first start(): say once what is watched, unless the model given to start() holds
-    its loss (``nn.WithLossCell``, ``nn.TrainOneStepCell``): a loss computed outside it, such as a
-    loss Cell applied to its output, is not watched, and its NaN/Inf would otherwise go unreported
-    without a word. ``models``: the ``(name, Cell)`` pairs given to start(), or ``None``."""
-    roots = [cell for _, cell in models or ()]
-    if roots and all(isinstance(cell, (nn.WithLossCell, nn.TrainOneStepCell)) for cell in roots):
-        return
-    seen = {"L0": "the Cells inside the model given to start() (not the operations of its own construct: "
-                  "a loss computed there by functions such as ops.mse_loss is not watched either, use a "
-                  "loss Cell inside it or level L1/mix)",
-            "mix": "the Cells and Primitives inside the model given to start(), and the APIs of "
-                   "support_wrap_ops.yaml called anywhere between start() and stop()",
-            "L1": "the Primitives inside the model given to start(), and the APIs of "
-                  "support_wrap_ops.yaml called anywhere between start() and stop()"}[level]
-    announce(f"msprobe watch mode watches {seen}; a loss Cell outside the model (such as "
-             "nn.SoftmaxCrossEntropyWithLogits applied to its output) is not watched: give start() a "
-             "Cell that computes the loss (e.g. nn.WithLossCell(net, loss_fn)) to watch it too")
 
 
 def _release_other_captures(service) -> None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from msprobe.read import report
-from msprobe.format.journal import JOURNAL, SCHEMA, TENSOR_DIR, Piece, pieces, read_journal, replay
+from msprobe.format.journal import JOURNAL, OLDER_SCHEMAS, SCHEMA, TENSOR_DIR, Piece, pieces, read_journal, replay
 
-SUPPORTED_SCHEMAS = (SCHEMA,)
+SUPPORTED_SCHEMAS = (SCHEMA, *OLDER_SCHEMAS)
 _STEP_RE = re.compile(r"^step(\d+)$")
 _RANK_RE = re.compile(r"^(rank\d*|proc\d+)$")
 

@@ -24,6 +24,7 @@ import os
 import re
 
 from msprobe.format import naming
+from msprobe.format.frames import frame_lines
 
 ANOMALIES = "anomalies.json"
 COVERAGE = "coverage.json"
@@ -178,7 +179,7 @@ def step_reports(directory: str, data: dict, stacks: dict, notes: dict, scan: bo
                      rule="producer = inputs finite, output NaN/Inf (a backward entry's inputs include "
                           "its forward call's); entries in execution order; "
                           "first_producer = the first that encloses no other producer",
-                     stack=_stack_of(stacks, first) if first else None)
+                     stack=frame_lines(_stack_of(stacks, first)) if first else None)
         if first and first.startswith("Jit."):
             found["note"] = f"{first} {COMPILED_NOTE}; the NaN/Inf appeared inside that region"
         if extra:
@@ -201,9 +202,14 @@ def without_empty_backward(construct: dict, data: dict) -> dict:
 
 
 def read_report(directory: str, name: str):
-    """The parsed report ``name`` (``anomalies.json``/``coverage.json``) of a step dir, or ``None``."""
+    """The parsed report ``name`` (``anomalies.json``/``coverage.json``) of a step dir, or ``None``.
+    An ``anomalies.json`` of format 1, whose ``stack`` holds ``stack.json``'s two-line frames, is
+    returned with them on one line, as format 2 writes them (:func:`msprobe.format.frames.frame_line`)."""
     path = os.path.join(directory, name)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        found = json.load(f)
+    if name == ANOMALIES and isinstance(found, dict) and isinstance(found.get("stack"), list):
+        found["stack"] = frame_lines(found["stack"])
+    return found
