@@ -5,9 +5,10 @@ PY     := $(VENV)/bin/python
 
 .PHONY: demo test install clean bench bench-compare
 
-# pip install -e . also compiles msprobe/tensors/_stats_kernel.c (the statistics kernel) and
-# msprobe/format/_npy_files.c (batch .npy writes): rebuild when they change
-$(VENV)/.installed: pyproject.toml msprobe/tensors/_stats_kernel.c msprobe/format/_npy_files.c
+# pip install -e . also compiles the C extensions (statistics kernel, per-call path, GRAPH_MODE probes,
+# batch .npy writes): rebuild when one of them changes
+C_SOURCES := $(wildcard msprobe/*/*.c msprobe/*/*/*.c)
+$(VENV)/.installed: pyproject.toml $(C_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test,examples]"
