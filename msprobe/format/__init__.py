@@ -1,5 +1,5 @@
-"""The dump's on-disk contract, versioned (``msprobe-mindspore/2``; version 1 is still read): JSON Schemas of every file the
-tool writes and their validation. Human-readable description: ``docs/FORMAT.md``.
+"""The dump's on-disk contract, versioned (``msprobe-mindspore/2``; version 1 is still read): JSON
+Schemas of every file the tool writes and their validation. Human-readable description: ``docs/FORMAT.md``.
 
 The validation names below are imported on first use, so writing a dump (which needs only
 :mod:`msprobe.format.journal`, :mod:`msprobe.format.naming`, :mod:`msprobe.format.npy`) does not load
