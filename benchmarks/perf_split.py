@@ -3,6 +3,7 @@ of the measured steps only, tool off and tool on, in two processes; samples per 
 
     .venv/bin/python benchmarks/perf_split.py --model tiny --level L1 --steps 40
     .venv-mindformers/bin/python benchmarks/perf_split.py --model llama --steps 30
+    .venv/bin/python benchmarks/perf_split.py --model tiny --level L1 --task tensor --steps 20
 
 Each process builds the model of ``benchmarks/llama_split.py`` (``--model``), runs 4 warm-up steps (dumped
 ones for ``on``), then the measured steps with perf's events enabled (``perf record --control``, started
@@ -44,7 +45,7 @@ def _steps(args) -> None:
     if args.mode == "on":
         from msprobe.mindspore import PrecisionDebugger
 
-        debugger = PrecisionDebugger(dump_path=os.path.join(out, "dump"), task="statistics", level=args.level)
+        debugger = PrecisionDebugger(dump_path=os.path.join(out, "dump"), task=args.task, level=args.level)
 
     def step(i):
         if debugger is not None:
@@ -80,7 +81,7 @@ def _record(args, mode: str, work: str) -> tuple:
         os.mkfifo(fifo)
     cmd = ["perf", "record", "-e", "cpu-clock", "-F", str(args.freq), "-D", "-1", "-o", data] + (["-g"] if args.callers else []) + [
            f"--control=fifo:{ctl},{ack}", "--", sys.executable, os.path.abspath(__file__), "--child", mode,
-           "--model", args.model, "--level", args.level, "--steps", str(args.steps), "--ctl", ctl, "--ack", ack]
+           "--model", args.model, "--level", args.level, "--task", args.task, "--steps", str(args.steps), "--ctl", ctl, "--ack", ack]
     run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     line = [text for text in run.stdout.splitlines() if text.startswith("training-thread")]
     if run.returncode or not line:
@@ -106,6 +107,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny", choices=("llama", "tiny"))
     p.add_argument("--level", default="L1", choices=("L0", "L1", "mix"))
+    p.add_argument("--task", default="statistics", choices=("statistics", "tensor"))
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--freq", type=int, default=4000, help="samples per second of CPU time")
     p.add_argument("--top", type=int, default=25, help="C functions listed")
