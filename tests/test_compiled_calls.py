@@ -71,6 +71,45 @@ def test_user_exception_of_a_tensor_method_reaches_the_user_unchanged(make_debug
     assert not os.path.exists(os.path.join(directory, "dump_error_info.log"))
 
 
+def test_tool_failure_in_the_compiled_backward_registration_is_reported_once_and_training_goes_on(
+        make_debugger, monkeypatch):
+    """The compiled recorder observes a call's output itself (its ``_grad_node``, then that node's
+    ``register_hook``): when reading the node raises, each API's failure is written once to
+    dump_error_info.log, its forward is still recorded, and the gradients are those of a run without the
+    tool."""
+    if hotpath.ext is None:
+        pytest.skip("compiled per-call path not built")
+    x = _x()
+
+    def loss(a):
+        return (ops.relu(a) * a.abs() * a.abs()).sum()
+
+    grad_fn = ms.value_and_grad(loss)
+    expected = [t.asnumpy() for t in grad_fn(x)]
+    debugger = make_debugger(task="statistics", level="L1", step=[0])
+    assert getattr(debugger.service.recorder.fast_record, "observe_here", False)
+
+    def refused(self):
+        raise RuntimeError("hook refused")
+
+    monkeypatch.setattr(ms.Tensor, "_grad_node", property(refused))
+    debugger.start()
+    got = [t.asnumpy() for t in grad_fn(x)]
+    debugger.stop()
+    debugger.step()
+    monkeypatch.undo()
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
+    directory, dump = load_step(debugger.config.dump_path, 0)
+    with open(os.path.join(directory, "dump_error_info.log"), encoding="utf-8") as f:
+        log = f.read()
+    for api in ("Tensor.abs", "Functional.relu"):
+        assert log.count(f"failed to record {api}") == 1, log
+        assert "hook refused" in log
+        assert dump.data[f"{api}.0.forward"]["output"][0]["shape"] == [2, 3]  # the forward is recorded
+    assert not any(name.endswith(".backward") for name in dump.data)
+
+
 def test_tool_failure_in_the_backward_registration_is_reported_once_and_training_goes_on(make_debugger,
                                                                                        monkeypatch):
     x = _x()
@@ -91,6 +130,9 @@ def test_tool_failure_in_the_backward_registration_is_reported_once_and_training
         return real(self, args, out, mark)
 
     monkeypatch.setattr(BackwardProbe, "observe", failing)
+    fast = debugger.service.recorder.fast_record
+    if hasattr(fast, "observe_here"):  # the compiled recorder: observe every call through BackwardProbe.observe
+        monkeypatch.setattr(fast, "observe_here", False)
     debugger.start()
     got = [t.asnumpy() for t in grad_fn(x)]
     debugger.stop()
