@@ -272,6 +272,10 @@ def test_magnitude_bound_triggers(tmp_path):
     first = nan_producer(dump_path)
     assert [(f.kind, f.entry, f.step) for f in first] == [("anomaly", "Tensor.__sub__.0.forward", 1)]
     assert "max_abs" in first[0].reason()
+    from msprobe.compare.html import write_report
+    with open(write_report(dump_path, str(tmp_path / "report.html")), encoding="utf-8") as f:
+        html = f.read()
+    assert "First anomaly producer (watch mode)" in html and "First NaN/Inf producer" not in html
 
 
 def test_sigterm_writes_the_history(tmp_path):
