@@ -297,7 +297,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
             _print_finding(f, f.label(), exact, all_frames)
         for side, found in nans.items():
             if not found:
-                click.echo(f"{side}: no NaN/Inf producer")
+                click.echo(f"{side}: no NaN/Inf producer (nor a watch-mode anomaly producer)")
             for f in found[:1]:
                 _print_finding(f, f"{side}: {f.label()}", all_frames=all_frames)
             if len(found) > 1:

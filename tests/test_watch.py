@@ -264,6 +264,18 @@ def test_magnitude_bound_triggers(tmp_path):
     _train(net, debugger, 3, at=1, poison=scale)
     _, found = _anomaly(dump_path, 1)
     assert (found["kind"], found["producer"]) == ("max_abs", "Tensor.__sub__.0.forward")
+    # the texts speak of the kind found, and the reading tools name the producer
+    assert "NaN" not in found["rule"] and "inputs finite" not in found["trigger"]
+    from msprobe.compare import nan_producer
+    from msprobe.read.reader import summarize
+    assert "Tensor.__sub__.0.forward (a value beyond max_abs, watch mode)" in summarize(dump_path)
+    first = nan_producer(dump_path)
+    assert [(f.kind, f.entry, f.step) for f in first] == [("anomaly", "Tensor.__sub__.0.forward", 1)]
+    assert "max_abs" in first[0].reason()
+    from msprobe.compare.html import write_report
+    with open(write_report(dump_path, str(tmp_path / "report.html")), encoding="utf-8") as f:
+        html = f.read()
+    assert "First anomaly producer (watch mode)" in html and "First NaN/Inf producer" not in html
 
 
 def test_sigterm_writes_the_history(tmp_path):

@@ -36,7 +36,7 @@ from msprobe.format.frames import frame_lines
 #: :meth:`Finding.label` per kind: one term, "first difference", for the entry where two runs part
 LABELS = {"divergence": "first difference", "input": "first difference",
           "precision": "first difference of precision", "unmatched": "first unmatched entry",
-          "nan": "first NaN/Inf producer"}
+          "nan": "first NaN/Inf producer", "anomaly": "first anomaly producer (watch mode)"}
 
 
 @dataclass
@@ -51,7 +51,8 @@ class Finding:
             and agree within the lower one up to there; :attr:`EntryResult.precision_limited`), ``input`` (the first differing entry
             already had differing inputs: the difference comes from outside the dump: data,
             parameters, or code that is not dumped), ``unmatched`` (the first entry present on one
-            side only), ``nan`` (inputs finite, an output NaN/Inf).
+            side only), ``nan`` (inputs finite, an output NaN/Inf), ``anomaly`` (watch mode's
+            ``max_abs``/``norm_jump`` producer, read from ``anomalies.json``; ``note`` says what it found).
         cell_path: enclosing Cell entries, outermost first (from ``construct.json``).
         note: set when the dumps differ in set-up (level, task), which explains unmatched entries.
         records: per record: name, result, both sides' statistics, message.
@@ -154,6 +155,8 @@ class Finding:
                        "do not amplify their error")
             return (f"{how}: the runs differ in precision{which} before this entry and agree within the "
                     "lower precision up to here")
+        if self.kind == "anomaly":
+            return self.note or ""
         if self.kind == "unmatched":
             return "present on one side only " + (f"({self.note})" if self.note else
                                                   "(the runs executed different calls)")
@@ -539,4 +542,22 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
                        stacks.get(_forward_of(best), []), [],
                        [{"record": r.key, "finite": _finite(r), "dtype": r.dtype,
                          "target": dict(zip(("Max", "Min", "Mean", "Norm"), r.stats))} for r in recs])
-    return None
+    return watch_producer(directory, step, rank, side, construct)
+
+
+def watch_producer(directory: str, step: Optional[int], rank: str, side: Side,
+                   construct: dict) -> Optional[Finding]:
+    """Watch mode's producer of a magnitude anomaly (``kind`` ``max_abs`` or ``norm_jump`` in the
+    directory's ``anomalies.json``), as a finding of kind ``anomaly`` whose ``note`` is the
+    trigger's text; ``None`` when the directory holds no such record or its producer is not in
+    ``dump.json``. (NaN/Inf are found from the statistics themselves.)"""
+    from msprobe.read.report import ANOMALIES, read_report
+    found = read_report(directory, ANOMALIES)
+    if not isinstance(found, dict) or found.get("kind") not in ("max_abs", "norm_jump"):
+        return None
+    entry = found.get("producer")
+    if entry not in side.index:
+        return None
+    return Finding("anomaly", step, rank, entry, None, naming.direction_of(entry),
+                   shown_cell_path(entry, construct), load_stacks(directory).get(_forward_of(entry), []),
+                   [], note=found.get("trigger"))

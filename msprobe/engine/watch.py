@@ -485,7 +485,8 @@ class WatchWriter:
                 cell = parent
         what = _WHAT[kind]
         received = is_collective(producer)
-        trigger = f"watch: {what} in the output of {producer}, inputs finite"
+        clean = "finite" if kind in ("nan", "inf") else "without it"
+        trigger = f"watch: {what} in the output of {producer}, inputs {clean}"
         if received:
             trigger += " (a collective: the value came from another rank, whose dump names its producer)"
         written = self.dump_history({"step": self.step, "rank": self.rank, "producer": producer,
@@ -496,7 +497,7 @@ class WatchWriter:
         where = f", rank {self.rank}" if self.rank is not None else ""  # no rank before init(): none named
         self._raise(f"msprobe watch: {what} first produced by {producer} (step {self.step}{where}"
                     f"{', in ' + cell if cell else ''}); its "
-                    f"inputs were finite. Dump: {self.directory}")
+                    f"inputs were {clean}. Dump: {self.directory}")
 
     def _trigger_unrecorded(self, entry: str, kind: str) -> None:
         what = _WHAT[kind]

@@ -380,7 +380,7 @@ def summarize(dump_path: str) -> str:
     """A one-screen text summary: steps, entries, forward/backward counts, first non-finite entry and
     the first producer of a non-finite value (inputs finite, output NaN/Inf; see ``anomalies.json``)."""
     lines = [f"dump at {os.path.abspath(dump_path)}"]
-    first_bad = first_producer = None
+    first_bad = first_producer = watch_producer = None
     for tree, step, rank, path in _iter_trees(dump_path):
         dump = load(path)
         fwd = sum(1 for k in dump.data if ".forward" in k)
@@ -395,6 +395,12 @@ def summarize(dump_path: str) -> str:
         where = f"{tree}step{step}/{rank}"
         lines.append(f"  {where}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
                      f"{grads} parameter-gradient) prefixes: {', '.join(prefixes)}{state}")
+        if watch_producer is None:
+            watched = report.read_report(path, report.ANOMALIES)
+            if isinstance(watched, dict) and watched.get("kind") in report.MAGNITUDE_KINDS \
+                    and watched.get("producer"):
+                watch_producer = (f"{where}: {watched['producer']} "
+                                  f"({report.MAGNITUDE_KINDS[watched['kind']]}, watch mode)")
         if first_bad is None:
             found = report.find_anomalies(dump.data, dump.construct)
             if found is not None:
@@ -406,6 +412,8 @@ def summarize(dump_path: str) -> str:
         lines.append(f"  first entry with a non-finite value: {first_bad or 'none'}")
         lines.append(f"  first producer of a non-finite value (inputs finite, output not): "
                      f"{first_producer or 'none'}")
+        if watch_producer:
+            lines.append(f"  first producer of a watch-mode anomaly (anomalies.json): {watch_producer}")
     if any(True for _ in iter_kernel_steps(dump_path)):
         _summarize_kernel_dump(dump_path, lines)
     elif not os.path.isdir(dump_path):

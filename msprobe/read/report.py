@@ -27,6 +27,8 @@ from msprobe.format import naming
 from msprobe.format.frames import frame_lines
 
 ANOMALIES = "anomalies.json"
+#: watch mode's magnitude kinds (``anomalies.json``'s ``kind``) and how texts name them
+MAGNITUDE_KINDS = {"max_abs": "a value beyond max_abs", "norm_jump": "a Norm jump beyond norm_jump"}
 COVERAGE = "coverage.json"
 EMPTY_REASON = "no recorded call between start() and stop() in this step"
 COMPILED_NOTE = "ran as one compiled graph (mindspore.jit); calls inside it are not captured"
@@ -175,13 +177,19 @@ def step_reports(directory: str, data: dict, stacks: dict, notes: dict, scan: bo
                  "first_non_finite": None}
     if found is not None:
         first = found["first_producer"]
+        magnitude = bool(extra) and extra.get("kind") in MAGNITUDE_KINDS and found is not None \
+            and found.get("first_non_finite") is None
         found = dict(found, step=step_of(directory),
-                     rule="producer = inputs finite, output NaN/Inf (a backward entry's inputs include "
-                          "its forward call's); entries in execution order; "
-                          "first_producer = the first that encloses no other producer",
+                     rule=(f"watch mode: producer = the first recorded call whose output shows "
+                           f"{MAGNITUDE_KINDS[extra['kind']]} while its inputs do not"
+                           if magnitude else
+                           "producer = inputs finite, output NaN/Inf (a backward entry's inputs include "
+                           "its forward call's); entries in execution order; "
+                           "first_producer = the first that encloses no other producer"),
                      stack=frame_lines(_stack_of(stacks, first)) if first else None)
         if first and first.startswith("Jit."):
-            found["note"] = f"{first} {COMPILED_NOTE}; the NaN/Inf appeared inside that region"
+            what = MAGNITUDE_KINDS[extra["kind"]] if magnitude else "the NaN/Inf"
+            found["note"] = f"{first} {COMPILED_NOTE}; {what} appeared inside that region"
         if extra:
             found.update(extra)
         if identity:
