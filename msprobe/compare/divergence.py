@@ -135,7 +135,10 @@ class Finding:
 
     def _why(self, exact: bool) -> str:
         if self.kind == "divergence":
-            return f"inputs agree{' bitwise' if self.exceeds_at else ''}, outputs do not ({self.direction})"
+            if exact or self.exceeds_at or all(rec.get("bitwise_equal") for rec in self.records
+                                               if flow_of(rec.get("record", "")) == "in"):
+                return f"inputs agree{' bitwise' if self.exceeds_at else ''}, outputs do not ({self.direction})"
+            return f"inputs differ within tolerance, outputs do not agree ({self.direction})"
         if self.kind == "input":
             # none of its own: a backward entry whose forward call's inputs differ
             which = ", ".join(self.differing_inputs(exact)) or "those of its forward call"
@@ -299,6 +302,9 @@ class DivergenceFinder:
         #: tolerance mode: the bitwise rule fed the same entries up to the end of the call of
         #: :attr:`grown`, which names where the difference that grows over the thresholds there starts
         self.bitwise = None if exact else DivergenceFinder(True, leave_out, construct)
+        #: tolerance mode: the entries that fail the thresholds (a record not ``pass``), other than
+        #: differences of precision, in execution order
+        self._failing = []
 
     def add(self, entry: EntryResult) -> None:
         exact = self.exact
@@ -316,6 +322,8 @@ class DivergenceFinder:
         if all(_agrees(r, exact) for r in entry.records):
             return
         self._seq[id(entry)] = len(self._seq)
+        if not exact and not entry.precision_limited and any(r.result != J.PASS for r in entry.records):
+            self._failing.append(entry)
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
         if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
             if exact or entry.verdict != CARRIED:
@@ -418,8 +426,18 @@ class DivergenceFinder:
         found = self.bitwise.result(comparison)
         if found is None:  # not reached: the inputs of :attr:`grown` differ bitwise
             found = _finding("divergence", comparison, self.grown, construct)
-        found.exceeds_at, found.exceeds_gain = self.grown.name, self.grown.gain
+        if not self._exceeded_before_grown():
+            found.exceeds_at, found.exceeds_gain = self.grown.name, self.grown.gain
         return found
+
+    def _exceeded_before_grown(self) -> bool:
+        """Whether an entry computed before :attr:`grown` already fails the thresholds: one that runs
+        before it (other than a Cell whose call holds it), or one inside its call (a Cell's output is
+        computed after the calls inside it)."""
+        grown = self.grown
+        return any(e is not grown and ((self._seq[id(e)] < self._seq[id(grown)] and not self._inside(grown, e))
+                                       or self._inside(e, grown))
+                   for e in self._failing)
 
 
 def _innermost(group: List[EntryResult], changed: List[EntryResult], seq: dict,
