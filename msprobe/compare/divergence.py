@@ -135,8 +135,9 @@ class Finding:
 
     def _why(self, exact: bool) -> str:
         if self.kind == "divergence":
-            if exact or self.exceeds_at or all(rec.get("bitwise_equal") for rec in self.records
-                                               if flow_of(rec.get("record", "")) == "in"):
+            if exact or self.exceeds_at or all(rec.get("bitwise_equal") for rec in self.records  # tensors
+                                               if flow_of(rec.get("record", "")) == "in"
+                                               and rec.get("target_value") is None):
                 return f"inputs agree{' bitwise' if self.exceeds_at else ''}, outputs do not ({self.direction})"
             return f"inputs differ within tolerance, outputs do not agree ({self.direction})"
         if self.kind == "input":
