@@ -303,14 +303,15 @@ class DivergenceFinder:
         #: tolerance mode: the bitwise rule fed the same entries up to the end of the call of
         #: :attr:`grown`, which names where the difference that grows over the thresholds there starts
         self.bitwise = None if exact else DivergenceFinder(True, leave_out, construct)
-        #: tolerance mode: the entries that fail the thresholds (a record not ``pass``), other than
-        #: differences of precision, in execution order
+        #: tolerance mode: ``(order, target name)`` of the entries fed to the bitwise rule that fail
+        #: the thresholds (a record not ``pass``), other than differences of precision
         self._failing = []
 
     def add(self, entry: EntryResult) -> None:
         exact = self.exact
         way = naming.direction_of(entry.name)
-        if self.bitwise is not None and self._feeds_bitwise(entry):
+        fed = self.bitwise is not None and self._feeds_bitwise(entry)
+        if fed:
             self.bitwise.add(entry)
         if entry.match == "unmatched":
             if not entry.records:  # every record of it matched an ``ignore`` pattern: left out
@@ -323,8 +324,8 @@ class DivergenceFinder:
         if all(_agrees(r, exact) for r in entry.records):
             return
         self._seq[id(entry)] = len(self._seq)
-        if not exact and not entry.precision_limited and any(r.result != J.PASS for r in entry.records):
-            self._failing.append(entry)
+        if fed and not entry.precision_limited and any(r.result != J.PASS for r in entry.records):
+            self._failing.append((self._seq[id(entry)], entry.target))
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
         if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
             if exact or entry.verdict != CARRIED:
@@ -435,10 +436,12 @@ class DivergenceFinder:
         """Whether an entry computed before :attr:`grown` already fails the thresholds: one that runs
         before it (other than a Cell whose call holds it), or one inside its call (a Cell's output is
         computed after the calls inside it)."""
-        grown = self.grown
-        return any(e is not grown and ((self._seq[id(e)] < self._seq[id(grown)] and not self._inside(grown, e))
-                                       or self._inside(e, grown))
-                   for e in self._failing)
+        at, name = self._seq[id(self.grown)], self.grown.target
+        construct = self.construct or {}
+        holders = set(cell_path(name or "", construct))
+        return any(seq != at and ((seq < at and target not in holders)
+                                  or (name is not None and name in cell_path(target or "", construct)))
+                   for seq, target in self._failing)
 
 
 def _innermost(group: List[EntryResult], changed: List[EntryResult], seq: dict,
