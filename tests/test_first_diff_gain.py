@@ -56,7 +56,9 @@ def test_tolerance_mode_names_where_a_difference_below_the_thresholds_starts(run
     assert 0 < rows[f"{loss}.output.0"]["Error Gain"] < 10
     assert rows[f"{loss}.output.0"]["Gain Verdict"] == "carried"   # it carries, not produces
     (found,) = first_divergence(target, golden)
-    assert (found.kind, found.entry, found.exceeds_at) == ("input", origin, loss), found
+    # the weight already exceeds the warning threshold: the loss is not where the thresholds are
+    # first exceeded, and no such claim is made
+    assert (found.kind, found.entry, found.exceeds_at) == ("input", origin, None), found
     (bitwise,) = first_divergence(target, golden, exact=True)
     assert (bitwise.kind, bitwise.entry, bitwise.exceeds_at) == ("input", origin, None)
     out = cli("first-diff", target, golden, check_code=1).stdout
@@ -64,7 +66,7 @@ def test_tolerance_mode_names_where_a_difference_below_the_thresholds_starts(run
     changed = "input.1" if level == "L1" else "input.1 = parameters.weight of Cell.fc2.Dense.forward.0"
     assert found.cell_path == ([] if level == "L1" else ["Cell.fc2.Dense.forward.0"]), found.cell_path
     assert re.search(re.escape(changed) + r": largest scaled statistic error [0-9.e+-]+\)", out), out
-    assert f"stays within tolerance up to {loss}, which exceeds it only by carrying it on" in out, out
+    assert "stays within tolerance" not in out, out
 
 
 def test_exact_mode_names_the_differing_input_and_by_how_much(runs):

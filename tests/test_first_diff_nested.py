@@ -161,7 +161,9 @@ def test_float16_against_float32_is_a_difference_of_precision_at_every_level(run
     found = first_divergence(target, golden)
     assert [(f.step, f.kind) for f in found] == [(0, "precision"), (1, "precision")], \
         [(f.kind, f.entry) for f in found]
-    first = {"L0": "Cell.head.Dense.parameters_grad.0"}.get(level, "Primitive.layer_norm.LayerNorm.0.forward")
+    # mix, L1: the cast of a Float16 value to Float32 (its output judged as Float32); LayerNorm's
+    # near-zero mean output agrees within Float16's rounding of the scale of its inputs
+    first = {"L0": "Cell.head.Dense.parameters_grad.0"}.get(level, "Tensor.to.2.forward")
     assert found[0].entry == first, found[0].entry
     assert all("the runs differ in precision (target Float16, golden Float32)" in f.reason() for f in found)
     out = cli("first-diff", target, golden, check_code=0).stdout

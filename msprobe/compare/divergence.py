@@ -136,7 +136,11 @@ class Finding:
 
     def _why(self, exact: bool) -> str:
         if self.kind == "divergence":
-            return f"inputs agree{' bitwise' if self.exceeds_at else ''}, outputs do not ({self.direction})"
+            if exact or self.exceeds_at or all(rec.get("bitwise_equal") for rec in self.records  # tensors
+                                               if flow_of(rec.get("record", "")) == "in"
+                                               and rec.get("target_value") is None):
+                return f"inputs agree{' bitwise' if self.exceeds_at else ''}, outputs do not ({self.direction})"
+            return f"inputs differ within tolerance, outputs do not agree ({self.direction})"
         if self.kind == "input":
             # none of its own: a backward entry whose forward call's inputs differ
             which = ", ".join(self.differing_inputs(exact)) or "those of its forward call"
@@ -302,11 +306,15 @@ class DivergenceFinder:
         #: tolerance mode: the bitwise rule fed the same entries up to the end of the call of
         #: :attr:`grown`, which names where the difference that grows over the thresholds there starts
         self.bitwise = None if exact else DivergenceFinder(True, leave_out, construct)
+        #: tolerance mode: ``(order, target name)`` of the entries fed to the bitwise rule that fail
+        #: the thresholds (a record not ``pass``), other than differences of precision
+        self._failing = []
 
     def add(self, entry: EntryResult) -> None:
         exact = self.exact
         way = naming.direction_of(entry.name)
-        if self.bitwise is not None and self._feeds_bitwise(entry):
+        fed = self.bitwise is not None and self._feeds_bitwise(entry)
+        if fed:
             self.bitwise.add(entry)
         if entry.match == "unmatched":
             if not entry.records:  # every record of it matched an ``ignore`` pattern: left out
@@ -319,6 +327,8 @@ class DivergenceFinder:
         if all(_agrees(r, exact) for r in entry.records):
             return
         self._seq[id(entry)] = len(self._seq)
+        if fed and not entry.precision_limited and any(r.result != J.PASS for r in entry.records):
+            self._failing.append((self._seq[id(entry)], entry.target))
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
         if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
             if exact or entry.verdict != CARRIED:
@@ -421,8 +431,20 @@ class DivergenceFinder:
         found = self.bitwise.result(comparison)
         if found is None:  # not reached: the inputs of :attr:`grown` differ bitwise
             found = _finding("divergence", comparison, self.grown, construct)
-        found.exceeds_at, found.exceeds_gain = self.grown.name, self.grown.gain
+        if not self._exceeded_before_grown():
+            found.exceeds_at, found.exceeds_gain = self.grown.name, self.grown.gain
         return found
+
+    def _exceeded_before_grown(self) -> bool:
+        """Whether an entry computed before :attr:`grown` already fails the thresholds: one that runs
+        before it (other than a Cell whose call holds it), or one inside its call (a Cell's output is
+        computed after the calls inside it)."""
+        at, name = self._seq[id(self.grown)], self.grown.target
+        construct = self.construct or {}
+        holders = set(cell_path(name or "", construct))
+        return any(seq != at and ((seq < at and target not in holders)
+                                  or (name is not None and name in cell_path(target or "", construct)))
+                   for seq, target in self._failing)
 
 
 def _innermost(group: List[EntryResult], changed: List[EntryResult], seq: dict,

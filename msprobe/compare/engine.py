@@ -318,6 +318,8 @@ def _entry_result(t_name, g_name, how, judged, thresholds, upstream: Optional[In
     largest error of the Parameters of the Cells inside this Cell, an input error for the gain only
     (whether the inputs agree is judged on the entry's own records); ``lower``: the thresholds group
     of the lower precision the two runs differ in (:attr:`StepComparison.lower_precision`), or None."""
+    if lower is not None and how != UNMATCHED:
+        J.judge_near_zero(judged, lower)
     result = J.worst(r.result for r in judged) if judged else (J.UNMATCHED if how == UNMATCHED
                                                                 else J.PASS)
     if how == UNMATCHED:

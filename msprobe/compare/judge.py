@@ -232,3 +232,41 @@ def _tensor_metrics(a: np.ndarray, b: np.ndarray, group: Group, out: Judged) -> 
         out.messages.append(f"relative L2 error {out.error:.3g}, cosine {cosine:.6f} "
                             f"({group.name} {result} thresholds)")
     out.result = result
+
+
+def judge_near_zero(records: list, lower: Group) -> None:
+    """Re-judge, in place, the failing tensor records of one entry whose magnitude is negligible
+    against the entry's scale, when the two runs differ in precision.
+
+    A statistic of a tensor that is mathematically (near) zero, e.g. the gradient of a bias that a
+    softmax makes irrelevant, is rounding noise of what produced it: its relative error against itself
+    is meaningless. Such a record (both sides' Norm at most ``lower.error`` times the scale) is judged
+    with the absolute tolerance the lower precision allows at that scale: its largest statistic
+    difference divided by the scale, rated with ``lower``'s thresholds. The scale is the largest Norm
+    of the entry's tensor records on either side (its inputs, or for a parameter-gradient entry the
+    other gradients of the same Cell). Statistics mode only; a record is never judged worse.
+
+    Args:
+        records: the :class:`Judged` records of one entry (inputs and outputs; non-tensors are skipped).
+        lower: the thresholds group of the lower precision the two runs differ in.
+    """
+    scale = max((abs(v) for r in records if r.is_tensor and r.target is not None and r.golden is not None
+                 for v in (r.target.stats[3], r.golden.stats[3]) if v is not None and math.isfinite(v)),
+                default=0.0)
+    if not scale or lower.error == 0.0:
+        return
+    for r in records:
+        if (r.result not in (WARNING, ERROR) or not r.is_tensor or not math.isfinite(r.error)
+                or "Max diff" not in r.metrics or "Cosine" in r.metrics):  # statistics mode only
+            continue
+        norms = (r.target.stats[3], r.golden.stats[3])
+        if any(n is None or not math.isfinite(n) or abs(n) > lower.error * scale for n in norms):
+            continue
+        diffs = [abs(a - b) for a, b in zip(r.target.stats, r.golden.stats) if a is not None and b is not None]
+        error = max(diffs, default=0.0) / scale
+        result = _rate(error, lower)
+        if _RANK[result] < _RANK[r.result]:
+            r.result, r.error = result, error
+            r.messages = [m for m in r.messages if not m.startswith("largest scaled statistic error")]
+            r.messages.append(f"near zero against the entry's scale {scale:.3g}: judged with {lower.name}'s "
+                              f"absolute tolerance there (largest statistic difference / scale = {error:.3g})")
