@@ -461,7 +461,8 @@ def test_rank_left_out_by_config_says_so_once(make_debugger, dump_dir, caplog, t
     said = [r.getMessage() for r in caplog.records if "rank list" in r.getMessage()]
     assert len(said) == 1 and "rank 0" in said[0] and "[1]" in said[0]
     assert not list(msprobe.dump.iter_step_dirs(dump_dir))
-    assert "no such directory" in msprobe.dump.summarize(str(tmp_path / "nowhere"))
+    with pytest.raises(msprobe.dump.DumpFormatError, match="no such directory"):
+        msprobe.dump.summarize(str(tmp_path / "nowhere"))
 
 
 def test_stack_ids_per_rendered_stack(tmp_path):
