@@ -160,6 +160,7 @@ class Runtime:
         self.rank_override = None
         self.counters: dict = defaultdict(int)
         self.selector = Selector(config)
+        self._scope_warned = False  # the WARNING of a scope bound that matched no call is given once
         self.save_tensors = config.task == "tensor"
         self.budget = TensorBudget(config)  # tensor_budget_mb: switch to statistics when reached
         self.records_data = config.task in ("statistics", "tensor")
@@ -1425,12 +1426,24 @@ class Runtime:
                               f"step's) happened {repeats} more times in this step")
         for key in self.reported_errors:
             self.reported_errors[key] = 0
+        self._warn_unmatched_scope()
         self.close_writer()
         if self.late_pieces:
             logger.warning("msprobe: %d gradient records arrived after their step was closed and were "
                            "not written", self.late_pieces)
         self._reset_step()
         self.loop += 1
+
+    def _warn_unmatched_scope(self) -> None:
+        """One WARNING per run when a ``scope`` bound matched no call of a step in which hooked
+        calls ran (like the one of a ``list`` that names nothing)."""
+        if self._scope_warned or not sum(self.counters.values()):
+            return
+        what = self.selector.unmatched_scope()
+        if what is not None:
+            self._scope_warned = True
+            logger.warning("msprobe: step %d: %s (scope names whole entries such as "
+                           "'Functional.relu.0.forward' or 'Cell.layer1.Dense.forward.0')", self.step, what)
 
     def discard_empty_step(self) -> bool:
         """``set_init_step`` while the step is open: when nothing but its header was journaled, the
