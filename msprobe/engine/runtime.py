@@ -134,8 +134,9 @@ def _append_lines(appends: list) -> None:
 
 
 #: added to an empty step's reason at L1 when ``start()`` was given no model
-NO_MODEL_REASON = ("; start() was given no model, and at level L1 the Primitives called inside Cells (such as "
-             "those of nn.Dense or nn.ReLU) are recorded only with start(model)")
+NO_MODEL_REASON = ("; start() was given no model, and at level L1 the Primitives called inside Cells "
+                   "(such as those of nn.Dense or nn.ReLU) are recorded only with start(model)")
+
 
 class Runtime:
     """Dump state for one process.
