@@ -382,7 +382,7 @@ def test_raise_at_l0_comes_at_stop_and_says_so(tmp_path):
             reached.append(step)
             debugger.stop()
             debugger.step()
-    assert reached == [0, 1] and "At L0 this is raised at stop() or step()" in str(info.value)
+    assert reached == [0, 1] and "as late as stop() or step()" in str(info.value)
     debugger.step()
 
 
