@@ -336,6 +336,9 @@ def test_exit_codes_and_help(dumps, tmp_path):
     cli("first-diff", str(tmp_path), dumps["base"], check_code=2)          # exists, holds no dump
     cli("first-diff", str(tmp_path / "missing"), dumps["base"], check_code=2)
     cli("compare", "-tp", str(tmp_path), "-gp", dumps["base"], check_code=2)
+    for command in (["summary"], ["show"], ["report", "-o", str(tmp_path / "r.html")]):
+        args = [*command[:1], str(tmp_path), *(["Any.entry"] if command == ["show"] else command[1:])]
+        assert "no dump found" in cli(*args, check_code=2).stderr
     cli("compare", "-tp", dumps["base"], "-gp", dumps["base"], "--step", "x", check_code=2)
     assert "first producer of a non-finite value" in cli("summary", dumps["base"], check_code=0).stdout
     proc = cli("show", dumps["factor"], "Mint.mul.0.forward", check_code=0)

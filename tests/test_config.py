@@ -259,7 +259,7 @@ INVALID = [
     ({**BASE, "task": "acc_check"}, {}, "'task'", "'acc_check'", "'tensor'"),
     ({**BASE, "task": 3}, {}, "'task'", "3", "'structure'"),
     (BASE, {"task": "nan_check"}, "argument 'task'", "'nan_check'", "'statistics'"),
-    ({"task": "statistics"}, {}, "'dump_path'", "None", "non-empty path"),
+    ({"task": "statistics"}, {}, "'dump_path'", "invalid value null", "non-empty path"),
     ({"dump_path": ""}, {}, "'dump_path'", "''", "non-empty path"),
     ({"dump_path": 42}, {}, "'dump_path'", "42", "path string"),
     (BASE, {"dump_path": ["x"]}, "argument 'dump_path'", "['x']", "path string"),
@@ -267,7 +267,7 @@ INVALID = [
     (BASE, {"level": "l1"}, "argument 'level'", "'l1'", "'L1'"),
     ({**BASE, "step": 3}, {}, "'step'", "3", "list of integers"),
     ({**BASE, "step": [0, 1, "5-2"]}, {}, "'step[2]'", "'5-2'", "A <= B"),
-    ({**BASE, "step": [True]}, {}, "'step[0]'", "True", "list of integers"),
+    ({**BASE, "step": [True]}, {}, "'step[0]'", "invalid value true", "list of integers"),
     ({**BASE, "step": [-1]}, {}, "'step[0]'", "-1", "[0, 1000000]"),
     ({**BASE, "rank": [1_000_001]}, {}, "'rank[0]'", "1000001", "[0, 1000000]"),
     ({**BASE, "rank": ["a-b"]}, {}, "'rank[0]'", "'a-b'", "'3-5'"),
@@ -304,18 +304,18 @@ INVALID = [
      "list of strings"),
     ({**BASE, "level": "L2", "statistics": {"list": ["name-regex(([)"]}}, {}, "'statistics.list[0]'",
      "'name-regex(([)'", "name-regex("),
-    ({**BASE, "statistics": {"tensor_list": [None]}}, {}, "'statistics.tensor_list[0]'", "None",
+    ({**BASE, "statistics": {"tensor_list": [None]}}, {}, "'statistics.tensor_list[0]'", "invalid value null",
      "list of strings"),
     ({**BASE, "statistics": {"device": "gpu"}}, {}, "'statistics.device'", "'gpu'", "'host'"),
     ({**BASE, "statistics": {"precision": "mid"}}, {}, "'statistics.precision'", "'mid'", "'low'"),
     ({**BASE, "statistics": ["not", "an", "object"]}, {}, "'statistics'", "['not', 'an', 'object']",
      "JSON object"),
-    ({**BASE, "task": "tensor", "async_dump": True}, {}, "'async_dump'", "True",
+    ({**BASE, "task": "tensor", "async_dump": True}, {}, "'async_dump'", "invalid value true",
      "non-empty 'tensor.list'"),
-    ({**BASE, "async_dump": True, "statistics": {"summary_mode": "md5"}}, {}, "'async_dump'", "True",
+    ({**BASE, "async_dump": True, "statistics": {"summary_mode": "md5"}}, {}, "'async_dump'", "invalid value true",
      "without 'md5'"),
     ({**BASE, "async_dump": True, "statistics": {"summary_mode": ["max", "md5"]}}, {}, "'async_dump'",
-     "True", "without 'md5'"),
+     "invalid value true", "without 'md5'"),
     ("{\"task\": \"statistics\",\n  \"dump_path\": }", {}, "'config_path'", "config.json",
      "valid JSON"),
     ("[1, 2]", {}, "'<top level>'", "[1, 2]", "JSON object"),
@@ -536,3 +536,17 @@ def test_watch_inside_the_task_section_is_an_error(tmp_path):
     assert err.value.field == "statistics.watch" and err.value.value == {"history": 8}
     assert "a 'watch' object at the top level of config.json" in str(err.value)
     assert "every step dumped" in str(err.value)
+
+
+@pytest.mark.parametrize("fields,shown", [
+    ({"watch": True}, "config field 'watch': invalid value true;"),
+    ({"statistics": {"list": [None]}}, "config field 'statistics.list[0]': invalid value null"),
+])
+def test_error_shows_the_value_as_json(tmp_path, fields, shown):
+    """A config file is JSON: its bad values are shown as JSON (``true``, ``null``), not as Python."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": str(tmp_path / "d"),
+                                **fields}))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert shown in str(err.value) and "True" not in str(err.value) and "None" not in str(err.value)

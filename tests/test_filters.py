@@ -18,6 +18,7 @@ Shape has no backward entry (its output is not a float tensor).
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import mindspore as ms
@@ -252,6 +253,24 @@ def test_scope_applies_in_every_step(tmp_path):
     assert [d[0] for d in dirs] == [0, 1]
     for _, _, path in dirs:
         assert set(load(path).data) == _api(["Functional.relu.0", *PRIMS[2]]) | _cell("fc2")
+
+
+@pytest.mark.parametrize("level,scope,said", [
+    ("L1", ["Functional.relu.9.forward", "Mint.mul.0.forward"], "scope start 'Functional.relu.9.forward'"),
+    ("L0", ["Cell.fc1.Dense.forward.0", "Cell.fc9.Dense.forward.0"], "scope end 'Cell.fc9.Dense.forward.0'"),
+    ("mix", ["Functional.relu.0.forward", "Cell.fc2.Dense.forward.0"], None),
+    ("L0", ["Cell.fc2.Dense.forward.0", "Cell.fc3.Dense.forward.0"], None),
+])
+def test_scope_bound_matching_no_call_warns(tmp_path, caplog, level, scope, said):
+    """A scope start (or end) that names no call of the step is said once at the step's end, naming
+    the value, like a list that names nothing; bounds that match say nothing."""
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _dump(tmp_path, level, {"scope": scope})
+    warned = [r.getMessage() for r in caplog.records if "scope" in r.getMessage()]
+    if said is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and said in warned[0] and "matched no call of this step" in warned[0]
 
 
 @pytest.mark.parametrize("level,scope,field", [

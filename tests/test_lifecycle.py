@@ -16,6 +16,7 @@ from mindspore import Tensor, mint, nn, ops
 import msprobe.dump
 from conftest import build_mlp, hook_count, mlp_batch, only_step_dir, run_steps, write_config, write_config_with_dump
 from msprobe.read.report import EMPTY_REASON
+from msprobe.engine.runtime import NO_MODEL_REASON as NO_MODEL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -461,7 +462,8 @@ def test_rank_left_out_by_config_says_so_once(make_debugger, dump_dir, caplog, t
     said = [r.getMessage() for r in caplog.records if "rank list" in r.getMessage()]
     assert len(said) == 1 and "rank 0" in said[0] and "[1]" in said[0]
     assert not list(msprobe.dump.iter_step_dirs(dump_dir))
-    assert "no such directory" in msprobe.dump.summarize(str(tmp_path / "nowhere"))
+    with pytest.raises(msprobe.dump.DumpFormatError, match="no such directory"):
+        msprobe.dump.summarize(str(tmp_path / "nowhere"))
 
 
 def test_stack_ids_per_rendered_stack(tmp_path):
@@ -625,9 +627,29 @@ def test_step_without_hooked_ops_is_explicitly_empty(make_debugger, dump_dir):
     assert os.path.basename(d) == "rank1"
     with open(os.path.join(d, "dump.json"), encoding="utf-8") as f:
         doc = json.load(f)
-    assert doc["data"] == {} and doc["empty_reason"] == EMPTY_REASON
+    reason = EMPTY_REASON + NO_MODEL   # start() without a model
+    assert doc["data"] == {} and doc["empty_reason"] == reason
     dump = msprobe.dump.load(d)
-    assert dump.data == {} and dump.header["empty_reason"] == EMPTY_REASON
+    assert dump.data == {} and dump.header["empty_reason"] == reason
+
+
+def test_empty_step_without_a_model_at_l1_says_cells_need_start_model(make_debugger, dump_dir, caplog):
+    """A net of Cells (nn.Dense, nn.ReLU) run after start() without a model records nothing at L1: the
+    empty reason and one console WARNING say that Primitives inside Cells need start(model); with the
+    model the same step is recorded."""
+    net, x = nn.SequentialCell([nn.Dense(4, 3), nn.ReLU()]), Tensor(np.ones((2, 4), np.float32))
+    debugger = make_debugger(task="statistics", level="L1")
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        for model in (None, None, net):
+            debugger.start(model)
+            net(x)
+            debugger.stop()
+            debugger.step()
+    reason = msprobe.dump.load(only_step_dir(dump_dir, 0)).header["empty_reason"]
+    assert reason == EMPTY_REASON + NO_MODEL and "recorded only with start(model)" in reason
+    said = [r.getMessage() for r in caplog.records if "start(model)" in r.getMessage()]
+    assert said == [f"msprobe: step 0: {reason}"]
+    assert msprobe.dump.load(only_step_dir(dump_dir, 2)).data
 
 
 def test_empty_reason_says_when_filters_selected_nothing(make_debugger, dump_dir):

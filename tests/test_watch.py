@@ -375,6 +375,29 @@ def test_raise_comes_before_the_optimizer_writes_the_weights(tmp_path, level):
     debugger.step()
 
 
+def test_raise_at_l0_comes_at_stop_and_says_so(tmp_path):
+    """At L0 no hooked API call comes before the optimizer's update: ``raise`` is raised at
+    ``stop()``, and the message says the update of that iteration may already have run."""
+    debugger, _ = _debugger(tmp_path, "L0", {"on_anomaly": "raise"})
+    ms.set_seed(0)
+    net = Net()
+    opt = nn.Momentum(net.trainable_params(), 0.001, 0.9)
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    x = Tensor(np.full((2, 4), 0.5, np.float32))
+    reached = []
+    with pytest.raises(WatchAnomaly, match="may already have applied") as info:
+        for step in range(3):
+            _forward_nan(net, step == 1)
+            debugger.start(net)
+            _, grads = grad_fn(x)
+            opt(grads)
+            reached.append(step)
+            debugger.stop()
+            debugger.step()
+    assert reached == [0, 1] and "as late as stop() or step()" in str(info.value)
+    debugger.step()
+
+
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_whole_call_lines_give_the_general_paths_anomalies_and_history(tmp_path, monkeypatch, level):
     """A recorded call's inputs and output in one journal line (the common case's path) are checked

@@ -148,10 +148,23 @@ class ConfigError(ValueError):
         self.reason = reason
         self.kind = kind
         detail = f" ({reason})" if reason else ""
-        super().__init__(f"{kind} '{field}': invalid value {value!r}{detail}; allowed: {allowed}")
+        shown = repr(value) if kind == "argument" else _as_json(value)  # arguments are Python's
+        super().__init__(f"{kind} '{field}': invalid value {shown}{detail}; allowed: {allowed}")
 
     def __reduce__(self):  # keep picklable despite the custom signature
         return (_rebuild_config_error, (self.field, self.value, self.allowed, self.reason, self.kind))
+
+
+def _as_json(value: object) -> str:
+    """``value`` of a config file as JSON shows it (``true``, ``null``, ``[1, 'a']``); strings keep the
+    single quotes the allowed values are shown with."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_as_json(v) for v in value)}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_as_json(k)}: {_as_json(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def _rebuild_config_error(field, value, allowed, reason, kind):

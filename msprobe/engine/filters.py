@@ -77,6 +77,7 @@ class Selector:
 
     def reset(self) -> None:
         self._open = not self.scope
+        self._met: set = set()  # the scope bounds (0 start, 1 end) a call of this step matched
         self._closing = False
         self._expanded: list = []
         self._bwd_cells: set = set()
@@ -84,6 +85,7 @@ class Selector:
     def selects(self, entry: str) -> bool:
         key = call_key(entry)
         if self.scope:
+            self._met.update(i for i, bound in enumerate((self._first, self._last)) if key == bound)
             if self._closing and key != self._last and not entry.endswith("backward"):
                 self._open, self._closing = False, False
             if not self._open and key == self._first:
@@ -95,6 +97,19 @@ class Selector:
         if not self.items or self._expanded:
             return True
         return any(item in entry for item in self.items)
+
+    def unmatched_scope(self) -> str | None:
+        """What went wrong with ``scope`` in this step, for a warning at its end: its start (or end)
+        name matched no call of the step; None when both matched or there is no scope."""
+        if not self.scope:
+            return None
+        if 0 not in self._met:
+            return (f"the config's scope start {self.scope[0]!r} matched no call of this step, so the "
+                    "scope never opened and nothing was selected")
+        if 1 not in self._met:
+            return (f"the config's scope end {self.scope[1]!r} matched no call of this step, so the "
+                    "scope stayed open to the step's end")
+        return None
 
     def note_backward(self, cell_prefix: str) -> None:
         """The backward entry of a call of Cell ``cell_prefix`` was selected in this step."""
@@ -120,6 +135,7 @@ class Selector:
         if self._expanded and self._expanded[-1] == entry:
             self._expanded.pop()
         if self.scope and self._last_is_cell and call_key(entry) == self._last:
+            self._met.add(1)
             self._open = False
 
 

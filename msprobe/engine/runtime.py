@@ -133,6 +133,11 @@ def _append_lines(appends: list) -> None:
             writer.append(lines)
 
 
+#: added to an empty step's reason at L1 when ``start()`` was given no model
+NO_MODEL_REASON = ("; start() was given no model, and at level L1 the Primitives called inside Cells "
+                   "(such as those of nn.Dense or nn.ReLU) are recorded only with start(model)")
+
+
 class Runtime:
     """Dump state for one process.
 
@@ -202,6 +207,9 @@ class Runtime:
         #: at L1 with a ``list``: how many APIs and Primitives are hooked (only those a list item can
         #: name are; set by the service at install, for empty_reason), else None
         self.hooked_apis: int | None = None
+        #: whether the Primitives called inside Cells are hooked (False at L1 when start() was given
+        #: no model; set by the service at install, for empty_reason)
+        self.primitives_hooked = True
         self._emitted_stacks: set = set()
         self._fork = _FORKS[0]  # another value in a forked child (forked())
         #: handles of the tool's tensor hooks (Parameters, outputs of recorded calls: capture/backward.py,
@@ -1380,7 +1388,7 @@ class Runtime:
             return (f"none of the {hooked} APIs and Primitives the config's list {list(cfg.api_list)} can "
                     "name (at level L1 only those are hooked) was called between start() and stop()")
         if not calls:
-            return report.EMPTY_REASON
+            return report.EMPTY_REASON + (NO_MODEL_REASON if self._no_model_may_explain() else "")
         causes = []
         if self._step_failure is not None:
             causes.append(f"the program's computation failed ({self._step_failure})")
@@ -1395,6 +1403,11 @@ class Runtime:
         if not causes:
             causes.append("none of them produced a record")
         return f"{self._calls_that_ran(calls, hooked)}, but " + "; ".join(causes)
+
+    def _no_model_may_explain(self) -> bool:
+        """Whether a step in which no hooked call ran may be empty because ``start()`` was given no
+        model: at L1 without a ``list`` (a list that names nothing is said to be the cause instead)."""
+        return not self.primitives_hooked and self.hooked_apis is None
 
     def _calls_that_ran(self, calls: int, hooked: int | None) -> str:
         """The empty reason's count of the step's ``calls``; with a ``list`` at L1 (``hooked``: the
@@ -1425,12 +1438,28 @@ class Runtime:
                               f"step's) happened {repeats} more times in this step")
         for key in self.reported_errors:
             self.reported_errors[key] = 0
+        self._warn_nothing_selected()
         self.close_writer()
         if self.late_pieces:
             logger.warning("msprobe: %d gradient records arrived after their step was closed and were "
                            "not written", self.late_pieces)
         self._reset_step()
         self.loop += 1
+
+    def _warn_nothing_selected(self) -> None:
+        """One WARNING per run when a ``scope`` bound matched no call of a step in which hooked
+        calls ran (like the one of a ``list`` that names nothing), and one when no hooked call ran
+        at L1 in a step whose ``start()`` was given no model."""
+        if not self.step_open:
+            return
+        if not sum(self.counters.values()):
+            if self._no_model_may_explain() and self.first_time(("empty without a model",)):
+                logger.warning("msprobe: step %d: %s%s", self.step, report.EMPTY_REASON, NO_MODEL_REASON)
+            return
+        what = self.selector.unmatched_scope()
+        if what is not None and self.first_time(("scope bound matched no call",)):
+            logger.warning("msprobe: step %d: %s (scope names whole entries such as "
+                           "'Functional.relu.0.forward' or 'Cell.layer1.Dense.forward.0')", self.step, what)
 
     def discard_empty_step(self) -> bool:
         """``set_init_step`` while the step is open: when nothing but its header was journaled, the

@@ -513,6 +513,9 @@ class WatchWriter:
 
     def _raise(self, message: str) -> None:
         if self.watch.settings.on_anomaly == "raise" and self.on_raise is not None:
+            if self._level == "L0":  # no hooked API call before the optimizer's update to raise in
+                message += (". At L0 it may be raised as late as stop() or step(): the optimizer "
+                            "step of this iteration may already have applied the non-finite update")
             self.on_raise(WatchAnomaly(message))
 
     def _now_what(self, count: int, write_current: bool) -> str:

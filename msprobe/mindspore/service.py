@@ -309,6 +309,7 @@ class DumpService:
             wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
             capture.add(install_jit_capture(self.recorder))
             prims = self._primitive_targets() if self.models is not None else []
+            self.runtime.primitives_hooked = self.models is not None
             if self.models is not None:
                 capture.add(install_primitive_hooks(self.recorder, prims))
             if level == "L1" and self.runtime.selector.items:  # for the empty dump's reason

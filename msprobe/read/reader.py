@@ -378,7 +378,14 @@ def _first_line(text: str) -> str:
 
 def summarize(dump_path: str) -> str:
     """A one-screen text summary: steps, entries, forward/backward counts, first non-finite entry and
-    the first producer of a non-finite value (inputs finite, output NaN/Inf; see ``anomalies.json``)."""
+    the first producer of a non-finite value (inputs finite, output NaN/Inf; see ``anomalies.json``).
+
+    Args:
+        dump_path (str): a ``dump_path`` directory (Cell/API dumps or L2 kernel dumps).
+
+    Raises:
+        DumpFormatError: ``dump_path`` does not exist or holds no dump.
+    """
     lines = [f"dump at {os.path.abspath(dump_path)}"]
     first_bad = first_producer = watch_producer = None
     for tree, step, rank, path in _iter_trees(dump_path):
@@ -417,8 +424,9 @@ def summarize(dump_path: str) -> str:
     if any(True for _ in iter_kernel_steps(dump_path)):
         _summarize_kernel_dump(dump_path, lines)
     elif not os.path.isdir(dump_path):
-        lines.append("  no such directory")
+        raise DumpFormatError(f"{dump_path}: no such directory")
     elif not cell_or_api:
-        lines.append("  no dump found here (expected step{N}/rank{R}/ or step{N}/proc{pid}/, their "
-                     "pynative/ and graph/ subtrees, or, for L2, rank_{id}/{timestamp}/step_{n}/)")
+        raise DumpFormatError(f"{dump_path}: no dump found (expected step{{N}}/rank{{R}}/ or "
+                              "step{N}/proc{pid}/, their pynative/ and graph/ subtrees, or, for L2, "
+                              "rank_{id}/{timestamp}/step_{n}/)")
     return "\n".join(lines)
