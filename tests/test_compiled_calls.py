@@ -71,6 +71,19 @@ def test_user_exception_of_a_tensor_method_reaches_the_user_unchanged(make_debug
     assert not os.path.exists(os.path.join(directory, "dump_error_info.log"))
 
 
+def _relu_abs_step(make_debugger):
+    """``(x, grad_fn, gradients without the tool, L1 statistics debugger of step 0)`` of a loss made of
+    ``ops.relu``, ``Tensor.abs`` (twice), ``Tensor.__mul__`` and ``Tensor.sum``."""
+    x = _x()
+
+    def loss(a):
+        return (ops.relu(a) * a.abs() * a.abs()).sum()
+
+    grad_fn = ms.value_and_grad(loss)
+    expected = [t.asnumpy() for t in grad_fn(x)]
+    return x, grad_fn, expected, make_debugger(task="statistics", level="L1", step=[0])
+
+
 def test_tool_failure_in_the_compiled_backward_registration_is_reported_once_and_training_goes_on(
         make_debugger, monkeypatch):
     """The compiled recorder observes a call's output itself (its ``_grad_node``, then that node's
@@ -79,14 +92,7 @@ def test_tool_failure_in_the_compiled_backward_registration_is_reported_once_and
     tool."""
     if hotpath.ext is None:
         pytest.skip("compiled per-call path not built")
-    x = _x()
-
-    def loss(a):
-        return (ops.relu(a) * a.abs() * a.abs()).sum()
-
-    grad_fn = ms.value_and_grad(loss)
-    expected = [t.asnumpy() for t in grad_fn(x)]
-    debugger = make_debugger(task="statistics", level="L1", step=[0])
+    x, grad_fn, expected, debugger = _relu_abs_step(make_debugger)
     assert getattr(debugger.service.recorder.fast_record, "observe_here", False)
 
     def refused(self):
@@ -112,14 +118,7 @@ def test_tool_failure_in_the_compiled_backward_registration_is_reported_once_and
 
 def test_tool_failure_in_the_backward_registration_is_reported_once_and_training_goes_on(make_debugger,
                                                                                        monkeypatch):
-    x = _x()
-
-    def loss(a):
-        return (ops.relu(a) * a.abs() * a.abs()).sum()
-
-    grad_fn = ms.value_and_grad(loss)
-    expected = [t.asnumpy() for t in grad_fn(x)]
-    debugger = make_debugger(task="statistics", level="L1", step=[0])
+    x, grad_fn, expected, debugger = _relu_abs_step(make_debugger)
     failures = []
     real = BackwardProbe.observe
 
