@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 from msprobe.compare import judge as J
 from msprobe.compare.engine import CARRIED, EntryResult, StepComparison, dtype_pair, levels_compared_in_part
 from msprobe.compare.records import TENSOR_TYPES, Side, flow_of
-from msprobe.dump import load_construct, load_stacks
+from msprobe.dump import ANOMALIES, load_construct, load_stacks, read_report
 from msprobe.format import naming
 from msprobe.format.frames import frame_lines
 
@@ -573,7 +573,6 @@ def watch_producer(directory: str, step: Optional[int], rank: str, side: Side,
     directory's ``anomalies.json``), as a finding of kind ``anomaly`` whose ``note`` is the
     trigger's text; ``None`` when the directory holds no such record or its producer is not in
     ``dump.json``. (NaN/Inf are found from the statistics themselves.)"""
-    from msprobe.read.report import ANOMALIES, read_report
     found = read_report(directory, ANOMALIES)
     if not isinstance(found, dict) or found.get("kind") not in ("max_abs", "norm_jump"):
         return None
