@@ -633,6 +633,19 @@ def test_step_without_hooked_ops_is_explicitly_empty(make_debugger, dump_dir):
     assert dump.data == {} and dump.header["empty_reason"] == reason
 
 
+def test_summary_of_an_empty_step_says_why_it_is_empty(make_debugger, dump_dir):
+    """An empty step's summary line gives the ``empty_reason`` of its dump.json, not an empty list of
+    prefixes."""
+    debugger = make_debugger(task="statistics", level="L1")
+    debugger.start()
+    debugger.stop()
+    debugger.step()
+    d = only_step_dir(dump_dir, 0)
+    reason = msprobe.dump.load(d).header["empty_reason"]
+    (line,) = [line for line in msprobe.dump.summarize(dump_dir).splitlines() if "step0/" in line]
+    assert line == f"  step0/{os.path.basename(d)}: 0 entries ({reason})", line
+
+
 def test_empty_step_without_a_model_at_l1_says_cells_need_start_model(make_debugger, dump_dir, caplog):
     """A net of Cells (nn.Dense, nn.ReLU) run after start() without a model records nothing at L1: the
     empty reason and one console WARNING say that Primitives inside Cells need start(model); with the

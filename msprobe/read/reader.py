@@ -399,6 +399,10 @@ def summarize(dump_path: str) -> str:
             state += f"  (ABNORMAL: {_first_line(str(dump.header['abnormal']))})"
         if dump.header.get("partial"):
             state += f"  (PARTIAL: {dump.header['partial']})"
+        if not dump.data:  # an empty step: why (dump.json's empty_reason) instead of counts and prefixes
+            reason = dump.header.get("empty_reason")
+            lines.append(f"  {tree}step{step}/{rank}: 0 entries{f' ({reason})' if reason else ''}{state}")
+            continue
         where = f"{tree}step{step}/{rank}"
         lines.append(f"  {where}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
                      f"{grads} parameter-gradient) prefixes: {', '.join(prefixes)}{state}")
