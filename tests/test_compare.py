@@ -386,6 +386,27 @@ def test_pynative_and_graph_subtrees_are_paired(dumps, tmp_path):
     assert {f.entry for f in found} == {"Functional.gelu.0.forward"}
 
 
+def test_a_dump_path_with_subtrees_against_one_without(dumps, tmp_path):
+    """A dump_path holding pynative/ and graph/ against one holding steps at its top: the error names
+    the subtrees to pass; with one subtree only, that subtree is compared."""
+    import shutil
+
+    from msprobe.compare.inputs import InputError
+
+    for tree in ("pynative", "graph"):
+        shutil.copytree(os.path.join(dumps["tanh"], "step0"), str(tmp_path / "both" / tree / "step0"))
+    with pytest.raises(InputError) as raised:
+        first_divergence(str(tmp_path / "both"), dumps["base"])
+    assert str(raised.value) == (
+        f"{tmp_path / 'both'} holds the subtrees graph/ and pynative/ (a PyNative run with mindspore.jit "
+        f"functions), {dumps['base']} holds step directories at its top: pass one subtree instead: "
+        f"{tmp_path / 'both' / 'graph'} or {tmp_path / 'both' / 'pynative'}")
+    shutil.copytree(os.path.join(dumps["tanh"], "step0"), str(tmp_path / "one" / "pynative" / "step0"))
+    for target, golden in ((str(tmp_path / "one"), dumps["base"]), (dumps["base"], str(tmp_path / "one"))):
+        (found,) = first_divergence(target, golden)
+        assert found.entry == "Functional.gelu.0.forward"
+
+
 def test_debug_level_dumps(tmp_path):
     from mindspore import Tensor
     from msprobe.mindspore import PrecisionDebugger

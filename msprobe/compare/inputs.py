@@ -2,7 +2,8 @@
 
 Each side is a ``dump.json`` (or ``debug.json``) file, a step/rank directory, a step directory
 (``step{N}``, holding ``rank{R}``/``proc{pid}``) or a whole ``dump_path`` (with its ``pynative/`` and
-``graph/`` subtrees, each paired with the same subtree of the other side). Steps are paired by number;
+``graph/`` subtrees, each paired with the same subtree of the other side; a single subtree is paired
+with a side that has steps at its top). Steps are paired by number;
 within a step, ranks by rank number, or, when a side has one directory per step (``proc{pid}``
 from a single process), that one with the other side's one.
 """
@@ -97,7 +98,7 @@ def pair(target: str, golden: str, steps: Optional[Sequence[int]] = None,
         InputError: an input is not a dump, nothing is left to compare, or a step's ranks cannot be
             paired (different rank sets).
     """
-    t_all, g_all = resolve(target), resolve(golden)
+    t_all, g_all = _match_trees(resolve(target), resolve(golden), target, golden)
     if len(t_all) == 1 and len(g_all) == 1:  # two single directories: compare them whatever their names
         (t,), (g,) = t_all, g_all
         return [PairedDirs(t.step, t.rank, t.path, g.path)]
@@ -119,6 +120,28 @@ def pair(target: str, golden: str, steps: Optional[Sequence[int]] = None,
                          f"{'' if ranks is None else ' and rank of ' + str(list(ranks))} is present "
                          f"in both {target} and {golden}")
     return out
+
+
+def _match_trees(t_all: List[StepRank], g_all: List[StepRank], target: str, golden: str):
+    """``(t_all, g_all)``, where a side holding one ``pynative/`` or ``graph/`` subtree and no step at
+    its top, against a side holding steps at its top only, has that subtree's steps paired with them.
+
+    Raises:
+        InputError: such a side holds both subtrees (which of them matches the other side is not
+            known); the message names the subtree paths to pass instead.
+    """
+    trees = [{item.tree for item in items} for items in (t_all, g_all)]
+    if trees[0] & trees[1] or {""} not in trees:
+        return t_all, g_all
+    side, path = (0, target) if trees[1] == {""} else (1, golden)
+    if len(trees[side]) > 1:
+        other = golden if side == 0 else target
+        raise InputError(f"{path} holds the subtrees {' and '.join(f'{t}/' for t in sorted(trees[side]))} "
+                         f"(a PyNative run with mindspore.jit functions), {other} holds step directories "
+                         f"at its top: pass one subtree instead: "
+                         f"{' or '.join(os.path.join(path, t) for t in sorted(trees[side]))}")
+    plain = [[item._replace(tree="") for item in items] for items in (t_all, g_all)]
+    return plain[0], plain[1]
 
 
 def _pair_ranks(step, t_items, g_items, ranks) -> List[PairedDirs]:
