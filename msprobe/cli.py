@@ -274,6 +274,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     producer) was found; 2: bad input.
     """
     from msprobe.compare import first_divergence, level_notes, nan_producer
+    from msprobe.compare.inputs import unpaired_steps
     from msprobe.compare.output import json_safe
 
     diverged, bitwise = [], []
@@ -283,10 +284,12 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
         nans["golden"] = nan_producer(golden, step, rank)
+    unpaired = unpaired_steps(target, golden, step) if golden is not None else None
     if as_json:
         click.echo(json.dumps(json_safe({"divergences": [f.to_dict() for f in diverged],
                                          "nan_producers": {k: [f.to_dict() for f in v]
-                                                           for k, v in nans.items()}}), indent=2))
+                                                           for k, v in nans.items()},
+                                         "unpaired_steps": unpaired}), indent=2))
     else:
         if golden is not None and not diverged:
             click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance"
@@ -295,6 +298,8 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
                 click.echo(f"  note: {note}")
         for f in diverged:
             _print_finding(f, f.label(), exact, all_frames)
+        if unpaired:  # under the runs' agreement, or after the findings
+            click.echo(f"{'' if diverged else '  '}note: {unpaired}")
         for side, found in nans.items():
             if not found:
                 click.echo(f"{side}: no NaN/Inf producer (nor a watch-mode anomaly producer)")

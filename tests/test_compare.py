@@ -277,6 +277,24 @@ def test_steps_are_paired_and_filtered(tmp_path):
                                                   (1, "Functional.gelu.0.forward")]
 
 
+def test_steps_on_one_side_only_are_named(tmp_path):
+    """Steps present in one dump only are not compared, and first-diff (console and --json) and the
+    report say which ones, also when the compared steps agree."""
+    import shutil
+
+    a, b = make_dump(tmp_path, "a", steps=2), make_dump(tmp_path, "b", steps=3, approximate="tanh")
+    out = cli("first-diff", a, b, "--json")
+    assert json.loads(out.stdout)["unpaired_steps"] == "only steps 0, 1 are compared: step 2 is in the golden dump only"
+    shutil.copytree(os.path.join(a, "step1"), str(tmp_path / "a1" / "step1"))
+    out = cli("first-diff", str(tmp_path / "a1"), a, check_code=0).stdout.splitlines()
+    assert out[:2] == ["the runs agree within tolerance",
+                       "  note: only step 1 is compared: step 0 is in the golden dump only"], out
+    assert json.loads(cli("first-diff", a, a, "--json").stdout)["unpaired_steps"] is None
+    html = tmp_path / "r.html"
+    cli("report", b, "--golden", a, "-o", str(html), check_code=0)
+    assert "step 2 is in the target dump only" in html.read_text(encoding="utf-8")
+
+
 def test_ignored_records_are_left_out_on_both_sides(dumps):
     pattern = "Functional.gelu.*.forward.output.*"
     rows = compare(dumps["tanh"], dumps["base"], ignore=[pattern])

@@ -15,7 +15,7 @@ from typing import Optional
 import jinja2
 
 from msprobe.compare import divergence
-from msprobe.compare.inputs import InputError, anomaly_first, rank_number, resolve
+from msprobe.compare.inputs import InputError, anomaly_first, rank_number, resolve, unpaired_steps
 from msprobe.compare.records import Side
 from msprobe.dump import ANOMALIES, load_construct, load_stacks
 from msprobe.format import naming
@@ -149,6 +149,7 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
     return {"dump": os.path.abspath(dump), "golden": os.path.abspath(golden) if golden else None,
             "directory": directory, "step": step, "rank": rank, "header": side.header,
             "picked": picked is not None,
+            "unpaired": unpaired_steps(dump, golden, options.get("step")) if golden else None,
             "others": [f"step {s} {r}" if s is not None else r for s, r in others],
             "mode": comparison.mode if comparison is not None else None, "roots": roots,
             "entries": len(side.names), "counts": counts, "golden_only": golden_only,

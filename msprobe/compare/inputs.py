@@ -122,6 +122,33 @@ def pair(target: str, golden: str, steps: Optional[Sequence[int]] = None,
     return out
 
 
+def unpaired_steps(target: str, golden: str, steps: Optional[Sequence[int]] = None) -> Optional[str]:
+    """A note naming the steps present in one of two inputs only, which :func:`pair` leaves out:
+    ``"only steps 0, 1, 2 are compared: step 3 is in the golden dump only"``; None when every step
+    (of ``steps``, when given) is on both sides, or when the inputs are two single directories.
+
+    Raises:
+        InputError: as :func:`pair`.
+    """
+    sides = _match_trees(resolve(target), resolve(golden), target, golden)
+    if all(len(items) == 1 for items in sides):
+        return None
+    found = [{(i.tree, i.step) for i in items if i.step is not None and (steps is None or i.step in steps)}
+             for items in sides]
+    alone = [(name, sorted(found[k] - found[1 - k])) for k, name in enumerate(("target", "golden"))]
+    alone = [(name, keys) for name, keys in alone if keys]
+    if not alone:
+        return None
+
+    def named(keys):
+        return f"step{'s' * (len(keys) > 1)} " + ", ".join(f"{n} ({tree}/)" if tree else str(n) for tree, n in keys)
+
+    both = sorted(found[0] & found[1])
+    said = [f"{named(keys)} {'are' if len(keys) > 1 else 'is'} in the {name} dump only" for name, keys in alone]
+    head = f"only {named(both)} {'are' if len(both) > 1 else 'is'} compared" if both else "no step is compared"
+    return f"{head}: {'; '.join(said)}"
+
+
 def _match_trees(t_all: List[StepRank], g_all: List[StepRank], target: str, golden: str):
     """``(t_all, g_all)``, where a side holding one ``pynative/`` or ``graph/`` subtree and no step at
     its top, against a side holding steps at its top only, has that subtree's steps paired with them.
