@@ -100,7 +100,6 @@ class DumpService:
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
         self._process_state = _ProcessState()
-        atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE_SERVICES.add(self)
         _install_excepthook()
         if config.watch is not None:  # the flight recorder also writes its history on SIGTERM
@@ -112,6 +111,9 @@ class DumpService:
         weakref.finalize(self, self._gc_window.remove)
         # dropped with a step open (a debugger made inside a function): the step is written then
         weakref.finalize(self, _finish_runtime, self.runtime)
+        # registered after weakref's own exit function (at the first finalize above or earlier), so
+        # at exit it runs first: the process ends as by close(), the open step still open to be marked
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
     def active(self) -> bool:
@@ -720,6 +722,14 @@ def _close_at_exit(ref) -> None:
     service = ref()
     if service is not None:
         try:
+            # a step still recording: the program ended before stop() (SystemExit, sys.exit(), the
+            # script's end; an uncaught exception was noted first by the excepthook); in GRAPH_MODE
+            # step() alone ends a step, and L2's kernel dump has no step of its own to mark
+            if service.active and service._kernel_dump is None \
+                    and not (service._graph and service._graph.graph_mode):
+                service.note_abnormal("the program ended while the step was recording (no stop() after "
+                                      "start(): the script ended, or sys.exit() or SystemExit); records "
+                                      "up to that point are kept")
             service.close()
         except Exception as exc:  # never fail interpreter exit
             logger.warning("msprobe: could not finish the dump at exit: %r", exc)
