@@ -530,13 +530,16 @@ def test_tensor_budget_switches_to_statistics(make_debugger, dump_dir, caplog):
     saved = [k for k, v in dump0.data.items() if "data_name" in v["output"][0]]
     assert saved == [f"Functional.relu.{k}.forward" for k in range(len(saved))] and 4 <= len(saved) <= 6
     files = glob.glob(os.path.join(d0, "dump_tensor_data", "*.npy"))
-    data_bytes = len(files) * 1024    # .npy headers (128 bytes each) are not counted
-    assert data_bytes - 1024 < budget_mb * 2**20 <= data_bytes     # stops at the value that crosses
-    assert _npy_bytes(d0) == len(files) * (1024 + 128) and _npy_bytes(d1) == 0
+    saved_bytes = len(files) * (1024 + 128)   # .npy headers (128 bytes each) count too
+    assert saved_bytes - 1152 < budget_mb * 2**20 <= saved_bytes     # stops at the value that crosses
+    assert _npy_bytes(d0) == saved_bytes and _npy_bytes(d1) == 0
     last = dump1.data["Functional.relu.299.forward"]["output"][0]
     assert last["Max"] == 1.0 and last["Min"] == 0.0 and "data_name" not in last
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("tensor_budget_mb" in m for m in messages) == 1
+    assert [m for m in messages if "tensor_budget_mb" in m] == [
+        f"msprobe: tensor_budget_mb=0.01 (10.2 KB) reached: {saved_bytes / 1024:.1f} KB of .npy files saved, "
+        "the last recorded value's 1.1 KB included; the dump switches to statistics for the rest of the run "
+        "(no more .npy files)"]
     assert sum("step 0 wrote" in m and "2 configured steps" in m for m in messages) == 1
 
 

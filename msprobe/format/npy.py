@@ -189,6 +189,23 @@ def check_saveable(arr: np.ndarray) -> None:
 
 _HEADERS: Dict[Any, bytes] = {}
 _MAX_HEADERS = 4096
+_HEADER_SIZES: Dict[Tuple[int, ...], int] = {}
+
+
+def header_size(shape) -> int:
+    """Bytes of the ``.npy`` header (format 1.0) written before the data of an array of ``shape``
+    (a sequence of ints); every dtype a dump saves has a 3-character ``descr``, so the size depends
+    on the shape only. Cached by shape."""
+    key = tuple(shape)
+    size = _HEADER_SIZES.get(key)
+    if size is None:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": key})
+        size = len(buf.getvalue())
+        if len(_HEADER_SIZES) >= _MAX_HEADERS:
+            _HEADER_SIZES.clear()
+        _HEADER_SIZES[key] = size
+    return size
 
 
 def _header(arr: np.ndarray):
