@@ -177,6 +177,14 @@ def _record_text(values: dict, scalar) -> str:
     return f"Max={values['Max']} Min={values['Min']} Mean={values['Mean']} Norm={values['Norm']}"
 
 
+def _no_cell_path(entry: str) -> str:
+    """What an empty Cell path means for ``entry``: a Cell that no recorded Cell calls, or another
+    entry (API, Primitive, save()) that no recorded Cell encloses (at L1 no Cell is recorded)."""
+    if entry.startswith("Cell."):
+        return "(none: a top-level Cell)"
+    return "(none: no recorded Cell encloses it)"
+
+
 def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False) -> None:
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
@@ -186,7 +194,7 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
         click.echo(f"  {reason}")
     if f.note and f.kind != "unmatched":  # an unmatched entry's reason holds the note
         click.echo(f"  note: {f.note}")
-    click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else '(none: top level, or an L1 dump)'}")
+    click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else _no_cell_path(f.entry)}")
     for rec in f.records:
         t, g = rec.get("target"), rec.get("golden")
         if "finite" in rec:

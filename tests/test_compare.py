@@ -144,6 +144,15 @@ def test_float16_to_float32_cast_is_not_blamed(tmp_path):
     assert "first difference of precision" in printed and "Functional.cast.0.forward" in printed
 
 
+def test_exact_first_difference_of_fp16_and_fp32_names_the_dtypes(dumps):
+    """--exact between a Float16 and a Float32 dump: the first differing entry's inputs differ in
+    dtype, which is said (not "from outside the dump")."""
+    (found,) = first_divergence(dumps["fp16"], dumps["base"], exact=True)
+    reason = found.reason(True)
+    assert found.kind == "input" and "in dtype (target Float16, golden Float32): the runs compute in " \
+        "different precisions before this entry" in reason and "outside the dump" not in reason, reason
+
+
 def test_one_extra_call_does_not_shift_later_names(dumps):
     rows = compare(dumps["extra"], dumps["base"])
     named = by_name(rows)

@@ -174,6 +174,21 @@ def test_debug_save_bad_arguments_warn_and_skip(tmp_path, caplog, args, problem)
         assert load(path).data == {}
 
 
+def test_debug_save_refusal_names_the_name_once_and_only_in_dumped_steps(tmp_path, caplog):
+    """A refused save() names its ``name`` and is said once, not at every call, nor in steps that are
+    not dumped."""
+    debugger = _debugger(tmp_path, level="debug", step=[1, 2])
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        for _ in range(3):
+            debugger.save([Tensor(XV), object()], "act")
+            debugger.save([Tensor(XV), object()], "act")
+            debugger.step()
+    said = [r.getMessage() for r in caplog.records if "save" in r.getMessage()]
+    assert said == ["msprobe: PrecisionDebugger.save(..., 'act') refused: variable has an element of type "
+                    "object; allowed: mindspore.Tensor, int, float, str, or list/tuple/dict of them (said "
+                    "once for this name; nothing is recorded for it while the problem lasts)"]
+
+
 def test_save_ignored_outside_debug_level(tmp_path, caplog):
     debugger = _debugger(tmp_path, level="L1")
     with caplog.at_level(logging.WARNING, logger="msprobe"):

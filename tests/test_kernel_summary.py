@@ -1,5 +1,6 @@
 """Reading L2 dumps back: summarize() reports kernel steps and names the first NaN kernel (no false
 "none"), from statistic.csv (statistics task) or the saved tensors (tensor task)."""
+import re
 import subprocess
 import sys
 import textwrap
@@ -48,3 +49,7 @@ def test_summarize_names_first_nan_kernel(tmp_path, task):
     line = next(l for l in text.splitlines() if "first kernel tensor with a non-finite value" in l)
     assert "Log" in line and "none" not in line, text
     assert "CPU device is not supported" not in out.stdout + out.stderr
+    # at exit, one line says where the kernel dump is
+    said = [l for l in text.splitlines() if "L2 kernel dump" in l]
+    assert len(said) == 1 and re.fullmatch(rf"the L2 kernel dump is at {re.escape(dump)}: 1 step directory "
+                                           r"\(rank_0/\d+/step_0\)", said[0]), said

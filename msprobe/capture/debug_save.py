@@ -70,14 +70,17 @@ def _tensor_paths(value, path=()):
 def save(runtime, variable, name: str, save_backward: bool = True) -> None:
     """Record ``variable`` under ``name`` for the current step (see module docstring).
 
-    Bad arguments are refused with one WARNING naming the problem; the training goes on.
+    Bad arguments in a dumped step are refused with a WARNING naming ``name`` and the problem, once
+    per name and problem in the run; the training goes on.
     """
-    problem = check_save_args(variable, name, save_backward)
-    if problem:
-        logger.warning("msprobe: PrecisionDebugger.save refused: %s", problem)
-        return
     cfg = runtime.config
     if not cfg.dumps_step(runtime.step):
+        return
+    problem = check_save_args(variable, name, save_backward)
+    if problem:
+        if runtime.first_time(("save refused", repr(name), problem)):
+            logger.warning("msprobe: PrecisionDebugger.save(..., %r) refused: %s (said once for this name; "
+                           "nothing is recorded for it while the problem lasts)", name, problem)
         return
     with runtime.tool_code():
         token = runtime.open_step()

@@ -144,6 +144,10 @@ class Finding:
         if self.kind == "input":
             # none of its own: a backward entry whose forward call's inputs differ
             which = ", ".join(self.differing_inputs(exact)) or "those of its forward call"
+            if self.dtypes and self.dtypes[0] != self.dtypes[1]:  # not a value from outside the dump
+                what = "parameters" if self.differing_parameters(exact) else "inputs"
+                return (f"its {what} already differ ({which}) in dtype (target {self.dtypes[0]}, golden "
+                        f"{self.dtypes[1]}): the runs compute in different precisions before this entry")
             if self.differing_parameters(exact):
                 return (f"its parameters already differ ({which}): the runs start this call "
                         "with different values of them (initialisation, loading or an earlier update)")
@@ -502,6 +506,10 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
         return (f"the dumps were taken at different levels ({t['level']} vs {g['level']}), which record no "
                 "entry in common (L0 Cells, L1 APIs): compare each with a dump of the other run taken at "
                 "the same level, or at mix")
+    if (t.get("level") == "debug") != (g.get("level") == "debug") and t.get("level") and g.get("level"):
+        return (f"the dumps were taken at different levels ({t['level']} vs {g['level']}): a debug dump holds "
+                "only the values save() recorded, which no other level records, so no entry can match "
+                "(--ignore cannot help): compare it with a debug dump of the other run")
     for key, what in (("level", "levels"), ("task", "tasks")):
         if t.get(key) and g.get(key) and t[key] != g[key]:
             return (f"the dumps were taken at different {what} ({t[key]} vs {g[key]}): entries that "

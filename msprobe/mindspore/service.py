@@ -47,6 +47,7 @@ from msprobe.capture.primitive import install_primitive_hooks, primitive_targets
 from msprobe.engine.config import ConfigError
 from msprobe.engine.gc_window import widen_gen0
 from msprobe.engine.handles import AttributePatches, Handle, HandleSet, patch_attribute
+from msprobe.engine.messages import announce
 from msprobe.engine.runtime import Runtime
 
 logger = logging.getLogger("msprobe")
@@ -557,6 +558,8 @@ class DumpService:
             self._custom.popitem()[1].remove()
         if self._kernel_dump is not None:
             self._installed_kernel.remove()
+            if self.runtime.first_time(("kernel dump place",)):
+                announce(self._kernel_dump.place())
         if self._graph:
             self._graph.close()
         self.runtime.close_writer()

@@ -193,6 +193,7 @@ class KernelDump:
                               "level L2 takes exactly one of all/input/output")
         self.task = task
         self.dump_path = os.path.abspath(config.dump_path)
+        self.collected: set = set()  # step directories written by collect() so far
         self.rank = tuple(getattr(config, "rank", ()) or ())
         self.step = tuple(getattr(config, "step", ()) or ())
         self.api_list = tuple(getattr(config, "api_list", ()) or ())
@@ -287,7 +288,18 @@ class KernelDump:
                 continue
             if self._collect_dir(src_dir, self.step_dir(rank, step)):
                 written.add(self.step_dir(rank, step))
+        self.collected |= written
         return sorted(written)
+
+    def place(self) -> str:
+        """Where the collected kernel dump is: ``the L2 kernel dump is at <dump_path>: 2 step directories
+        (rank_0/<timestamp>/step_0, ...)``, or that nothing was collected there."""
+        if not self.collected:
+            return f"the L2 kernel dump at {self.dump_path} holds no kernel data (no kernel file was collected)"
+        names = [os.path.relpath(d, self.dump_path) for d in sorted(self.collected)]
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return (f"the L2 kernel dump is at {self.dump_path}: {len(names)} step "
+                f"director{'y' if len(names) == 1 else 'ies'} ({shown})")
 
     def _raw_iteration_dirs(self) -> Iterable[Tuple[int, int, str]]:
         for rank_name in sorted(os.listdir(self.raw_dir)):
