@@ -177,14 +177,6 @@ def _record_text(values: dict, scalar) -> str:
     return f"Max={values['Max']} Min={values['Min']} Mean={values['Mean']} Norm={values['Norm']}"
 
 
-def _no_cell_path(entry: str) -> str:
-    """What an empty Cell path means for ``entry``: a Cell that no recorded Cell calls, or another
-    entry (API, Primitive, save()) that no recorded Cell encloses (at L1 no Cell is recorded)."""
-    if entry.startswith("Cell."):
-        return "(none: a top-level Cell)"
-    return "(none: no recorded Cell encloses it)"
-
-
 def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False) -> None:
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
@@ -235,6 +227,14 @@ def _print_stack(title: str, frames: list, all_frames: bool, indent: str) -> Non
         lines = _folded_stack(frames, STACK_FRAMES_SHOWN)
     for line in lines:
         click.echo(indent + line)
+
+
+def _no_cell_path(entry: str) -> str:
+    """What an empty Cell path means for ``entry``: a Cell that no recorded Cell calls, or another
+    entry (API, Primitive, save()) that no recorded Cell encloses (at L1 no Cell is recorded)."""
+    if entry.startswith("Cell."):
+        return "(none: a top-level Cell)"
+    return "(none: no recorded Cell encloses it)"
 
 
 def _folded_stack(frames: list, limit: int) -> list:

@@ -101,6 +101,7 @@ class DumpService:
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
         self._process_state = _ProcessState()
+        atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE_SERVICES.add(self)
         _install_excepthook()
         if config.watch is not None:  # the flight recorder also writes its history on SIGTERM
@@ -112,9 +113,6 @@ class DumpService:
         weakref.finalize(self, self._gc_window.remove)
         # dropped with a step open (a debugger made inside a function): the step is written then
         weakref.finalize(self, _finish_runtime, self.runtime)
-        # registered after weakref's own exit function (at the first finalize above or earlier), so
-        # at exit it runs first: the process ends as by close(), the open step still open to be marked
-        atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
     def active(self) -> bool:
@@ -612,6 +610,13 @@ def _model_gone(service_ref, refs) -> None:
 
 
 _LIVE_SERVICES: "weakref.WeakSet" = weakref.WeakSet()
+
+# weakref registers its exit function (it runs the finalizers still pending at exit, those made in
+# DumpService.__init__ among them) with atexit at the process's first finalize(). One made at import
+# registers it before any DumpService registers _close_at_exit, so at exit (atexit runs the last
+# registered first) _close_at_exit runs before those finalizers: the process ends as by close(), and a
+# step still recording is marked abnormal while it is open.
+weakref.finalize(_LIVE_SERVICES, int).atexit = False
 
 
 def _release_other_captures(service) -> None:
