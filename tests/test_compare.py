@@ -153,6 +153,21 @@ def test_exact_first_difference_of_fp16_and_fp32_names_the_dtypes(dumps):
         "different precisions before this entry" in reason and "outside the dump" not in reason, reason
 
 
+def test_setup_notes_say_what_is_true_for_the_dumps_at_hand():
+    """An empty Cell path is explained for the entry at hand; a debug dump against a mix dump is
+    said to share no entry (an --ignore pattern cannot help)."""
+    from types import SimpleNamespace
+
+    from msprobe.cli import _no_cell_path
+    from msprobe.compare.divergence import _setup_difference
+
+    assert _no_cell_path("Cell.emb.Dense.forward.0") == "(none: a top-level Cell)"
+    assert _no_cell_path("Functional.relu.0.forward") == "(none: no recorded Cell encloses it)"
+    sides = [SimpleNamespace(header={"task": "statistics", "level": level}) for level in ("mix", "debug")]
+    note = _setup_difference(SimpleNamespace(target=sides[0], golden=sides[1], partial_note=None))
+    assert "no entry can match (--ignore cannot help)" in note and "--ignore 'Cell.*'" not in note, note
+
+
 def test_one_extra_call_does_not_shift_later_names(dumps):
     rows = compare(dumps["extra"], dumps["base"])
     named = by_name(rows)
