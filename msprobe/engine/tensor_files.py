@@ -92,6 +92,9 @@ class FileQueue:
         self._unfinished = 0               # jobs submitted and not finished
         self._views = 0                    # files no writer has taken that read a tensor's memory
         self._writing_views = 0            # chunks being written that read a tensor's memory
+        #: chunks being written that read a tensor's memory: chunk number -> the arrays reading it
+        self._in_flight: dict = {}
+        self._chunks = 0                   # chunks taken so far (their numbers)
         self._active = 0                   # chunks being written
         self._tickets = 0                  # jobs submitted so far
         self._next_then = 0                # ticket of the next continuation to run
@@ -153,7 +156,8 @@ class FileQueue:
     def protect(self, written=None) -> None:
         """Make the files not written yet independent of tensors that may change: copy now (on the
         calling thread) every queued array that reads memory which may change, and wait until the
-        chunk being written from a tensor's memory is written. Call before an in-place operation or
+        chunks being written at the call that read such memory are written (not for the chunks
+        taken later: what they read of that memory is a copy). Call before an in-place operation or
         a compiled region that may assign tensors runs. Cheap when nothing queued reads a tensor's
         memory.
 
@@ -193,8 +197,11 @@ class FileQueue:
                             job.files[i] = (path, copy)  # one copy per tensor
                             job.views[i] = False
                             self._views -= 1
-            while self._writing_views:
-                self._cond.wait()
+            waited = [number for number, arrays in self._in_flight.items()
+                      if ranges is None or any(overlaps(arr, ranges) for arr in arrays)]
+            for number in waited:
+                while number in self._in_flight:
+                    self._cond.wait()
 
     def _copy(self, arrays: list) -> dict:
         """``{id(array): copy}`` for :meth:`protect`: the copies are carved out of one block of
@@ -292,7 +299,7 @@ class FileQueue:
                     self._jobs.popleft()
                     chunk = None
                 else:
-                    chunk, views = self._take(job)
+                    chunk, views, number = self._take(job)
         if chunk is not None:
             failure = None
             if not self.failed:
@@ -305,6 +312,7 @@ class FileQueue:
                 job.active -= 1
                 self._active -= 1
                 self._writing_views -= views
+                self._in_flight.pop(number, None)
                 done = (failure is None and not job.dropped and not job.active
                         and job.next == len(job.files))
                 if done:
@@ -318,8 +326,9 @@ class FileQueue:
         return True
 
     def _take(self, job: _Job):
-        """Call with the condition held: the next chunk of ``job`` and whether it reads a tensor's
-        memory (0 or 1)."""
+        """Call with the condition held: the next chunk of ``job``, whether it reads a tensor's
+        memory (0 or 1) and its number (a key of ``_in_flight`` while it is written, if it reads a
+        tensor's memory)."""
         start = end = job.next
         size = 0
         while end < len(job.files) and end - start < CHUNK_FILES and (end == start or size < CHUNK_BYTES):
@@ -328,6 +337,10 @@ class FileQueue:
         chunk = job.files[start:end]
         job.files[start:end] = [None] * (end - start)
         views = sum(job.views[start:end])
+        number = self._chunks
+        self._chunks += 1
+        if views:
+            self._in_flight[number] = [arr for (_, arr), view in zip(chunk, job.views[start:end]) if view]
         job.next = end
         job.active += 1
         self._active += 1
@@ -336,7 +349,7 @@ class FileQueue:
         views = 1 if views else 0
         self._writing_views += views
         self._cond.notify_all()  # room for a waiting submit
-        return chunk, views
+        return chunk, views, number
 
     def _finish(self, job: _Job) -> None:
         """Run the continuation of ``job`` (all its files are written) after those of the jobs
