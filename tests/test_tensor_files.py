@@ -279,9 +279,10 @@ def test_batch_writes_each_path_as_its_own_file_and_replaces_existing_files(tmp_
     assert sorted(os.listdir(tmp_path)) == names
 
 
-def test_large_jobs_are_written_by_the_writer_and_the_draining_thread_in_order(tmp_path):
-    """Jobs larger than one chunk: ``drain`` writes chunks beside the writer thread, and still every
-    continuation runs after all of its job's files, in submission order."""
+def test_large_jobs_are_written_by_the_writer_thread_in_order_while_drain_waits(tmp_path):
+    """Jobs larger than one chunk: ``drain`` waits while the writer thread writes them (the draining
+    thread writes none), and every continuation runs after all of its job's files, in submission
+    order."""
     from msprobe.engine import tensor_files
 
     queue, failures, errors = _queue(limit=64 << 20)
@@ -296,7 +297,14 @@ def test_large_jobs_are_written_by_the_writer_and_the_draining_thread_in_order(t
         files = [(str(tmp_path / f"{i}.{k}.npy"), np.full((64,), i * 1000 + k, np.int32))
                  for k in range(files_per_job)]
         queue.submit(files, lambda i=i, paths=[p for p, _ in files]: then(i, paths))
-    queue.drain()
+    written_by = []
+    save = tensor_files.save_npy_batch
+    tensor_files.save_npy_batch = lambda chunk: (written_by.append(threading.get_ident()), save(chunk))
+    try:
+        queue.drain()
+    finally:
+        tensor_files.save_npy_batch = save
+    assert threading.get_ident() not in written_by
     assert done == list(range(6)) and not failures and not errors and not queue.busy
     assert np.load(str(tmp_path / f"4.{files_per_job - 1}.npy")).tolist() == [4000 + files_per_job - 1] * 64
 
