@@ -98,6 +98,7 @@ class FileQueue:
         self._in_flight: dict = {}
         self._chunks = 0                   # chunks taken so far (their numbers)
         self._active = 0                   # chunks being written
+        self._reporting = 0                # failed writes whose ``on_failure`` has not returned yet
         self._tickets = 0                  # jobs submitted so far
         self._next_then = 0                # ticket of the next continuation to run
         self._cond = threading.Condition()
@@ -239,8 +240,8 @@ class FileQueue:
             if alone and self._work():
                 continue
             with self._cond:
-                if not self._unfinished and not self._active:
-                    return
+                if not self._unfinished and not self._active and not self._reporting:
+                    return  # a failure is reported before: the caller sees the dump switched off
                 if not alone or not self._has_work():
                     self._cond.wait(0.5)
 
@@ -321,9 +322,16 @@ class FileQueue:
                         and job.next == len(job.files))
                 if done:
                     self._jobs.popleft()  # the oldest job (only it is written)
+                if failure is not None:
+                    self._reporting += 1
                 self._cond.notify_all()
             if failure is not None:
-                self._fail(failure)
+                try:
+                    self._fail(failure)
+                finally:
+                    with self._cond:
+                        self._reporting -= 1
+                        self._cond.notify_all()
             if not done:
                 return True
         self._finish(job)
