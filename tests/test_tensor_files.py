@@ -435,3 +435,42 @@ def test_protect_copies_into_one_block_reused_once_its_files_are_written():
     del first, second                                 # written: the block is free
     third = queue._copy(arrays)
     assert id(queue._spare) == block and third[id(arrays[0])].tolist() == list(range(10))
+
+
+def test_protect_waits_only_for_the_chunks_being_written_that_may_read_the_changed_memory(tmp_path, monkeypatch):
+    """A chunk being written from a tensor the coming mutation cannot write does not hold the
+    mutation up; one that may read the changed memory does, until it is written."""
+    from msprobe.engine import tensor_files
+    from msprobe.tensors.stats import to_host
+
+    ms.set_device("CPU")
+    a, b = Tensor(np.arange(4, dtype=np.float32)), Tensor(np.arange(4, dtype=np.float32) + 10)
+    view_a, view_b = to_host(a, zero_copy=True)[0], to_host(b, zero_copy=True)[0]
+    assert tensor_files.views_live_tensor(view_a) and tensor_files.views_live_tensor(view_b)
+    writing, release, written = threading.Event(), threading.Event(), threading.Event()
+    save = tensor_files.save_npy_batch
+
+    def held(chunk):                                  # the writer thread is held inside b's chunk
+        writing.set()
+        release.wait(5)
+        save(chunk)
+        written.set()
+
+    monkeypatch.setattr(tensor_files, "save_npy_batch", held)
+    queue, failures, errors = _queue()
+    queue.submit([(str(tmp_path / "b.npy"), view_b)])
+    assert writing.wait(30)
+    queue.submit([(str(tmp_path / "a.npy"), view_a)])
+    queue.protect(lambda: [a])                        # returns at once: b's chunk cannot read a
+    assert not written.is_set()
+    returned = threading.Event()
+    waiter = threading.Thread(target=lambda: (queue.protect(lambda: [b]), returned.set()))
+    waiter.start()
+    assert not returned.wait(0.3)                     # b's chunk is still being written
+    release.set()
+    waiter.join(30)
+    assert returned.is_set()
+    queue.drain()
+    assert np.load(str(tmp_path / "a.npy")).tolist() == [0, 1, 2, 3]
+    assert np.load(str(tmp_path / "b.npy")).tolist() == [10, 11, 12, 13]
+    assert not failures and not errors

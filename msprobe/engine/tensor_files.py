@@ -30,8 +30,8 @@ neither freed nor reused before the file is written). The program may still chan
 place before its file is written; whatever may do that (an in-place operation, a compiled region
 that assigns tensors) first calls :meth:`FileQueue.protect` (the runtime's flush before a mutation),
 which copies the arrays of the files not written yet that read memory the mutation may write (all of
-them unless the caller names what it may write) and waits for the chunk being written. Every
-other array is the tool's own memory.
+them unless the caller names what it may write) and waits for the chunks being written that may read
+that memory. Every other array is the tool's own memory.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ from msprobe.tensors.stats import views_live_tensor
 #: bytes of host arrays queued at most (a single larger batch is still accepted when the queue is empty)
 QUEUE_BYTES = 128 << 20
 #: files written by one call into the writer (the GIL released): at most this many ... (small: a
-#: mutation waits for the chunk being written, :meth:`FileQueue.protect`)
+#: mutation may wait for the chunk being written, :meth:`FileQueue.protect`)
 CHUNK_FILES = 8
 #: ... and this many bytes once the chunk holds a file
 CHUNK_BYTES = 2 << 20
