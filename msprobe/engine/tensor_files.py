@@ -232,11 +232,12 @@ class FileQueue:
     def drain(self) -> None:
         """Return when every job submitted before the call is done (written or dropped). While the
         writer thread runs the calling thread only waits for it; without that thread (process
-        exit, a closed queue) it writes the chunks itself."""
+        exit, a closed queue), or called on it, it writes the chunks itself."""
         if os.getpid() != self._pid:
             return  # a forked child never writes (the parent's thread and lock state are not its own)
         while True:
-            alone = not self._thread_alive()
+            # alone: no writer thread, or this is it (a finalizer run by a collection on that thread)
+            alone = not self._thread_alive() or threading.current_thread() is self._thread
             if alone and self._work():
                 continue
             with self._cond:
