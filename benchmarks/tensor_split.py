@@ -3,16 +3,17 @@
     .venv/bin/python benchmarks/tensor_split.py [--rounds 8] [--steps 3]
 
 One process, ``overhead.py``'s TinyLM step (``ms.set_device("CPU"); ms.runtime.launch_blocking()``),
-rounds of ``--steps`` tool-off then tool-on steps (order reversed every other round, so a drift of the
-machine's load hits both alike). Per step, medians over the rounds (and the spread, min-max):
+rounds of ``--steps`` steps of each variant in turn (tool off, tool on, ``--variants``; order reversed
+every other round, so a drift of the machine's load hits them alike). Per step, medians over the rounds (and the spread, min-max):
 
 * ``wall``, ``process cpu`` (every thread), ``training cpu`` (``time.thread_time`` of the training
   thread), ``writer cpu`` (the ``msprobe-files`` thread, from ``/proc/self/task/<tid>/schedstat``);
 * on the training thread, CPU and wall inside the tool's parts: ``materialize`` (the flush's reading:
   statistics and host arrays), ``FileQueue.submit`` (wall above CPU: waiting for room in the queue),
   ``FileQueue.protect`` (copies before an in-place operation or a compiled region, and waiting for
-  the chunk being written), ``FileQueue.drain`` (``stop()``/``step()``: chunks the training thread
-  writes itself, and waiting for the writer thread), and the files it wrote itself;
+  the chunks being written that may read the memory about to change), ``FileQueue.drain``
+  (``stop()``/``step()``: waiting for the writer thread, or chunks written on the training thread in
+  the ``drain-writes`` variant), and the files the training thread wrote itself;
 * ``us/file``: the writer thread's CPU per file it wrote (creating, writing, linking each ``.npy``).
 
 ``--variants`` adds tool-on variants, each run once per round beside ``off`` and ``on``:
