@@ -276,9 +276,9 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     from msprobe.compare import first_divergence, level_notes, nan_producer
     from msprobe.compare.output import json_safe
 
-    diverged, bitwise = [], []
+    diverged, bitwise, partial = [], [], []
     if golden is not None:
-        diverged = first_divergence(target, golden, exact, bitwise, mode=mode, step=step, rank=rank,
+        diverged = first_divergence(target, golden, exact, bitwise, partial, mode=mode, step=step, rank=rank,
                                     mapping=mapping, thresholds=thresholds, ignore=ignore)
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
@@ -291,7 +291,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
         if golden is not None and not diverged:
             click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance"
                        + (" but differ bitwise (--exact names where they first differ)" if bitwise else ""))
-            for note in level_notes(target, golden, step, rank):
+            for note in level_notes(target, golden, step, rank) + partial:
                 click.echo(f"  note: {note}")
         for f in diverged:
             _print_finding(f, f.label(), exact, all_frames)

@@ -77,16 +77,20 @@ def compare(target: str, golden: str, **options) -> List[dict]:
 
 
 def first_divergence(target: str, golden: str, exact: bool = False, bitwise: Optional[list] = None,
-                     **options) -> List[Finding]:
+                     notes: Optional[list] = None, **options) -> List[Finding]:
     """Per paired step/rank, the first difference (:mod:`msprobe.compare.divergence`); pairs that
     agree are left out, so ``[]`` means the runs agree. ``bitwise``: a list that receives the
     :class:`StepComparison` of each pair that agrees within tolerance but differs bitwise
-    (``exact=False`` only). Options as for :func:`comparisons`."""
+    (``exact=False`` only). ``notes``: a list that receives the note of each pair that agrees and
+    of which one side holds only part of its step (:attr:`StepComparison.partial_note`). Options as
+    for :func:`comparisons`."""
     found = []
     for c in comparisons(target, golden, **options):
         f = _first_divergence(c, exact, bitwise)
         if f is not None:
             found.append(f)
+        elif notes is not None and c.partial_note:
+            notes.append(c.partial_note)
     return found
 
 
