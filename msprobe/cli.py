@@ -177,6 +177,23 @@ def _record_text(values: dict, scalar) -> str:
     return f"Max={values['Max']} Min={values['Min']} Mean={values['Mean']} Norm={values['Norm']}"
 
 
+#: the tensor-mode comparison values a record of a finding shows, after its statistics
+_TENSOR_METRICS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr")
+
+
+def _tensor_metrics_text(rec: dict) -> str:
+    """``tensors: relative L2 error=... Cosine=... EucDist=... MaxAbsErr=... MaxRelativeErr=...``: what
+    tensor mode computed from the two saved arrays of a finding's record (``""`` when the record was
+    judged on statistics). Cosine is shown to 9 digits (a cosine 1 - 5e-7 is not 1)."""
+    metrics = rec.get("metrics") or {}
+    if "Cosine" not in metrics:
+        return ""
+    values = [f"relative L2 error={rec['error']:.6g}"] if rec.get("error_kind") == "relative L2 error" else []
+    values += [f"{k}={metrics[k]:.9g}" if k == "Cosine" else f"{k}={metrics[k]:.6g}"
+               for k in _TENSOR_METRICS if k in metrics]
+    return "tensors: " + " ".join(values)
+
+
 def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False) -> None:
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
@@ -202,6 +219,9 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
             if side == "golden":
                 line += f"\n    {'':<22} {'':<8}"
             line += f"  {side} {_record_text(values, rec.get(side + '_value'))}"
+        tensors = _tensor_metrics_text(rec)
+        if tensors:
+            line += f"\n    {'':<22} {'':<8}  {tensors}"
         click.echo(line)
     for name, stack in (("target", f.target_stack), ("golden", f.golden_stack)):
         if stack:
