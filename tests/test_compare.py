@@ -310,6 +310,15 @@ def test_tensor_mode(tmp_path):
     (found,) = first_divergence(b, a)
     assert found.entry == "Functional.gelu.0.forward"
     assert compare(b, a, mode="statistics")[0]["Max diff"] is not None
+    # first-diff shows, under each record's statistics, the values it computed from the two tensors
+    out = cli("first-diff", b, a, check_code=1).stdout
+    gelu_out = out.split("output.0", 1)[1].split("\n")[2]
+    metrics = changed
+    assert gelu_out.strip() == (f"tensors: relative L2 error={found.records[-1]['error']:.6g} "
+                                f"Cosine={metrics['Cosine']:.9g} EucDist={metrics['EucDist']:.6g} "
+                                f"MaxAbsErr={metrics['MaxAbsErr']:.6g} "
+                                f"MaxRelativeErr={metrics['MaxRelativeErr']:.6g}"), out
+    assert "tensors:" not in cli("first-diff", b, a, "--mode", "statistics", check_code=1).stdout
 
 
 def test_md5_mode(tmp_path):
@@ -413,6 +422,9 @@ def test_debug_level_dumps(tmp_path):
         return dump
 
     a, b = run("a", 3.0), run("b", 3.5)
+    from msprobe.dump import summarize
+    (line,) = [x for x in summarize(a).splitlines() if "step0/" in x]
+    assert "4 entries (2 saved values, 2 saved gradients) prefixes: y, y_grad, z, z_grad" in line, line
     named = by_name(compare(b, a))
     assert named["y.0.debug"]["Result"] == "pass"
     assert named["z.0.debug"]["Result"] == "error"
