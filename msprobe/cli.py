@@ -143,17 +143,18 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
     for item in result["results"]:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(item["records"].items()))
         where = f"step {item['step']} {item['rank']}" if item["step"] is not None else item["rank"]
-        first = _first_difference_text(item["first_difference"])
+        first = _first_difference_text(item["first_difference"], item["agreement"])
         click.echo(f"{where} ({item['mode']}): {counts}; {first}")
         click.echo(f"  {item['csv']}")
     click.echo(f"summary: {result['summary']}")
 
 
-def _first_difference_text(found: Optional[dict]) -> str:
+def _first_difference_text(found: Optional[dict], agreement: Optional[str] = None) -> str:
     """``compare``'s line about the first difference (a summary's ``first_difference``), with the
-    label and entry ``first-diff`` prints for the same pair."""
+    label and entry ``first-diff`` prints for the same pair; ``agreement``: the summary's
+    ``agreement`` (what is said when no entry differs)."""
     if found is None:
-        return "first difference (as msprobe first-diff): none (the runs agree within tolerance)"
+        return f"first difference (as msprobe first-diff): none: {agreement}"
     why = []
     if found.get("parameters_differ"):
         why.append("its parameters already differ: " + ", ".join(found["parameters_differ"]))
@@ -296,9 +297,9 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     from msprobe.compare import first_divergence, level_notes, nan_producer
     from msprobe.compare.output import json_safe
 
-    diverged, bitwise, partial = [], [], []
+    diverged, agreed = [], []
     if golden is not None:
-        diverged = first_divergence(target, golden, exact, bitwise, partial, mode=mode, step=step, rank=rank,
+        diverged = first_divergence(target, golden, exact, agreed=agreed, mode=mode, step=step, rank=rank,
                                     mapping=mapping, thresholds=thresholds, ignore=ignore)
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
@@ -309,8 +310,10 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
                                                            for k, v in nans.items()}}), indent=2))
     else:
         if golden is not None and not diverged:
-            click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance"
-                       + (" but differ bitwise (--exact names where they first differ)" if bitwise else ""))
+            texts = list(dict.fromkeys(a.text for a in agreed))
+            for a in agreed if len(texts) > 1 else agreed[:1]:
+                click.echo(f"step {a.step} {a.rank}: {a.text}" if len(texts) > 1 else a.text)
+            partial = list(dict.fromkeys(a.note for a in agreed if a.note))
             for note in level_notes(target, golden, step, rank) + partial:
                 click.echo(f"  note: {note}")
         for f in diverged:

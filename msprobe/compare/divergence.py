@@ -250,6 +250,23 @@ def _scalar(record):
     return {"value": record.value}
 
 
+def agreement(mode: str, differs_bitwise: bool) -> str:
+    """What is said of a compared step/rank in which no entry differs (``first-diff``, ``compare``'s
+    printed line and summary, the report): ``the runs agree within tolerance but differ bitwise
+    (...)`` when some record differs within tolerance, else ``the runs agree bitwise``, saying in
+    statistics and md5 mode what was found equal (the tensors themselves are not in those dumps).
+
+    Args:
+        mode (str): the comparison's mode (``statistics``, ``tensor``, ``md5``).
+        differs_bitwise (bool): some entry compared differs bitwise (:meth:`DivergenceFinder.differs_bitwise`).
+    """
+    if differs_bitwise:
+        return "the runs agree within tolerance but differ bitwise (--exact names where they first differ)"
+    what = {J.STATISTICS: " (every statistic recorded is equal)",
+            J.MD5: " (every statistic and CRC-32 recorded is equal)"}.get(mode, "")
+    return "the runs agree bitwise" + what
+
+
 def first_divergence(comparison: StepComparison, exact: bool = False,
                      bitwise: Optional[List[StepComparison]] = None) -> Optional[Finding]:
     """The first difference of one compared step/rank (see the module docstring), None when every
