@@ -471,6 +471,31 @@ def test_debug_level_dumps(tmp_path):
     assert direction_of("y_grad.0.debug") == "backward"
 
 
+def test_a_nan_scalar_argument_on_both_sides_is_the_same_value(tmp_path):
+    """``x * float("nan")`` in two identical runs: the scalar argument is NaN on both sides, which is
+    the same argument (not "value differs (nan vs nan)"), so the runs agree."""
+    from mindspore import Tensor
+    from msprobe.mindspore import PrecisionDebugger
+
+    from conftest import write_config
+
+    def run(name):
+        dump = str(tmp_path / name)
+        cfg = tmp_path / f"{name}_cfg"
+        cfg.mkdir()
+        debugger = PrecisionDebugger(write_config(cfg, level="L1", dump_path=dump))
+        debugger.start()
+        _ = Tensor([1.0, 2.0], ms.float32) * float("nan")
+        debugger.stop()
+        debugger.step()
+        return dump
+
+    a, b = run("a"), run("b")
+    (row,) = [r for r in compare(b, a) if r["NPU Name"] == "Tensor.__mul__.0.forward.input.1"]
+    assert row["Result"] == "pass" and "value differs" not in row["Err_message"], row
+    assert first_divergence(b, a) == []
+
+
 def test_tensor_mode_loads_one_pair_at_a_time(tmp_path, monkeypatch):
     import gc
     import weakref

@@ -69,6 +69,11 @@ def _same_non_finite(a: float, b: float) -> Optional[bool]:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
+def _both_nan(a, b) -> bool:
+    """Two scalar arguments that are both NaN (the same value for a record, though ``nan != nan``)."""
+    return isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+
+
 def _rel(diff: float, base: float) -> float:
     if diff == 0:
         return 0.0
@@ -94,7 +99,7 @@ def judge(t: Optional[Record], g: Optional[Record], mode: str, thresholds: Thres
         return out
     if not t.is_tensor:
         _stat_metrics(t, g, group, out)
-        equal = t.value == g.value and t.kind == g.kind
+        equal = (t.value == g.value or _both_nan(t.value, g.value)) and t.kind == g.kind
         out.exact = equal
         if not equal:
             out.result, out.error = ERROR, math.inf
