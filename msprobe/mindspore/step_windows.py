@@ -33,11 +33,11 @@ class StepWindows:
     def __init__(self):
         self._step = None
         self._windows = 0
-        self._values = None  # [(name, numpy copy)] read at the second window of the step
+        self._values = None  # [(Parameter, its bytes)] read at the second window of the step
         self.said = False
 
     def reset(self) -> None:
-        """Forget the step (at ``step()``): no copy of a Parameter is kept past its step."""
+        """Forget the step (at ``step()``): neither a Parameter nor its bytes are kept past its step."""
         self._step, self._windows, self._values = None, 0, None
 
     def window_starts(self, step: int, models) -> None:
@@ -68,10 +68,9 @@ class StepWindows:
         if self._windows < 2:
             return
         if self._values is None:
-            self._values = _read(models)
+            self._values = [(p, p.asnumpy().tobytes()) for p in _smallest(models)]
             return
-        changed = [name for (name, before), (_, now) in zip(self._values, _read(models))
-                   if before.tobytes() != now.tobytes()]
+        changed = [p.name for p, before in self._values if p.asnumpy().tobytes() != before]
         if changed:
             self._say(f"the model's Parameters changed between two start() calls of step {step} "
                       f"({changed[0]}): an optimizer update ran inside the step, and every iteration is "
@@ -85,10 +84,9 @@ class StepWindows:
                        "of a step (e.g. gradient accumulation) (said once)", what)
 
 
-def _read(models) -> list:
-    """Copies of the smallest trainable Parameters of each model, as ``[(name, ndarray)]``."""
+def _smallest(models) -> list:
+    """The smallest trainable Parameters of each model (at most :data:`_WATCHED` each)."""
     out = []
     for _, root in models:
-        params = sorted(root.trainable_params(), key=lambda p: (int(np.prod(p.shape)), p.name))
-        out.extend((p.name, p.asnumpy().copy()) for p in params[:_WATCHED])
+        out += sorted(root.trainable_params(), key=lambda p: (int(np.prod(p.shape)), p.name))[:_WATCHED]
     return out
