@@ -306,6 +306,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
         nans["golden"] = nan_producer(golden, step, rank)
     if as_json:
         click.echo(json.dumps(json_safe({"divergences": [f.to_dict() for f in diverged],
+                                         "agreements": [a._asdict() for a in agreed],
                                          "nan_producers": {k: [f.to_dict() for f in v]
                                                            for k, v in nans.items()}}), indent=2))
     else:
