@@ -140,7 +140,8 @@ def test_identical_runs_agree_and_exit_zero(dumps):
     # identical dumps are said to be identical, not only to agree within tolerance
     same = "the runs agree bitwise (every statistic recorded is equal)"
     assert cli("first-diff", dumps["again"], dumps["base"], check_code=0).stdout.splitlines()[0] == same
-    (agreed,) = json.loads(cli("first-diff", dumps["again"], dumps["base"], "--json", check_code=0).stdout)["agreements"]
+    as_json = cli("first-diff", dumps["again"], dumps["base"], "--json", check_code=0).stdout
+    (agreed,) = json.loads(as_json)["agreements"]
     assert (agreed["step"], agreed["text"], agreed["note"]) == (0, same, None)
     out = cli("compare", "-tp", dumps["again"], "-gp", dumps["base"], "-o", os.path.join(dumps["root"], "same"),
               check_code=0).stdout

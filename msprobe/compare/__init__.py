@@ -27,8 +27,8 @@ from msprobe.dump import iter_bodies, load_stacks
 
 logger = logging.getLogger("msprobe")
 
-__all__ = ["Agreement", "compare", "first_divergence", "level_notes", "nan_producer", "compare_to_files", "comparisons",
-           "Finding", "InputError", "Thresholds", "StepComparison", "MODES"]
+__all__ = ["Agreement", "compare", "first_divergence", "level_notes", "nan_producer", "compare_to_files",
+           "comparisons", "Finding", "InputError", "Thresholds", "StepComparison", "MODES"]
 
 
 def comparisons(target: str, golden: str, *, mode: Optional[str] = None,
