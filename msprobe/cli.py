@@ -143,17 +143,18 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
     for item in result["results"]:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(item["records"].items()))
         where = f"step {item['step']} {item['rank']}" if item["step"] is not None else item["rank"]
-        first = _first_difference_text(item["first_difference"])
+        first = _first_difference_text(item["first_difference"], item["agreement"])
         click.echo(f"{where} ({item['mode']}): {counts}; {first}")
         click.echo(f"  {item['csv']}")
     click.echo(f"summary: {result['summary']}")
 
 
-def _first_difference_text(found: Optional[dict]) -> str:
+def _first_difference_text(found: Optional[dict], agreement: Optional[str] = None) -> str:
     """``compare``'s line about the first difference (a summary's ``first_difference``), with the
-    label and entry ``first-diff`` prints for the same pair."""
+    label and entry ``first-diff`` prints for the same pair; ``agreement``: the summary's
+    ``agreement`` (what is said when no entry differs)."""
     if found is None:
-        return "first difference (as msprobe first-diff): none (the runs agree within tolerance)"
+        return f"first difference (as msprobe first-diff): none: {agreement}"
     why = []
     if found.get("parameters_differ"):
         why.append("its parameters already differ: " + ", ".join(found["parameters_differ"]))
@@ -175,6 +176,23 @@ def _record_text(values: dict, scalar) -> str:
     if scalar is not None:
         return f"value={scalar['value']!r}"
     return f"Max={values['Max']} Min={values['Min']} Mean={values['Mean']} Norm={values['Norm']}"
+
+
+#: the tensor-mode comparison values a record of a finding shows, after its statistics
+_TENSOR_METRICS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr")
+
+
+def _tensor_metrics_text(rec: dict) -> str:
+    """``tensors: relative L2 error=... Cosine=... EucDist=... MaxAbsErr=... MaxRelativeErr=...``: what
+    tensor mode computed from the two saved arrays of a finding's record (``""`` when the record was
+    judged on statistics). Cosine is shown to 9 digits (a cosine 1 - 5e-7 is not 1)."""
+    metrics = rec.get("metrics") or {}
+    if "Cosine" not in metrics:
+        return ""
+    values = [f"relative L2 error={rec['error']:.6g}"] if rec.get("error_kind") == "relative L2 error" else []
+    values += [f"{k}={metrics[k]:.9g}" if k == "Cosine" else f"{k}={metrics[k]:.6g}"
+               for k in _TENSOR_METRICS if k in metrics]
+    return "tensors: " + " ".join(values)
 
 
 def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False) -> None:
@@ -202,6 +220,9 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
             if side == "golden":
                 line += f"\n    {'':<22} {'':<8}"
             line += f"  {side} {_record_text(values, rec.get(side + '_value'))}"
+        tensors = _tensor_metrics_text(rec)
+        if tensors:
+            line += f"\n    {'':<22} {'':<8}  {tensors}"
         click.echo(line)
     for name, stack in (("target", f.target_stack), ("golden", f.golden_stack)):
         if stack:
@@ -276,22 +297,25 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     from msprobe.compare import first_divergence, level_notes, nan_producer
     from msprobe.compare.output import json_safe
 
-    diverged, bitwise = [], []
+    diverged, agreed = [], []
     if golden is not None:
-        diverged = first_divergence(target, golden, exact, bitwise, mode=mode, step=step, rank=rank,
+        diverged = first_divergence(target, golden, exact, agreed=agreed, mode=mode, step=step, rank=rank,
                                     mapping=mapping, thresholds=thresholds, ignore=ignore)
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
         nans["golden"] = nan_producer(golden, step, rank)
     if as_json:
         click.echo(json.dumps(json_safe({"divergences": [f.to_dict() for f in diverged],
+                                         "agreements": [a._asdict() for a in agreed],
                                          "nan_producers": {k: [f.to_dict() for f in v]
                                                            for k, v in nans.items()}}), indent=2))
     else:
         if golden is not None and not diverged:
-            click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance"
-                       + (" but differ bitwise (--exact names where they first differ)" if bitwise else ""))
-            for note in level_notes(target, golden, step, rank):
+            texts = list(dict.fromkeys(a.text for a in agreed))
+            for a in agreed if len(texts) > 1 else agreed[:1]:
+                click.echo(f"step {a.step} {a.rank}: {a.text}" if len(texts) > 1 else a.text)
+            partial = list(dict.fromkeys(a.note for a in agreed if a.note))
+            for note in level_notes(target, golden, step, rank) + partial:
                 click.echo(f"  note: {note}")
         for f in diverged:
             _print_finding(f, f.label(), exact, all_frames)

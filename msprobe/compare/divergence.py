@@ -250,6 +250,23 @@ def _scalar(record):
     return {"value": record.value}
 
 
+def agreement(mode: str, differs_bitwise: bool) -> str:
+    """What is said of a compared step/rank in which no entry differs (``first-diff``, ``compare``'s
+    printed line and summary, the report): ``the runs agree within tolerance but differ bitwise
+    (...)`` when some record differs within tolerance, else ``the runs agree bitwise``, saying in
+    statistics and md5 mode what was found equal (the tensors themselves are not in those dumps).
+
+    Args:
+        mode (str): the comparison's mode (``statistics``, ``tensor``, ``md5``).
+        differs_bitwise (bool): some entry compared differs bitwise (:meth:`DivergenceFinder.differs_bitwise`).
+    """
+    if differs_bitwise:
+        return "the runs agree within tolerance but differ bitwise (--exact names where they first differ)"
+    what = {J.STATISTICS: " (every statistic recorded is equal)",
+            J.MD5: " (every statistic and CRC-32 recorded is equal)"}.get(mode, "")
+    return "the runs agree bitwise" + what
+
+
 def first_divergence(comparison: StepComparison, exact: bool = False,
                      bitwise: Optional[List[StepComparison]] = None) -> Optional[Finding]:
     """The first difference of one compared step/rank (see the module docstring), None when every
@@ -493,8 +510,8 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
 def _setup_difference(comparison: StepComparison) -> Optional[str]:
     """``"the dumps were taken at different levels (L1 vs mix)"`` (likewise for the task), or
     that one dump holds only part of its step (its ``dump.json`` ``partial``, e.g. watch mode's
-    history), or ``None``: entries of one level only, or left out of a partial step, are unmatched
-    without the runs having executed different calls."""
+    history: :attr:`StepComparison.partial_note`), or ``None``: entries of one level only are
+    unmatched without the runs having executed different calls."""
     t, g = comparison.target.header, comparison.golden.header
     if levels_compared_in_part(t, g):
         return level_note(t, g)
@@ -507,10 +524,12 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
             return (f"the dumps were taken at different {what} ({t[key]} vs {g[key]}): entries that "
                     f"one {key} records and the other does not are unmatched (leave them out with "
                     f"--ignore patterns, e.g. --ignore 'Cell.*')")
+    if comparison.partial_note:
+        return comparison.partial_note
     for side, header in (("target", t), ("golden", g)):
-        if header.get("partial"):
-            return (f"the {side} dump holds only part of its step ({header['partial']}): the entries "
-                    f"it leaves out are unmatched")
+        if header.get("partial"):  # sharing no entry with the other side
+            return (f"the {side} dump holds only part of its step ({header['partial']}) and shares no entry "
+                    f"with the other dump")
     return None
 
 

@@ -20,6 +20,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 from msprobe.compare import judge as J
 from msprobe.compare.batch import judge_many
 from msprobe.compare.matching import UNMATCHED, match
+from msprobe.compare.partial import overlap
 from msprobe.compare.records import Side, load_sides
 from msprobe.compare.thresholds import Group, Thresholds
 from msprobe.dump import load_construct
@@ -144,7 +145,10 @@ class StepComparison:
             raise ValueError("md5 mode needs both dumps written with summary_mode \"md5\"")
         if self.mode == J.TENSOR and not (self.target.has_tensor_files() and self.golden.has_tensor_files()):
             raise ValueError("tensor mode needs both dumps written with task \"tensor\"")
-        self.pairs = match(self.target, self.golden, mapping)
+        #: a note when one side holds only part of its step (:func:`msprobe.compare.partial.overlap`):
+        #: the pairs then start where it begins
+        self.pairs, self.partial_note = overlap(self.target, self.golden,
+                                                match(self.target, self.golden, mapping), step)
         self._construct = None
         #: the thresholds group of the less precise of the float dtypes that only one of the two dumps
         #: holds (a Float16 run against a Float32 one: ``float16``), or None: the runs do not differ in

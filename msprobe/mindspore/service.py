@@ -48,6 +48,7 @@ from msprobe.engine.config import ConfigError
 from msprobe.engine.gc_window import widen_gen0
 from msprobe.engine.handles import AttributePatches, Handle, HandleSet, patch_attribute
 from msprobe.engine.runtime import Runtime
+from msprobe.mindspore.step_windows import StepWindows
 
 logger = logging.getLogger("msprobe")
 
@@ -100,6 +101,7 @@ class DumpService:
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
         self._process_state = _ProcessState()
+        self._windows = StepWindows()  # says once when start()/stop() windows look like training steps
         atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE_SERVICES.add(self)
         _install_excepthook()
@@ -229,6 +231,7 @@ class DumpService:
         if cfg.level in _API_LEVELS:  # names bound to an API before start() are not captured: list them
             self._note_stale_bindings(rt)
         self._install()
+        self._windows.window_starts(rt.step, self.models)
         rt.begin_capture()
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.step_dir)
         return True
@@ -524,6 +527,7 @@ class DumpService:
         if self._graph:  # gradients the graph probes reported since stop()
             self._graph.end_step()
         rt.end_step()
+        self._windows.reset()
         if not self.config.dumps_step(rt.step):  # parked by a stop() before a renumbering
             self._release_capture()
         if directory is not None:  # size estimate after the first dumped step
