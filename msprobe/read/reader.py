@@ -387,7 +387,7 @@ def summarize(dump_path: str) -> str:
         DumpFormatError: ``dump_path`` does not exist or holds no dump.
     """
     lines = [f"dump at {os.path.abspath(dump_path)}"]
-    first_bad = first_producer = watch_producer = None
+    first_bad = first_producer = watch_producer = shown_note = None
     for tree, step, rank, path in _iter_trees(dump_path):
         dump = load(path)
         fwd = sum(1 for k in dump.data if ".forward" in k)
@@ -399,6 +399,10 @@ def summarize(dump_path: str) -> str:
             state += f"  (ABNORMAL: {_first_line(str(dump.header['abnormal']))})"
         if dump.header.get("partial"):
             state += f"  (PARTIAL: {dump.header['partial']})"
+        note = dump.header.get("note")
+        if note:  # the same note as the step above: said once
+            state += f"\n    note: {note}" if note != shown_note else "  (note: as above)"
+        shown_note = note
         where = f"{tree}step{step}/{rank}"
         lines.append(f"  {where}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
                      f"{grads} parameter-gradient) prefixes: {', '.join(prefixes)}{state}")
