@@ -99,6 +99,8 @@ def test_first_diff_graph_mode_against_pynative_lists_one_sided_entries(tmp_path
             assert "target dump ran in GRAPH_MODE and the golden one under PyNative" in f.note
         if level == "mix":
             assert found[0].entry == REGION and REGION in found[0].one_sided
+            construct = _read(graph, 1, "construct.json")  # outside watch mode too
+            assert construct["Cell.attn.Attn.forward.0"] == construct["Cell.attn.Attn.backward.0"] == REGION
         else:
             assert found[0].entry == "Cell.head.Dense.backward.0" and not found[0].one_sided
         out = CliRunner().invoke(main, ["first-diff", pynative, graph, "--step", "0"]).output

@@ -695,13 +695,13 @@ def _release_excepthook() -> None:
 
 def _inside_compiled_call(ref):
     """What a recorded compiled call (forward entry ``region``) does once it returned: in GRAPH_MODE
-    the Cells its graph ran are recorded inside it
-    (:meth:`msprobe.capture.cells.graph_cell.GraphDump.drain_region`). ``ref``: a weak reference to the
+    the Cells its graph ran are recorded with it as their parent
+    (:meth:`msprobe.capture.cells.graph_cell.GraphDump.region_returned`). ``ref``: a weak reference to the
     service (the patch lives in MindSpore's class and must not keep the service alive)."""
-    def inside(region: str) -> None:
+    def inside(region: str, outputs: list) -> None:
         service = ref()
         if service is not None and service._graph:
-            service._graph.drain_region(region)
+            service._graph.region_returned(region, outputs)
     return inside
 
 

@@ -933,6 +933,9 @@ class GraphDump:
         self._capture = None
         self._handle = None
         self._cells: list = []
+        #: the recorded compiled call (``Jit.….forward``) whose graph's reports the next drain records
+        #: (:meth:`region_returned`), or None
+        self._region = None
 
     def wait(self) -> None:
         """Wait until the compiled graphs launched so far have run, then record what their probes
@@ -944,7 +947,8 @@ class GraphDump:
         """
         if self._handle is not None:
             stats.pynative_executor().sync()
-            self._capture.drain()
+            region, self._region = self._region, None
+            self._capture.drain(region)
 
     def begin_step(self, models) -> None:
         """Called by ``start()`` once the runtime's step is open: let graphs launched before it
@@ -952,6 +956,7 @@ class GraphDump:
         directory (PyNative with jit Cells), install the probes (first time only; ``models``:
         ``[(index or None, Cell)]``) and copy the probed Cells' parameters."""
         first = self._handle is None
+        self._region = None  # a compiled call of an earlier step
         if not first:
             stats.pynative_executor().sync()
             if self._capture.step == self.rt.step:  # start() again in the same step: keep what came
@@ -987,15 +992,36 @@ class GraphDump:
                                          "exist only if it runs"}
                 for prefix in missing])
 
-    def drain_region(self, region: str) -> None:
-        """GRAPH_MODE: the compiled call ``region`` (its forward entry, ``Jit.{name}.{n}.forward``)
-        has returned; wait for its graph and record what its probes reported, inside the call (before
-        its output is recorded), with ``region`` as the parent of the Cells called at its top. A
-        failure of the graph reaches the caller as at its next read of a result; a failure of the
-        recording is reported as the tool's."""
+    def region_returned(self, region: str, outputs: list) -> None:
+        """GRAPH_MODE: the recorded compiled call ``region`` (its forward entry,
+        ``Jit.{name}.{n}.forward``) returned ``outputs`` (its tensors, list): the probes' reports of its
+        graph become records with ``region`` as the parent of the Cells called at its top, at the
+        next :meth:`wait` (``stop()``/``step()``), when no other compiled call came first (then now).
+
+        In watch mode they are recorded now, inside the call, before its output: watch mode checks
+        records in the order they are made, and the Cell that made a NaN must come before the call
+        around it. Waiting here costs the training thread CPU (MindSpore's wait spins: ~20 ms per
+        LeNet step on a loaded 2-core machine), so other dumps wait where they always did."""
         if not self.graph_mode or self._handle is None:
             return
+        if self._region is not None:  # the reports so far are those of the earlier region's graph
+            self._drain_region(())
+        self._region = region
+        if self.rt.watch is not None:
+            self._drain_region(outputs)
+
+    def _drain_region(self, outputs) -> None:
+        """Wait for the graphs launched so far (reading the first of ``outputs`` first, when given: a
+        result's read waits without the executor's spinning ``sync``) and record their probes' reports
+        as inside :attr:`_region`. A failure of the graph reaches the caller as at its next read of a
+        result; a failure of the recording is reported as the tool's."""
+        if outputs:
+            try:
+                outputs[0].asnumpy()
+            except Exception:  # a dtype numpy lacks, or the graph failed: the sync waits (and raises)
+                pass
         stats.pynative_executor().sync()
+        region, self._region = self._region, None
         try:
             self._capture.drain(region)
         except Exception as exc:  # the tool's failure: keep training
