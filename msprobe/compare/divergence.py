@@ -58,7 +58,7 @@ class Finding:
             :attr:`one_sided_records` list them, the first is :attr:`entry`), ``nan`` (inputs finite, an output NaN/Inf), ``anomaly`` (watch mode's
             ``max_abs``/``norm_jump`` producer, read from ``anomalies.json``; ``note`` says what it found).
         cell_path: enclosing Cell entries, outermost first (from ``construct.json``).
-        note: set when the dumps differ in set-up (level, task), which explains unmatched entries.
+        note: set when the dumps differ in set-up (mode, level, task), which explains unmatched entries.
         records: per record: name, result, both sides' statistics, message.
     """
 
