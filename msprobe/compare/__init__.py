@@ -149,7 +149,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
         writer = ResultWriter(base, columns(c.mode, stack), xlsx)
         matches, verdicts = {}, {}
         # first-diff's rule, in this pass
-        finder = DivergenceFinder(leave_out=c.recorded_at_one_level_only, construct=c.construct)
+        finder = DivergenceFinder.of(c)
         stacks = load_stacks(c.target.directory) if stack else None
         try:
             for entry in c.entries():

@@ -310,7 +310,7 @@ class DumpService:
             self._api_patches.apply(skip=self._custom)
             capture.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
             wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
-            capture.add(install_jit_capture(self.recorder))
+            capture.add(install_jit_capture(self.recorder, inside=_inside_compiled_call(weakref.ref(self))))
             prims = self._primitive_targets() if self.models is not None else []
             self.runtime.primitives_hooked = self.models is not None
             if self.models is not None:
@@ -695,6 +695,18 @@ def _release_excepthook() -> None:
     hook = sys.excepthook
     if not live and getattr(hook, "_msprobe", False):
         sys.excepthook = hook._previous
+
+
+def _inside_compiled_call(ref):
+    """What a recorded compiled call (forward entry ``region``) does once it returned: in GRAPH_MODE
+    the Cells its graph ran are recorded with it as their parent
+    (:meth:`msprobe.capture.cells.graph_cell.GraphDump.region_returned`). ``ref``: a weak reference to the
+    service (the patch lives in MindSpore's class and must not keep the service alive)."""
+    def inside(region: str, outputs: list) -> None:
+        service = ref()
+        if service is not None and service._graph:
+            service._graph.region_returned(region, outputs)
+    return inside
 
 
 def _sigterm_handler(ref):

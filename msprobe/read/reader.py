@@ -406,7 +406,7 @@ def summarize(dump_path: str) -> str:
         DumpFormatError: ``dump_path`` does not exist or holds no dump.
     """
     lines = [f"dump at {os.path.abspath(dump_path)}"]
-    first_bad = first_producer = watch_producer = None
+    first_bad = first_producer = watch_producer = shown_note = None
     for tree, step, rank, path in _iter_trees(dump_path):
         dump = load(path)
         counts = _entry_counts(dump.data)
@@ -416,6 +416,10 @@ def summarize(dump_path: str) -> str:
             state += f"  (ABNORMAL: {_first_line(str(dump.header['abnormal']))})"
         if dump.header.get("partial"):
             state += f"  (PARTIAL: {dump.header['partial']})"
+        note = dump.header.get("note")
+        if note:  # the same note as the step above: said once
+            state += f"\n    note: {note}" if note != shown_note else "  (note: as above)"
+        shown_note = note
         where = f"{tree}step{step}/{rank}"
         lines.append(f"  {where}: {len(dump.data)} entries ({counts}) prefixes: {', '.join(prefixes)}{state}")
         if watch_producer is None:

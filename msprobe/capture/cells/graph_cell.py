@@ -393,6 +393,9 @@ class GraphCellCapture:
         self._chunks: list = []  # owners of each run of gradients an optimizer probe shows, by code
         #: the number of this capture's compiled probes (graph_probes.compiled), None: pyfunc probes
         self._compiled = None
+        #: the forward entry of the compiled region (``Jit.….forward``) whose probes :meth:`drain` is
+        #: turning into records: the parent of the Cells called at its top (None: no region recorded)
+        self.region = None
         self._reset()
 
     def snapshot_parameters(self, cells, synced: bool) -> None:
@@ -496,9 +499,15 @@ class GraphCellCapture:
         return values[1] if len(values) == 2 else values[1:]
 
     # ------------------------------------------------------------------ records
-    def drain(self) -> None:
+    def drain(self, region: str | None = None) -> None:
         """Turn the probes' reports so far into records (call once the graphs have run, on the
-        thread that starts and stops the dump)."""
+        thread that starts and stops the dump).
+
+        Args:
+            region: the forward entry (``Jit.{name}.{n}.forward``) of the recorded compiled call
+                whose graph made the reports, or None: the parent in ``construct.json`` of the Cells
+                its graph called at its top (and of their backward entries)."""
+        self.region = region
         reports = self.take_reports()
         if not reports:
             return
@@ -551,9 +560,11 @@ class GraphCellCapture:
         call numbered or open yet): each report's kind, Cell code and dtypes, the Cells' output
         kinds and whether parameters were read at ``start()``; ``None`` otherwise, and for pyfunc
         probes (their reports may hold Python numbers and hooked gradients)."""
-        if self._compiled is None or self.entered or self.stack or self.rt.counters:
+        if self._compiled is None or self.entered or self.stack:
             return None
-        return (self._kinds_seen, bool(self.param_leaves),
+        # the step's call numbers so far (a compiled region's own, APIs before it at mix) and the
+        # region: the recipe's names and edges depend on them
+        return (self._kinds_seen, bool(self.param_leaves), self.region, tuple(self.rt.counters.items()),
                 tuple([(r[0], r[1]) + tuple([None if g is None or type(g) is not list else
                                              tuple([a.dtype if type(a) is np.ndarray else type(a) for a in g])
                                              for g in r[2:]])
@@ -564,7 +575,7 @@ class GraphCellCapture:
         self.entered.add(prefix)
         k = rt.next_count(f"{prefix}.forward")
         fwd = naming.cell_entry(prefix, naming.FORWARD, k)
-        parent = self.stack[-1] if self.stack else None
+        parent = self.stack[-1] if self.stack else self.region
         sink.edge(fwd, parent)
         sink.stack(fwd)  # probes run on MindSpore's executor thread: no Python frames
         selected = sink.selector.selects(fwd)
@@ -595,7 +606,9 @@ class GraphCellCapture:
             bwd = naming.backward_of(fwd)
             if sink.selector.selects(bwd):
                 sink.selector.note_backward(prefix)
-                self.done[prefix].append((bwd, naming.backward_of(parent) if parent else None))
+                # a region's backward runs inside its forward call (the grad function is compiled)
+                self.done[prefix].append((bwd, parent if parent is None or parent == self.region
+                                          else naming.backward_of(parent)))
 
     def _output_grads(self, sink, prefix: str, arrays) -> None:
         """bprop of the output probe: gradients w.r.t. the Cell's outputs (backward ``input``)."""
@@ -920,6 +933,9 @@ class GraphDump:
         self._capture = None
         self._handle = None
         self._cells: list = []
+        #: the recorded compiled call (``Jit.….forward``) whose graph's reports the next drain records
+        #: (:meth:`region_returned`), or None
+        self._region = None
 
     def wait(self) -> None:
         """Wait until the compiled graphs launched so far have run, then record what their probes
@@ -931,7 +947,8 @@ class GraphDump:
         """
         if self._handle is not None:
             stats.pynative_executor().sync()
-            self._capture.drain()
+            region, self._region = self._region, None
+            self._capture.drain(region)
 
     def begin_step(self, models) -> None:
         """Called by ``start()`` once the runtime's step is open: let graphs launched before it
@@ -939,6 +956,7 @@ class GraphDump:
         directory (PyNative with jit Cells), install the probes (first time only; ``models``:
         ``[(index or None, Cell)]``) and copy the probed Cells' parameters."""
         first = self._handle is None
+        self._region = None  # a compiled call of an earlier step
         if not first:
             stats.pynative_executor().sync()
             if self._capture.step == self.rt.step:  # start() again in the same step: keep what came
@@ -973,6 +991,41 @@ class GraphDump:
                                          "taken) or the compiler removed it; a compiled Cell's data "
                                          "exist only if it runs"}
                 for prefix in missing])
+
+    def region_returned(self, region: str, outputs: list) -> None:
+        """GRAPH_MODE: the recorded compiled call ``region`` (its forward entry,
+        ``Jit.{name}.{n}.forward``) returned ``outputs`` (its tensors, list): the probes' reports of its
+        graph become records with ``region`` as the parent of the Cells called at its top, at the
+        next :meth:`wait` (``stop()``/``step()``), when no other compiled call came first (then now).
+
+        In watch mode they are recorded now, inside the call, before its output: watch mode checks
+        records in the order they are made, and the Cell that made a NaN must come before the call
+        around it. Waiting here costs the training thread CPU (MindSpore's wait spins: ~20 ms per
+        LeNet step on a loaded 2-core machine), so other dumps wait where they always did."""
+        if not self.graph_mode or self._handle is None:
+            return
+        if self._region is not None:  # the reports so far are those of the earlier region's graph
+            self._drain_region(())
+        self._region = region
+        if self.rt.watch is not None:
+            self._drain_region(outputs)
+
+    def _drain_region(self, outputs) -> None:
+        """Wait for the graphs launched so far (reading the first of ``outputs`` first, when given: a
+        result's read waits without the executor's spinning ``sync``) and record their probes' reports
+        as inside :attr:`_region`. A failure of the graph reaches the caller as at its next read of a
+        result; a failure of the recording is reported as the tool's."""
+        if outputs:
+            try:
+                outputs[0].asnumpy()
+            except Exception:  # a dtype numpy lacks, or the graph failed: the sync waits (and raises)
+                pass
+        stats.pynative_executor().sync()
+        region, self._region = self._region, None
+        try:
+            self._capture.drain(region)
+        except Exception as exc:  # the tool's failure: keep training
+            self.rt.tool_error(f"failed to record the Cells inside {region}: {exc!r}", key=("region", type(exc)))
 
     def end_step(self) -> None:
         """Before the runtime closes the step (``step()``): record the gradients reported since
