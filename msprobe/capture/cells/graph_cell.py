@@ -938,23 +938,31 @@ class GraphDump:
         finish (their probes must not report into this step), open the ``graph`` tree's step
         directory (PyNative with jit Cells), install the probes (first time only; ``models``:
         ``[(index or None, Cell)]``) and copy the probed Cells' parameters."""
-        first = self._handle is None
-        if not first:
+        if self._handle is not None:
             stats.pynative_executor().sync()
             if self._capture.step == self.rt.step:  # start() again in the same step: keep what came
                 self._capture.drain()               # since stop() (gradients of its sections)
         if self.tree is not None:
             with self.rt.tree(self.tree):
                 pass
-        if first:
-            self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
-            self._capture = GraphCellCapture(self.rt, self.tree)
-            self._handle = self._capture.install(self._cells, models, self.graph_mode)
-            logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
-                        "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
+        first = self.install(models)
         self._capture.begin_step(self.rt.step)
         on_cpu = stats.device_target() == "CPU"  # read now: the context may change between steps
         self._capture.snapshot_parameters(self._cells, synced=not first and on_cpu)
+
+    def install(self, models) -> bool:
+        """Install the probes in the Cells of ``models`` (``[(index or None, Cell)]``) unless they are
+        installed already; returns whether this call installed them. Installed, they report nothing
+        until :meth:`begin_step` (``start()`` of a step that is not dumped installs them too: a graph
+        compiled without them is reused without them)."""
+        if self._handle is not None:
+            return False
+        self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
+        self._capture = GraphCellCapture(self.rt, self.tree)
+        self._handle = self._capture.install(self._cells, models, self.graph_mode)
+        logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
+                    "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
+        return True
 
     def note_unrecorded(self) -> None:
         """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
