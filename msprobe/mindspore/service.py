@@ -239,11 +239,11 @@ class DumpService:
         self._graph = graph_cell.attach(self.runtime, self.models)
 
     def _install_dormant_probes(self) -> None:
-        """``start(model)`` of a step that is not dumped, GRAPH_MODE at L0/mix: install the graph
-        probes now if they are not yet. MindSpore compiles the graph at the step's first call and
-        reuses it for every later step, so probes installed only at the first dumped step would never
-        be in it. Until a dumped step's ``start()`` they report nothing (a compiled probe only checks
-        its capture's flags)."""
+        """``start(model)`` of a step that is not dumped, at L0/mix, in GRAPH_MODE or with
+        ``mindspore.jit`` Cells: install the graph probes now if they are not yet. MindSpore compiles
+        a graph at its first call and reuses it for every later step, so probes installed only at the
+        first dumped step would never be in it. Until a dumped step's ``start()`` they report nothing
+        (a compiled probe only checks its capture's flags, a Python probe returns at once)."""
         cfg, rt = self.config, self.runtime
         if cfg.level not in _CELL_LEVELS or self.models is None or self._graph is False:
             return
@@ -253,7 +253,7 @@ class DumpService:
             return
         if self._graph is None:
             self._attach_graph()
-        if self._graph and self._graph.graph_mode:
+        if self._graph:
             self._install_graph_probes()
 
     def _install_graph_probes(self) -> None:
