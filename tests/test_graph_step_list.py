@@ -3,20 +3,17 @@ that is not dumped installs the graph probes (they record nothing then), so the 
 compiles at step 0 and reuses afterwards holds them, and every listed step is dumped as in a dump of
 every step. GRAPH_MODE (plain loop and ``Model.train`` + ``MsprobeStep``, L0 and mix) and PyNative
 with a ``mindspore.jit`` Cell; the losses, gradients and trained parameters are those of the tool-off
-run. Subprocesses of ``tests/scripts/graph_worker.py`` (the mode is process-wide), two at a time."""
+run. Runs of ``tests/scripts/graph_worker.py`` (:mod:`graph_runs`)."""
 from __future__ import annotations
 
 import glob
 import json
 import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "scripts", "graph_worker.py")
+from graph_runs import run_workers
+
 STEPS = 3
 
 #: name -> (mode, tool, worker arguments)
@@ -36,19 +33,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("graph_step_list")
-
-    def run(name):
-        mode, tool, extra = RUNS[name]
-        dump = str(base / name)
-        proc = subprocess.run([sys.executable, WORKER, mode, tool, dump, "--steps", str(STEPS), *extra],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        return name, dict(out, dump=dump, stderr=proc.stderr)
-
-    with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(run, RUNS))
+    return run_workers(tmp_path_factory.mktemp("graph_step_list"), RUNS, ("--steps", str(STEPS)))
 
 
 def _files(dump: str, step: int) -> dict:

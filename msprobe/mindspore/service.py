@@ -3,6 +3,9 @@
 * ``start()`` on a dumped step and rank installs the capture for the level and switches recording on:
   L1 -> API wrappers (+ Primitive hooks when a model was given); L0 -> Cell hooks; mix -> both. A
   mutation guard is installed at every level. Everything installed goes into one ``HandleSet``.
+  On a step that is not dumped ``start()`` installs nothing, except the graph probes (L0/mix, GRAPH_MODE
+  or ``mindspore.jit`` Cells), which must be in a graph when MindSpore first compiles it: they are
+  installed at the first ``start(model)`` of a dumped rank and report nothing until a dumped step.
 * ``stop()`` switches recording off, removes the per-window pieces (Cell hooks and instance patches,
   token counter, GC window) and writes the seed's files for what was recorded so far. The rest of
   the capture (API wrappers, jit capture, Primitive hooks, in-place guard: :attr:`_capture`) is
@@ -245,11 +248,14 @@ class DumpService:
         first dumped step would never be in it. Until a dumped step's ``start()`` they report nothing
         (a compiled probe only checks its capture's flags, a Python probe returns at once)."""
         cfg, rt = self.config, self.runtime
-        if cfg.level not in _CELL_LEVELS or self.models is None or self._graph is False:
+        if self._graph is False or (self._graph and self._graph.installed):
+            return
+        if cfg.level not in _CELL_LEVELS or self.models is None:
             return
         if rt.failed or rt.forked() or os.environ.get("MS_ROLE") == "MS_SCHED":
             return
-        if not cfg.dumps_rank(rt.resolve_rank()):
+        rank = rt.resolve_rank()  # None before init(): the rank may still be a dumped one
+        if rank is not None and not cfg.dumps_rank(rank):
             return
         if self._graph is None:
             self._attach_graph()

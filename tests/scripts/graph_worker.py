@@ -11,8 +11,8 @@ even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``
 probes' records made one by one through the runtime (``GraphCellCapture.batched``). ``--half-batches``: every
 second step a batch of 16. ``--no-extra-info``: config ``extra_info`` false. ``--step-list``: the
 config's ``step`` list (JSON). The JSON also has the SHA-256 of each step's gradients (``grads``, loop
-drivers) and of the trained parameters (``parameters``). The JSON also says how many drains made their records from a recipe
-(``recipe_drains``).
+drivers) and of the trained parameters (``parameters``), and says how many drains made their records
+from a recipe (``recipe_drains``).
 """
 from __future__ import annotations
 
