@@ -3,6 +3,9 @@
 * ``start()`` on a dumped step and rank installs the capture for the level and switches recording on:
   L1 -> API wrappers (+ Primitive hooks when a model was given); L0 -> Cell hooks; mix -> both. A
   mutation guard is installed at every level. Everything installed goes into one ``HandleSet``.
+  On a step that is not dumped ``start()`` installs nothing, except the graph probes (L0/mix, GRAPH_MODE
+  or ``mindspore.jit`` Cells), which must be in a graph when MindSpore first compiles it: they are
+  installed at the first ``start(model)`` of a dumped rank and report nothing until a dumped step.
 * ``stop()`` switches recording off, removes the per-window pieces (Cell hooks and instance patches,
   token counter, GC window) and writes the seed's files for what was recorded so far. The rest of
   the capture (API wrappers, jit capture, Primitive hooks, in-place guard: :attr:`_capture`) is
@@ -205,6 +208,7 @@ class DumpService:
             self._finish()
             return False
         if not cfg.dumps_step(rt.step):
+            self._install_dormant_probes()
             return False
         if cfg.level in _CELL_LEVELS and self.models is None:
             gone = " (the model given earlier no longer exists)" if self._model_refs else ""
@@ -215,8 +219,7 @@ class DumpService:
         if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler runs the script too; no rank
             return False
         if self._graph is None and cfg.level in _CELL_LEVELS:
-            self._process_state.keep_env("MS_JIT_MODULES")  # graph_cell may extend it
-            self._graph = graph_cell.attach(rt, self.models)  # before open_step: may set the pynative/ tree
+            self._attach_graph()  # before open_step: may set the pynative/ tree
         rt.refresh_rank()  # init() may have run since this step was opened as proc{pid}
         rank = rt.resolve_rank()
         if not cfg.dumps_rank(rank):
@@ -235,6 +238,40 @@ class DumpService:
         rt.begin_capture()
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.step_dir)
         return True
+
+    def _attach_graph(self) -> None:
+        """Decide whether the models' Cells run in compiled graphs (:func:`graph_cell.attach`), once."""
+        self._process_state.keep_env("MS_JIT_MODULES")  # graph_cell may extend it
+        self._graph = graph_cell.attach(self.runtime, self.models)
+
+    def _install_dormant_probes(self) -> None:
+        """``start(model)`` of a step that is not dumped, at L0/mix, in GRAPH_MODE or with
+        ``mindspore.jit`` Cells: install the graph probes now if they are not yet. MindSpore compiles
+        a graph at its first call and reuses it for every later step, so probes installed only at the
+        first dumped step would never be in it. Until a dumped step's ``start()`` they report nothing
+        (a compiled probe only checks its capture's flags, a Python probe returns at once)."""
+        cfg, rt = self.config, self.runtime
+        if self._graph is False or (self._graph and self._graph.installed):
+            return
+        if cfg.level not in _CELL_LEVELS or self.models is None:
+            return
+        if rt.failed or rt.forked() or os.environ.get("MS_ROLE") == "MS_SCHED":
+            return
+        rank = rt.resolve_rank()  # None before init(): the rank may still be a dumped one
+        if rank is not None and not cfg.dumps_rank(rank):
+            return
+        if self._graph is None:
+            self._attach_graph()
+        if self._graph:
+            self._install_graph_probes()
+
+    def _install_graph_probes(self) -> None:
+        """Install the graph probes (:meth:`graph_cell.GraphDump.install`; nothing when they are
+        installed already); the first time in GRAPH_MODE, say which Cells were compiled before."""
+        if self._graph.graph_mode and not self._checked_precompiled:
+            self._checked_precompiled = True
+            self._warn_precompiled()
+        self._graph.install(self.models)
 
     def _note_stale_bindings(self, rt) -> None:
         """List in the open step's ``coverage.json`` the names bound to an API before ``start()``
@@ -268,9 +305,7 @@ class DumpService:
             if not (self._graph and self._graph.graph_mode):
                 self._installed.add(self._cells.install(self.models))
             if self._graph:
-                if self._graph.graph_mode and not self._checked_precompiled:
-                    self._checked_precompiled = True
-                    self._warn_precompiled()
+                self._install_graph_probes()
                 self._graph.begin_step(self.models)
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
@@ -278,8 +313,9 @@ class DumpService:
             self._gc_window.add(widen_gen0())
 
     def _warn_precompiled(self) -> None:
-        """GRAPH_MODE, first install of the probes: a Cell compiled before (holding the model) runs
-        its graph without them; say so once, with what to do."""
+        """GRAPH_MODE, first install of the probes (the first ``start(model)`` of a dumped rank,
+        dumped step or not): a Cell compiled before (holding the model) runs its graph without them;
+        say so once, with what to do."""
         try:
             holders = compiled_holders(self.models)
         except Exception as exc:  # a hint only: never in the way of the dump

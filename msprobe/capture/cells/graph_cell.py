@@ -55,9 +55,9 @@ a boundary with more than :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` 
 :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` are (a WARNING says so when the graph compiles); a
 Cell with a custom ``bprop`` has forward data only; the instrumentation is compiled into the graph,
 so ``start(model)`` must come before the first step (a graph compiled earlier is reused by
-MindSpore without the probes) and the probes stay in the graph until the process ends (while the
-dump is off they only return, a pyfunc call each: one per Cell call, one per Cell call in the
-backward, one per optimizer call).
+MindSpore without the probes; a ``start(model)`` of a step that is not dumped installs them too)
+and the probes stay in the graph until the process ends (while the dump is off they only return, a
+pyfunc call each: one per Cell call, one per Cell call in the backward, one per optimizer call).
 """
 from __future__ import annotations
 
@@ -916,8 +916,9 @@ class GraphDump:
       (including the jit Cell itself, recorded ONCE, as one unit) goes to the main tree, which is
       ``dump_path/pynative/`` then (the seed's two subtrees, see :func:`attach`).
 
-    The probes are installed at the first dumped ``start()`` and stay compiled in until the process
-    ends (:meth:`close`); removing them would only force a recompilation.
+    The probes are installed at the first ``start(model)``, of a dumped step or not
+    (:meth:`install`), and stay compiled in until the process ends (:meth:`close`); removing them
+    would only force a recompilation.
 
     Args:
         rt: the service's :class:`msprobe.engine.runtime.Runtime` (the one owner of dump state).
@@ -955,24 +956,37 @@ class GraphDump:
         finish (their probes must not report into this step), open the ``graph`` tree's step
         directory (PyNative with jit Cells), install the probes (first time only; ``models``:
         ``[(index or None, Cell)]``) and copy the probed Cells' parameters."""
-        first = self._handle is None
         self._region = None  # a compiled call of an earlier step
-        if not first:
+        if self._handle is not None:
             stats.pynative_executor().sync()
             if self._capture.step == self.rt.step:  # start() again in the same step: keep what came
                 self._capture.drain()               # since stop() (gradients of its sections)
         if self.tree is not None:
             with self.rt.tree(self.tree):
                 pass
-        if first:
-            self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
-            self._capture = GraphCellCapture(self.rt, self.tree)
-            self._handle = self._capture.install(self._cells, models, self.graph_mode)
-            logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
-                        "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
+        first = self.install(models)
         self._capture.begin_step(self.rt.step)
         on_cpu = stats.device_target() == "CPU"  # read now: the context may change between steps
         self._capture.snapshot_parameters(self._cells, synced=not first and on_cpu)
+
+    @property
+    def installed(self) -> bool:
+        """The probes are installed (they stay until :meth:`close`)."""
+        return self._handle is not None
+
+    def install(self, models) -> bool:
+        """Install the probes in the Cells of ``models`` (``[(index or None, Cell)]``) unless they are
+        installed already; returns whether this call installed them. Installed, they report nothing
+        until :meth:`begin_step` (``start()`` of a step that is not dumped installs them too: a graph
+        compiled without them is reused without them)."""
+        if self.installed:
+            return False
+        self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
+        self._capture = GraphCellCapture(self.rt, self.tree)
+        self._handle = self._capture.install(self._cells, models, self.graph_mode)
+        logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
+                    "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
+        return True
 
     def note_unrecorded(self) -> None:
         """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
