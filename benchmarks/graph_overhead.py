@@ -23,6 +23,8 @@ Tool-on steps include ``start``/``stop``/``step`` (writing the step's JSON). ``-
 dumps go (default: the temporary directory; on a file system where creating a file costs more, each
 step pays ~10 such operations: step directory, journal, three documents). ``--net`` (in-process
 only): a network of ``tests/matrix_nets.py`` (``transformer``, ``mha``, ``lstm``, ...) instead of LeNet.
+``--dormant`` (in-process only): the instrumented copy's steps are all left out of the step list, so
+its graph holds the probes but no step is dumped (the cost of the probes while the dump is off).
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def _thread_cpu() -> dict:
     return out
 
 
-def threads(net_name: str, rounds: int, dump_dir: str | None, block: int = 20) -> None:
+def threads(net_name: str, rounds: int, dump_dir: str | None, block: int = 20, dormant: bool = False) -> None:
     """The in-process measurement (module docstring)."""
     import contextlib
     import io
@@ -100,7 +102,8 @@ def threads(net_name: str, rounds: int, dump_dir: str | None, block: int = 20) -
         return net, opt, ms.value_and_grad(forward, None, opt.parameters)
 
     tmp = tempfile.mkdtemp(prefix="msprobe_graph_bench_", dir=dump_dir)
-    debugger = PrecisionDebugger(dump_path=tmp, task="statistics", level="L0")
+    # dormant: a step list no step reaches, so every start(net) is of a step that is not dumped
+    debugger = PrecisionDebugger(dump_path=tmp, task="statistics", level="L0", step=[10 ** 6] if dormant else None)
     runs = {"off": setup(), "on": setup()}
     cpu = {name: defaultdict(float) for name in runs}
     wall, steps = defaultdict(float), defaultdict(int)
@@ -165,11 +168,13 @@ def main():
     ap.add_argument("--threads", action="store_true", help="the same as --mode in-process")
     ap.add_argument("--net", default="lenet", help="in-process: lenet or a tests/matrix_nets.py network")
     ap.add_argument("--rounds", type=int, default=15, help="in-process: alternating blocks per copy")
+    ap.add_argument("--dormant", action="store_true",
+                    help="in-process: no step of the instrumented copy is dumped (its probes are dormant)")
     ap.add_argument("--dump-dir", default=None, help="where the dumps go (default: the temporary directory)")
     args = ap.parse_args()
     mode = "in-process" if args.threads else args.mode
     if mode == "in-process":
-        return threads(args.net, args.rounds, args.dump_dir)
+        return threads(args.net, args.rounds, args.dump_dir, dormant=args.dormant)
     if mode == "both":  # in a child: GRAPH_MODE is process-wide, and its threads stay
         cmd = [sys.executable, os.path.abspath(__file__), "--mode", "in-process", "--net", args.net,
                "--rounds", str(args.rounds)] + (["--dump-dir", args.dump_dir] if args.dump_dir else [])

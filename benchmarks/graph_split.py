@@ -75,9 +75,9 @@ def wrap_parts(parts) -> tuple:
     return spent, calls
 
 
-def lenet_l0(dump_dir: str | None):
+def lenet_l0(dump_dir: str | None, level: str = "L0"):
     """``(net, batches, grad_fn, opt, debugger)``: LeNet in GRAPH_MODE on the digits (batch 32), its
-    ``value_and_grad`` and SGD, and a statistics L0 debugger writing under ``dump_dir``."""
+    ``value_and_grad`` and SGD, and a statistics debugger at ``level`` writing under ``dump_dir``."""
     import mindspore as ms
     from mindspore import Tensor, nn
 
@@ -96,7 +96,7 @@ def lenet_l0(dump_dir: str | None):
         return loss_fn(net(x), y)
 
     debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(prefix="msprobe_graph_", dir=dump_dir),
-                                 task="statistics", level="L0")
+                                 task="statistics", level=level)
     return net, batches, ms.value_and_grad(forward, None, opt.parameters), opt, debugger
 
 

@@ -219,7 +219,9 @@ def file_write_cost(directory: str, repeats: int = 3) -> tuple:
     of 1 KB (the per-file cost: create, write, link or rename) and of 16 files of 8 MB (page-cache write
     bandwidth, after the per-file cost is taken out). The small files are left in ``directory``
     (deleting 1200 files would make the next files' creation slower for ~30 s on an ext4 without
-    journal; the caller removes ``directory`` at the end)."""
+    journal: its inode allocator skips each inode deleted in the last ~30 s, ~80 % of a file's CPU
+    after thousands were deleted nearby; the caller removes ``directory`` at the end, and keeps the
+    tensor row's dump until this has measured the cost after the row)."""
     import numpy as np
 
     from msprobe.format.npy import save_npy_batch
@@ -412,7 +414,10 @@ def _summarise(runs_off, runs_on, key):
     return statistics.median(offs), statistics.median(ons), statistics.median(ratios), ratios
 
 
-def bench_config(name: str, pairs: int, steps: int, warmup: int, isolation: str) -> dict:
+def bench_config(name: str, pairs: int, steps: int, warmup: int, isolation: str, leave=None) -> dict:
+    """One row. ``leave``: a list to which the row's temporary directory is appended instead of being
+    removed here (the caller removes it after measuring the file cost: deleting a tensor row's ~20k
+    files makes the files created in the next ~30 s slower, see :func:`file_write_cost`)."""
     desc, cfg, start = CONFIGS[name]
     tmp = tempfile.mkdtemp(prefix=f"msprobe_bench_{name}_")
     try:
@@ -448,7 +453,10 @@ def bench_config(name: str, pairs: int, steps: int, warmup: int, isolation: str)
                 "flush_cpu_ms": flush_cpu, "flush_wall_ms": flush_wall,
                 "npy_files_per_step": dump.get("npy_files_per_step", 0), "runs": runs}
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if leave is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            leave.append(tmp)
 
 
 def recorded_bytes(name: str, warmup: int) -> float:
@@ -527,10 +535,11 @@ def main(argv=None) -> int:
     cost_dir = tempfile.mkdtemp(prefix="msprobe_bench_write_cost_")
     before = (file_write_cost(cost_dir) if any(CONFIGS.get(n, ("", {}))[1].get("task") == "tensor" for n in names)
               else None)
+    leave: list = []  # the rows' dumps, removed at the end (not before the file cost after the row)
     for name in names:
         if name == "rss":
             continue
-        r = bench_config(name, pairs, steps, args.warmup, args.isolation)
+        r = bench_config(name, pairs, steps, args.warmup, args.isolation, leave)
         results.append(r)
         if not r["tensor_bytes_per_step"] and name in FLOOR_FROM:
             r["tensor_bytes_per_step"] = recorded_bytes(FLOOR_FROM[name], args.warmup)
@@ -557,7 +566,8 @@ def main(argv=None) -> int:
         results.append(r)
         print(f"{'peak-RSS':<12} off {r['off_mb']:.0f} MB, on (L1 statistics) {r['on_mb']:.0f} MB, "
               f"ratio {r['ratio']:.2f}x  (off {r['off_all']}, on {r['on_all']})", flush=True)
-    shutil.rmtree(cost_dir, ignore_errors=True)
+    for tmp in leave + [cost_dir]:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"total benchmark time {time.perf_counter() - t0:.0f} s; loadavg now {os.getloadavg()[0]:.2f}")
     for r in results:
         print(f"  {r['config']:<12} {r['description']}")

@@ -143,17 +143,18 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
     for item in result["results"]:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(item["records"].items()))
         where = f"step {item['step']} {item['rank']}" if item["step"] is not None else item["rank"]
-        first = _first_difference_text(item["first_difference"])
+        first = _first_difference_text(item["first_difference"], item["agreement"])
         click.echo(f"{where} ({item['mode']}): {counts}; {first}")
         click.echo(f"  {item['csv']}")
     click.echo(f"summary: {result['summary']}")
 
 
-def _first_difference_text(found: Optional[dict]) -> str:
+def _first_difference_text(found: Optional[dict], agreement: Optional[str] = None) -> str:
     """``compare``'s line about the first difference (a summary's ``first_difference``), with the
-    label and entry ``first-diff`` prints for the same pair."""
+    label and entry ``first-diff`` prints for the same pair; ``agreement``: the summary's
+    ``agreement`` (what is said when no entry differs)."""
     if found is None:
-        return "first difference (as msprobe first-diff): none (the runs agree within tolerance)"
+        return f"first difference (as msprobe first-diff): none: {agreement}"
     why = []
     if found.get("parameters_differ"):
         why.append("its parameters already differ: " + ", ".join(found["parameters_differ"]))
@@ -161,6 +162,8 @@ def _first_difference_text(found: Optional[dict]) -> str:
         why.append("its inputs already differ")
     if found["kind"] == "unmatched":
         why.append("present on one side only")
+    if found["kind"] == "one_sided":
+        why.append(found["reason"])
     if found["kind"] == "precision":
         why.append("the runs differ in precision" + (" (target {}, golden {})".format(*found["dtypes"])
                                                      if found.get("dtypes") else ""))
@@ -177,6 +180,23 @@ def _record_text(values: dict, scalar) -> str:
     return f"Max={values['Max']} Min={values['Min']} Mean={values['Mean']} Norm={values['Norm']}"
 
 
+#: the tensor-mode comparison values a record of a finding shows, after its statistics
+_TENSOR_METRICS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr")
+
+
+def _tensor_metrics_text(rec: dict) -> str:
+    """``tensors: relative L2 error=... Cosine=... EucDist=... MaxAbsErr=... MaxRelativeErr=...``: what
+    tensor mode computed from the two saved arrays of a finding's record (``""`` when the record was
+    judged on statistics). Cosine is shown to 9 digits (a cosine 1 - 5e-7 is not 1)."""
+    metrics = rec.get("metrics") or {}
+    if "Cosine" not in metrics:
+        return ""
+    values = [f"relative L2 error={rec['error']:.6g}"] if rec.get("error_kind") == "relative L2 error" else []
+    values += [f"{k}={metrics[k]:.9g}" if k == "Cosine" else f"{k}={metrics[k]:.6g}"
+               for k in _TENSOR_METRICS if k in metrics]
+    return "tensors: " + " ".join(values)
+
+
 def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False) -> None:
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
@@ -184,8 +204,12 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
     reason = f.reason(exact)
     if reason:
         click.echo(f"  {reason}")
-    if f.note and f.kind != "unmatched":  # an unmatched entry's reason holds the note
+    if f.note and f.kind not in ("unmatched", "one_sided"):  # their reason holds the note
         click.echo(f"  note: {f.note}")
+    for what, names in (("entries", f.one_sided), ("records", f.one_sided_records)):
+        if names:
+            more = f", ... ({len(names) - ONE_SIDED_SHOWN} more; --json lists all)" if len(names) > ONE_SIDED_SHOWN else ""
+            click.echo(f"  {what} on one side only: {', '.join(names[:ONE_SIDED_SHOWN])}{more}")
     click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else _no_cell_path(f.entry)}")
     for rec in f.records:
         t, g = rec.get("target"), rec.get("golden")
@@ -202,11 +226,17 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
             if side == "golden":
                 line += f"\n    {'':<22} {'':<8}"
             line += f"  {side} {_record_text(values, rec.get(side + '_value'))}"
+        tensors = _tensor_metrics_text(rec)
+        if tensors:
+            line += f"\n    {'':<22} {'':<8}  {tensors}"
         click.echo(line)
     for name, stack in (("target", f.target_stack), ("golden", f.golden_stack)):
         if stack:
             _print_stack(f"  {name} stack", stack, all_frames, "    ")
 
+
+#: names of the entries (and records) present on one side only that ``first-diff`` prints per step/rank
+ONE_SIDED_SHOWN = 5
 
 #: frames outside MindSpore shown per stack (the innermost included) unless ``--all-frames``
 STACK_FRAMES_SHOWN = 6
@@ -278,16 +308,19 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     stacks and the numbers. Also the first NaN/Inf producer (inputs finite, output not) of each
     dump. Without GOLDEN only the NaN/Inf producer of TARGET is searched.
 
+    Entries (or records) present on one side only are listed, never named as the first
+    difference; when no matched entry differs, the step says so and why they are on one side only.
+
     Exit 0: the runs agree, or differ in precision only (no producer); 1: a first difference (a
-    producer) was found; 2: bad input.
+    producer) was found, or entries are present on one side only; 2: bad input.
     """
     from msprobe.compare import first_divergence, level_notes, nan_producer
     from msprobe.compare.inputs import unpaired_steps
     from msprobe.compare.output import json_safe
 
-    diverged, bitwise = [], []
+    diverged, agreed = [], []
     if golden is not None:
-        diverged = first_divergence(target, golden, exact, bitwise, mode=mode, step=step, rank=rank,
+        diverged = first_divergence(target, golden, exact, agreed=agreed, mode=mode, step=step, rank=rank,
                                     mapping=mapping, thresholds=thresholds, ignore=ignore)
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
@@ -295,14 +328,17 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     unpaired = unpaired_steps(target, golden, step) if golden is not None else None
     if as_json:
         click.echo(json.dumps(json_safe({"divergences": [f.to_dict() for f in diverged],
+                                         "agreements": [a._asdict() for a in agreed],
                                          "nan_producers": {k: [f.to_dict() for f in v]
                                                            for k, v in nans.items()},
                                          "unpaired_steps": unpaired}), indent=2))
     else:
         if golden is not None and not diverged:
-            click.echo("the runs agree bitwise" if exact else "the runs agree within tolerance"
-                       + (" but differ bitwise (--exact names where they first differ)" if bitwise else ""))
-            for note in level_notes(target, golden, step, rank):
+            texts = list(dict.fromkeys(a.text for a in agreed))
+            for a in agreed if len(texts) > 1 else agreed[:1]:
+                click.echo(f"step {a.step} {a.rank}: {a.text}" if len(texts) > 1 else a.text)
+            partial = list(dict.fromkeys(a.note for a in agreed if a.note))
+            for note in level_notes(target, golden, step, rank) + partial:
                 click.echo(f"  note: {note}")
         for f in diverged:
             _print_finding(f, f.label(), exact, all_frames)

@@ -203,4 +203,4 @@ def test_agreeing_within_tolerance_while_differing_bitwise_is_said(runs, tmp_pat
     assert out.splitlines()[0] == ("the runs agree within tolerance but differ bitwise "
                                    "(--exact names where they first differ)"), out
     same = cli("first-diff", golden, golden, check_code=0).stdout
-    assert same.splitlines()[0] == "the runs agree within tolerance", same
+    assert same.splitlines()[0] == "the runs agree bitwise (every statistic recorded is equal)", same

@@ -11,12 +11,12 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import msprobe.dump
+from graph_runs import run_workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "scripts", "graph_worker.py")
@@ -37,19 +37,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("graph_mode")
-
-    def run(name):
-        mode, tool, extra = RUNS[name]
-        dump = str(base / name)
-        proc = subprocess.run([sys.executable, WORKER, mode, tool, dump, *extra],
-                              capture_output=True, text=True, timeout=180)
-        assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        return name, {"dump": dump, "losses": out["losses"]}
-
-    with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(run, RUNS))
+    return run_workers(tmp_path_factory.mktemp("graph_mode"), RUNS)
 
 
 def _step(dump, step, tree=""):

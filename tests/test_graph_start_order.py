@@ -1,6 +1,7 @@
 """GRAPH_MODE L0: ``start(model)`` after the network's graph was compiled. MindSpore reuses the graph
 compiled without the probes, so the steps are dumped empty; a WARNING says which Cell was compiled
-and what to do. Subprocesses (GRAPH_MODE is process-wide), two at a time."""
+and what to do. A ``start(model)`` before the first step installs the probes even when the step
+list leaves that step out, and then nothing is said. Subprocesses (GRAPH_MODE is process-wide), two at a time."""
 from __future__ import annotations
 
 import glob
@@ -32,11 +33,13 @@ ms.set_seed(0)
 net = Net()
 train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
 x = Tensor(np.ones((2, 3), np.float32))
-debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L0")
-if sys.argv[2] == "compiled_first":
+order = sys.argv[2]
+debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L0", step=json.loads(sys.argv[3]))
+if order == "compiled_first":
     train(x)                      # a training step before the debugger is started: compiled now
-for _ in range(2):
-    debugger.start(net)
+for step in range(2):
+    if order != "start_when_dumped" or step == 1:
+        debugger.start(net)
     train(x)
     debugger.stop()
     debugger.step()
@@ -49,8 +52,8 @@ WARNING = ("msprobe: GRAPH_MODE: TrainOneStepCell (it holds the model) was compi
 
 
 def _run(args):
-    script, dump, order = args
-    proc = subprocess.run([sys.executable, script, dump, order], capture_output=True, text=True,
+    script, dump, order, steps = args
+    proc = subprocess.run([sys.executable, script, dump, order, steps], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 0, proc.stderr[-3000:]
     docs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(dump, "step*", "*", "dump.json")))]
@@ -60,10 +63,22 @@ def _run(args):
 def test_start_after_the_graph_was_compiled_is_said(tmp_path):
     script = tmp_path / "train.py"     # a file: GRAPH_MODE compiles construct from its source
     script.write_text(SCRIPT)
+    cases = [("late", "compiled_first", "[]"), ("ok", "start_first", "[]"),
+             # start(model) in step 0, which the list leaves out: the probes are installed then
+             ("listed", "start_first", "[1]"),
+             # start(model) first called in the listed step, after step 0 compiled the graph
+             ("late_listed", "start_when_dumped", "[1]")]
     with ThreadPoolExecutor(2) as pool:
-        (late_err, late), (ok_err, ok) = pool.map(_run, [(str(script), str(tmp_path / "late"), "compiled_first"),
-                                                         (str(script), str(tmp_path / "ok"), "start_first")])
+        results = dict(zip([name for name, _, _ in cases], pool.map(
+            _run, [(str(script), str(tmp_path / name), order, steps) for name, order, steps in cases])))
+    (late_err, late), (ok_err, ok) = results["late"], results["ok"]
     assert len(late) == 2 and all(doc["data"] == {} for doc in late)
     assert late_err.splitlines().count(WARNING) == 1              # said once, at the first start()
     assert len(ok) == 2 and all("Cell.fc.Dense.forward.0" in doc["data"] for doc in ok)
     assert "was compiled before start(model)" not in ok_err
+    listed_err, listed = results["listed"]
+    assert len(listed) == 1 and listed[0]["data"] == ok[1]["data"]
+    assert "was compiled before start(model)" not in listed_err
+    late_listed_err, late_listed = results["late_listed"]
+    assert len(late_listed) == 1 and late_listed[0]["data"] == {}
+    assert late_listed_err.splitlines().count(WARNING) == 1

@@ -86,6 +86,69 @@ def test_segmented_start_stop_keeps_counting(make_debugger, dump_dir):
     assert _steps_present(dump_dir) == ["step0"]
 
 
+def _windows_per_step(debugger, net, steps: int, windows: int, call_step: bool) -> None:
+    """``steps`` iterations of ``windows`` start/forward+backward/stop windows each, one SGD update
+    per iteration (gradient accumulation when ``windows`` > 1); ``step()`` after each iteration
+    when ``call_step``."""
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    x, y = mlp_batch()
+    grad_fn = ms.value_and_grad(lambda a, b: ((net(a) - b) ** 2).mean(), None, opt.parameters)
+    for _ in range(steps):
+        total = None
+        for _ in range(windows):
+            debugger.start(net)
+            _, grads = grad_fn(x, y)
+            total = grads if total is None else tuple(t + g for t, g in zip(total, grads))
+            debugger.stop()
+        opt(total)
+        if call_step:
+            debugger.step()
+
+
+def _step_reminders(caplog) -> list:
+    return [r.getMessage() for r in caplog.records if "call debugger.step()" in r.getMessage()]
+
+
+@pytest.mark.parametrize("level", ["L0", "L1"])
+def test_a_loop_without_step_is_pointed_out_once(make_debugger, dump_dir, caplog, level):
+    """start()/stop() per training iteration without step(): everything goes into step 0 (as
+    before), and one WARNING says why and what to call, naming the Parameter the optimizer changed."""
+    debugger = make_debugger(task="statistics", level=level)
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _windows_per_step(debugger, build_mlp(), steps=4, windows=1, call_step=False)
+        debugger.step()
+    said = _step_reminders(caplog)
+    assert len(said) == 1, said
+    assert "Parameters changed between two start() calls of step 0" in said[0]
+    assert _steps_present(dump_dir) == ["step0"]
+
+
+def test_gradient_accumulation_windows_are_not_pointed_out(make_debugger, dump_dir, caplog):
+    """Several start()/stop() windows in one step without an optimizer update between them (gradient
+    accumulation) are legitimate: no reminder."""
+    debugger = make_debugger(task="statistics", level="L0")
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _windows_per_step(debugger, build_mlp(), steps=2, windows=4, call_step=True)
+    assert _step_reminders(caplog) == []
+    assert _steps_present(dump_dir) == ["step0", "step1"]
+
+
+def test_many_windows_without_a_model_are_pointed_out(make_debugger, dump_dir, caplog):
+    """Without a model there are no Parameters to compare: the reminder comes at the 8th window of
+    one step, saying what happened."""
+    from msprobe.mindspore.step_windows import MANY_WINDOWS
+
+    debugger = make_debugger(task="statistics", level="L1")
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        for _ in range(MANY_WINDOWS + 2):
+            debugger.start()
+            ops.relu(_x())
+            debugger.stop()
+        debugger.step()
+    said = _step_reminders(caplog)
+    assert len(said) == 1 and f"start() was called {MANY_WINDOWS} times in step 0 without step()" in said[0]
+
+
 def test_backward_after_stop_is_recorded(make_debugger, dump_dir):
     debugger = make_debugger(task="statistics")
 

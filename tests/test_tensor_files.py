@@ -279,9 +279,10 @@ def test_batch_writes_each_path_as_its_own_file_and_replaces_existing_files(tmp_
     assert sorted(os.listdir(tmp_path)) == names
 
 
-def test_large_jobs_are_written_by_the_writer_and_the_draining_thread_in_order(tmp_path):
-    """Jobs larger than one chunk: ``drain`` writes chunks beside the writer thread, and still every
-    continuation runs after all of its job's files, in submission order."""
+def test_large_jobs_are_written_by_the_writer_thread_in_order_while_drain_waits(tmp_path):
+    """Jobs larger than one chunk: ``drain`` waits while the writer thread writes them (the draining
+    thread writes none), and every continuation runs after all of its job's files, in submission
+    order."""
     from msprobe.engine import tensor_files
 
     queue, failures, errors = _queue(limit=64 << 20)
@@ -296,7 +297,14 @@ def test_large_jobs_are_written_by_the_writer_and_the_draining_thread_in_order(t
         files = [(str(tmp_path / f"{i}.{k}.npy"), np.full((64,), i * 1000 + k, np.int32))
                  for k in range(files_per_job)]
         queue.submit(files, lambda i=i, paths=[p for p, _ in files]: then(i, paths))
-    queue.drain()
+    written_by = []
+    save = tensor_files.save_npy_batch
+    tensor_files.save_npy_batch = lambda chunk: (written_by.append(threading.get_ident()), save(chunk))
+    try:
+        queue.drain()
+    finally:
+        tensor_files.save_npy_batch = save
+    assert threading.get_ident() not in written_by
     assert done == list(range(6)) and not failures and not errors and not queue.busy
     assert np.load(str(tmp_path / f"4.{files_per_job - 1}.npy")).tolist() == [4000 + files_per_job - 1] * 64
 
@@ -427,3 +435,42 @@ def test_protect_copies_into_one_block_reused_once_its_files_are_written():
     del first, second                                 # written: the block is free
     third = queue._copy(arrays)
     assert id(queue._spare) == block and third[id(arrays[0])].tolist() == list(range(10))
+
+
+def test_protect_waits_only_for_the_chunks_being_written_that_may_read_the_changed_memory(tmp_path, monkeypatch):
+    """A chunk being written from a tensor the coming mutation cannot write does not hold the
+    mutation up; one that may read the changed memory does, until it is written."""
+    from msprobe.engine import tensor_files
+    from msprobe.tensors.stats import to_host
+
+    ms.set_device("CPU")
+    a, b = Tensor(np.arange(4, dtype=np.float32)), Tensor(np.arange(4, dtype=np.float32) + 10)
+    view_a, view_b = to_host(a, zero_copy=True)[0], to_host(b, zero_copy=True)[0]
+    assert tensor_files.views_live_tensor(view_a) and tensor_files.views_live_tensor(view_b)
+    writing, release, written = threading.Event(), threading.Event(), threading.Event()
+    save = tensor_files.save_npy_batch
+
+    def held(chunk):                                  # the writer thread is held inside b's chunk
+        writing.set()
+        release.wait(5)
+        save(chunk)
+        written.set()
+
+    monkeypatch.setattr(tensor_files, "save_npy_batch", held)
+    queue, failures, errors = _queue()
+    queue.submit([(str(tmp_path / "b.npy"), view_b)])
+    assert writing.wait(30)
+    queue.submit([(str(tmp_path / "a.npy"), view_a)])
+    queue.protect(lambda: [a])                        # returns at once: b's chunk cannot read a
+    assert not written.is_set()
+    returned = threading.Event()
+    waiter = threading.Thread(target=lambda: (queue.protect(lambda: [b]), returned.set()))
+    waiter.start()
+    assert not returned.wait(0.3)                     # b's chunk is still being written
+    release.set()
+    waiter.join(30)
+    assert returned.is_set()
+    queue.drain()
+    assert np.load(str(tmp_path / "a.npy")).tolist() == [0, 1, 2, 3]
+    assert np.load(str(tmp_path / "b.npy")).tolist() == [10, 11, 12, 13]
+    assert not failures and not errors

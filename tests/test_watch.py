@@ -783,11 +783,24 @@ def test_a_step_partly_kept_by_the_history_says_so(tmp_path):
     assert validate_dump_tree(dump_path)
     (line,) = [x for x in msprobe.dump.summarize(dump_path).splitlines() if "step1/" in x]
     assert "(PARTIAL: watch mode's history kept the last 3 of" in line
-    # against a whole dump of the same step, first-diff says why the entries before the tail are missing
+    # against a whole dump of the same step, first-diff compares the entries both hold and says
+    # which side is partial and from which call, whichever side it is
     from click.testing import CliRunner
     from msprobe.cli import main
-    out = CliRunner().invoke(main, ["first-diff", dump_path, plain_path, "--step", "1"]).output
-    assert "present on one side only (the target dump holds only part of its step (watch mode's" in out, out
+    first = list(msprobe.dump.load(kept_dir).data)[0]
+    for args, side, other in (([dump_path, plain_path], "target", "golden"),
+                              ([plain_path, dump_path, "--exact"], "golden", "target")):
+        run = CliRunner().invoke(main, ["first-diff", *args, "--step", "1"])
+        assert run.exit_code == 0, run.output
+        assert "the runs agree" in run.output and "unmatched" not in run.output, run.output
+        assert (f"note: the {side} dump is a partial history of step 1 (watch mode's history kept the last 3 "
+                f"of this step's {per_step} entries (watch.history {per_step + 3})): it begins at {first}; "
+                f"compared from there on, the {per_step - 3} {other} entries before it are left out"
+                in run.output), run.output
+    # compare writes rows for the entries both hold only
+    from msprobe.compare import comparisons
+    (c,) = comparisons(dump_path, plain_path, step=[1])
+    assert {e.match for e in c.entries()} == {"name"}
 
 
 class _JitThenPoison(nn.Cell):

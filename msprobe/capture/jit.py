@@ -22,6 +22,7 @@ from mindspore.nn import Cell
 
 from msprobe.capture.backward import _flatten_tensors
 from msprobe.engine.handles import HandleSet, patch_attribute
+from msprobe.format import naming
 
 try:
     from mindspore.graph._utils.pijit_context import PIJitCaptureContext
@@ -50,8 +51,17 @@ def _cell_writes(obj, args: tuple, kwargs: dict):
     return written
 
 
-def install_jit_capture(recorder) -> HandleSet:
-    """Patch ``_JitExecutor.__call__`` so compiled calls are recorded by ``recorder``."""
+def install_jit_capture(recorder, inside=None) -> HandleSet:
+    """Patch ``_JitExecutor.__call__`` so compiled calls are recorded by ``recorder``.
+
+    Args:
+        recorder: the :class:`msprobe.capture.calls.CallRecorder` recording each call.
+        inside: ``None``, or a callable taking the forward entry name of a compiled call
+            (``"Jit.{name}.{n}.forward"``, str) and its outputs' tensors (list), called once the
+            region has returned and before its output is recorded: in GRAPH_MODE the Cells probed
+            inside it are recorded with it as their ``construct.json`` parent (in watch mode there
+            and then, before its output).
+    """
     original = _JitExecutor.__call__
     rt = recorder.rt
 
@@ -59,13 +69,17 @@ def install_jit_capture(recorder) -> HandleSet:
         if not rt.capturing():
             return original(self, *args, **kwargs)
         head, call_args = (args[:1], args[1:]) if self.obj is not None else ((), args)
+        api = f"Jit.{_region_name(self)}"
 
         def run(*inputs, **kw):
-            return original(self, *head, *inputs, **kw)
+            out = original(self, *head, *inputs, **kw)
+            if inside is not None:  # the call's number was taken before it ran
+                inside(naming.api_entry(api, rt.counters[api] - 1, naming.FORWARD), _flatten_tensors(out, []))
+            return out
 
         # a compiled region may assign Parameters (an optimizer's update): tensors recorded so far,
         # views of Parameters among them, are read before it runs
-        return recorder.call(f"Jit.{_region_name(self)}", run, call_args, kwargs,
+        return recorder.call(api, run, call_args, kwargs,
                              mutates=_cell_writes(self.obj, call_args, kwargs))
 
     handles = HandleSet()

@@ -13,9 +13,9 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from typing import List, Optional, Sequence, Union
+from typing import List, NamedTuple, Optional, Sequence, Union
 
-from msprobe.compare.divergence import DivergenceFinder, Finding, level_note, nan_producers
+from msprobe.compare.divergence import DivergenceFinder, Finding, agreement, level_note, nan_producers
 from msprobe.compare.divergence import first_divergence as _first_divergence
 from msprobe.compare.engine import StepComparison, columns, entry_values, levels_compared_in_part
 from msprobe.compare.inputs import InputError, pair, rank_number, resolve
@@ -27,8 +27,8 @@ from msprobe.dump import iter_bodies, load_stacks
 
 logger = logging.getLogger("msprobe")
 
-__all__ = ["compare", "first_divergence", "level_notes", "nan_producer", "compare_to_files", "comparisons",
-           "Finding", "InputError", "Thresholds", "StepComparison", "MODES"]
+__all__ = ["Agreement", "compare", "first_divergence", "level_notes", "nan_producer", "compare_to_files",
+           "comparisons", "Finding", "InputError", "Thresholds", "StepComparison", "MODES"]
 
 
 def comparisons(target: str, golden: str, *, mode: Optional[str] = None,
@@ -76,17 +76,32 @@ def compare(target: str, golden: str, **options) -> List[dict]:
     return rows
 
 
+class Agreement(NamedTuple):
+    """A compared step/rank in which no entry differs: ``text`` as :func:`msprobe.compare.divergence.agreement`
+    says it; ``note``: :attr:`StepComparison.partial_note` (None: both sides hold the whole step)."""
+    step: Optional[int]
+    rank: str
+    text: str
+    note: Optional[str]
+
+
 def first_divergence(target: str, golden: str, exact: bool = False, bitwise: Optional[list] = None,
-                     **options) -> List[Finding]:
+                     agreed: Optional[list] = None, **options) -> List[Finding]:
     """Per paired step/rank, the first difference (:mod:`msprobe.compare.divergence`); pairs that
     agree are left out, so ``[]`` means the runs agree. ``bitwise``: a list that receives the
     :class:`StepComparison` of each pair that agrees within tolerance but differs bitwise
-    (``exact=False`` only). Options as for :func:`comparisons`."""
+    (``exact=False`` only). ``agreed``: a list that receives an :class:`Agreement` for each pair
+    that agrees. Options as for :func:`comparisons`."""
     found = []
     for c in comparisons(target, golden, **options):
-        f = _first_divergence(c, exact, bitwise)
+        differing = []
+        f = _first_divergence(c, exact, differing)
         if f is not None:
             found.append(f)
+        elif agreed is not None:
+            agreed.append(Agreement(c.step, c.rank, agreement(c.mode, bool(differing)), c.partial_note))
+        if bitwise is not None:
+            bitwise.extend(differing)
     return found
 
 
@@ -134,7 +149,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
         writer = ResultWriter(base, columns(c.mode, stack), xlsx)
         matches, verdicts = {}, {}
         # first-diff's rule, in this pass
-        finder = DivergenceFinder(leave_out=c.recorded_at_one_level_only, construct=c.construct)
+        finder = DivergenceFinder.of(c)
         stacks = load_stacks(c.target.directory) if stack else None
         try:
             for entry in c.entries():
@@ -146,6 +161,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
             writer.close()
         found = finder.result(c)
         summary["results"].append({
+            "agreement": agreement(c.mode, finder.differs_bitwise()) if found is None else None,
             "step": c.step, "rank": c.rank, "mode": c.mode, "target_dir": c.target.directory,
             "golden_dir": c.golden.directory, "csv": writer.csv_path, "xlsx": writer.xlsx_path,
             "records": writer.counts, "entries_by_match": matches, "entries_by_gain_verdict": verdicts,

@@ -88,13 +88,20 @@ def judge_many(pairs, t_side, g_side, thresholds) -> list:
             _non_finite_messages(t, g, messages)
         result = results[code_k]
         if result != J.PASS:
-            group = names[k]
-            limit = group.error if result == J.ERROR else group.warning
-            messages.append(f"largest scaled statistic error {err_l[k]:.3g} > {group.name} {result} "
-                            f"threshold {limit:g}")
+            messages.append(J.scaled_error_message(err_l[k], result, names[k],
+                                                   _largest(k, scaled, diff, G, rms, names[k], one_sided)))
         append(Judged(t, g, result, err_l[k], exact_l[k] and t.md5 == g.md5, messages,
                       dict(zip(cols, values)), names[k].warning))
     return out
+
+
+def _largest(k: int, scaled, diff, golden, rms, group, one_sided):
+    """:func:`msprobe.compare.judge.scale_text` of row ``k``'s largest scaled statistic (None: a
+    one-sided NaN/Inf, which its own message explains)."""
+    if one_sided[k].any():
+        return None
+    i = int(np.argmax(scaled[k]))
+    return J.scale_text(STATS[i], float(diff[k, i]), float(golden[k, i]), float(rms[k]), group)
 
 
 def _non_finite_messages(t, g, messages) -> None:

@@ -36,6 +36,7 @@ from msprobe.format.frames import frame_lines
 #: :meth:`Finding.label` per kind: one term, "first difference", for the entry where two runs part
 LABELS = {"divergence": "first difference", "input": "first difference",
           "precision": "first difference of precision", "unmatched": "first unmatched entry",
+          "one_sided": "no first difference; entries on one side only",
           "nan": "first NaN/Inf producer", "anomaly": "first anomaly producer (watch mode)"}
 
 
@@ -51,10 +52,13 @@ class Finding:
             and agree within the lower one up to there; :attr:`EntryResult.precision_limited`), ``input`` (the first differing entry
             already had differing inputs: the difference comes from outside the dump: data,
             parameters, or code that is not dumped), ``unmatched`` (the first entry present on one
-            side only), ``nan`` (inputs finite, an output NaN/Inf), ``anomaly`` (watch mode's
+            side only: the runs executed different calls), ``one_sided`` (no matched pair differs,
+            but entries or records are present on one side only because the dumps capture
+            differently, e.g. GRAPH_MODE against PyNative: :attr:`one_sided` and
+            :attr:`one_sided_records` list them, the first is :attr:`entry`), ``nan`` (inputs finite, an output NaN/Inf), ``anomaly`` (watch mode's
             ``max_abs``/``norm_jump`` producer, read from ``anomalies.json``; ``note`` says what it found).
         cell_path: enclosing Cell entries, outermost first (from ``construct.json``).
-        note: set when the dumps differ in set-up (level, task), which explains unmatched entries.
+        note: set when the dumps differ in set-up (mode, level, task), which explains unmatched entries.
         records: per record: name, result, both sides' statistics, message.
     """
 
@@ -86,6 +90,10 @@ class Finding:
     #: one, of an output) whose two sides' dtypes differ, e.g. ``("Float16", "Float32")``; ``None``
     #: when none does (:attr:`EntryResult.dtypes`)
     dtypes: Optional[Tuple[str, str]] = None
+    #: kind ``one_sided``: the entries present on one side only, in execution order, and
+    #: ``"{entry}.{record}"`` of the records of matched entries that have no counterpart
+    one_sided: List[str] = field(default_factory=list)
+    one_sided_records: List[str] = field(default_factory=list)
 
     def _differs(self, rec: dict, exact: bool) -> bool:
         bitwise = exact or self.exceeds_at is not None
@@ -116,7 +124,8 @@ class Finding:
     def label(self) -> str:
         """What this finding is called wherever it is shown (``first-diff``, ``compare``'s printed line
         and summary, the report): ``first difference`` (kinds ``divergence`` and ``input``), ``first
-        difference of precision``, ``first unmatched entry``, ``first NaN/Inf producer``."""
+        difference of precision``, ``first unmatched entry``, ``no first difference; entries on one
+        side only``, ``first NaN/Inf producer``."""
         return LABELS[self.kind]
 
     def reason(self, exact: bool = False) -> str:
@@ -168,6 +177,8 @@ class Finding:
         if self.kind == "unmatched":
             return "present on one side only " + (f"({self.note})" if self.note else
                                                   "(the runs executed different calls)")
+        if self.kind == "one_sided":
+            return one_sided_text(len(self.one_sided), len(self.one_sided_records), self.note)
         return ""
 
     def to_dict(self) -> dict:
@@ -179,6 +190,18 @@ class Finding:
         if out["gain"] is not None and math.isinf(out["gain"]):
             out["gain"] = "inf"
         return out
+
+
+def one_sided_text(entries: int, records: int, note: Optional[str]) -> str:
+    """The sentence of a comparison whose matched pairs all agree but which holds ``entries`` entries
+    and ``records`` records of matched entries present on one side only; ``note``: the set-up
+    difference of the dumps that explains them (:func:`_setup_difference`), or ``None``."""
+    parts = [f"{n} {one if n == 1 else many}" for n, one, many in
+             ((entries, "entry", "entries"), (records, "record of a matched entry", "records of matched entries"))
+             if n]
+    return (f"no matched entry differs beyond the tolerance; {' and '.join(parts)} "
+            f"{'is' if entries + records == 1 else 'are'} present on one side only and not compared ("
+            + (note or "the runs executed different calls") + ")")
 
 
 def difference_text(rec: dict) -> str:
@@ -254,6 +277,23 @@ def _scalar(record):
     return {"value": record.value}
 
 
+def agreement(mode: str, differs_bitwise: bool) -> str:
+    """What is said of a compared step/rank in which no entry differs (``first-diff``, ``compare``'s
+    printed line and summary, the report): ``the runs agree within tolerance but differ bitwise
+    (...)`` when some record differs within tolerance, else ``the runs agree bitwise``, saying in
+    statistics and md5 mode what was found equal (the tensors themselves are not in those dumps).
+
+    Args:
+        mode (str): the comparison's mode (``statistics``, ``tensor``, ``md5``).
+        differs_bitwise (bool): some entry compared differs bitwise (:meth:`DivergenceFinder.differs_bitwise`).
+    """
+    if differs_bitwise:
+        return "the runs agree within tolerance but differ bitwise (--exact names where they first differ)"
+    what = {J.STATISTICS: " (every statistic recorded is equal)",
+            J.MD5: " (every statistic and CRC-32 recorded is equal)"}.get(mode, "")
+    return "the runs agree bitwise" + what
+
+
 def first_divergence(comparison: StepComparison, exact: bool = False,
                      bitwise: Optional[List[StepComparison]] = None) -> Optional[Finding]:
     """The first difference of one compared step/rank (see the module docstring), None when every
@@ -263,8 +303,10 @@ def first_divergence(comparison: StepComparison, exact: bool = False,
     Forward entries are searched first, then backward ones. In each, an entry present on one side
     only (``kind="unmatched"``) that runs before the first difference is named instead: the runs
     executed different calls there. When no entry has agreeing inputs and differing outputs, the
-    first differing entry is returned with ``kind="input"``."""
-    finder = DivergenceFinder(exact, comparison.recorded_at_one_level_only, comparison.construct)
+    first differing entry is returned with ``kind="input"``. When the dumps capture differently
+    (GRAPH_MODE against PyNative), entries and records present on one side only are listed
+    (``kind="one_sided"`` when no matched pair differs), never named."""
+    finder = DivergenceFinder.of(comparison, exact)
     for entry in comparison.entries():
         finder.add(entry)
     found = finder.result(comparison)
@@ -277,21 +319,31 @@ class DivergenceFinder:
     """The rule of :func:`first_divergence`, fed one compared entry at a time (in execution order), so
     ``msprobe compare`` names the same entry as ``msprobe first-diff`` from its own pass."""
 
-    def __init__(self, exact: bool = False, leave_out=None, construct: Optional[dict] = None):
+    def __init__(self, exact: bool = False, leave_out=None, construct: Optional[dict] = None,
+                 listed=None):
         """``leave_out``: a predicate on unmatched entries that are not counted as a difference
-        (:meth:`StepComparison.recorded_at_one_level_only`), or None. ``construct``: the target's
+        (:meth:`StepComparison.recorded_at_one_level_only`), or None. ``listed``: a predicate on
+        entries, True when their entries and records present on one side only are listed and never
+        named as a difference (:meth:`StepComparison.captured_differently`: the dumps' modes
+        differ), or None. ``construct``: the target's
         ``construct.json`` (:attr:`StepComparison.construct`), which tells the entries that run inside
         a Cell call; None: loaded by :meth:`result`, and a Cell's nested entries are not told apart
         while entries are added."""
         self.exact = exact
         self.leave_out = leave_out
+        self.listed = listed
+        self.unmatched = {"forward": None, "backward": None}
         self.construct = construct
         self.found = {"forward": [], "backward": []}
         #: entries whose only differing inputs are their own Parameters (``parameters.*``, L0/mix) and
         #: whose outputs differ: a Cell whose state differs, where a difference inside a found Cell starts
         self.changed_state = {"forward": [], "backward": []}
         self._seq = {}
-        self.unmatched = {"forward": None, "backward": None}
+        #: entries present on one side only, and records of matched entries without a counterpart
+        #: (``"{entry}.{record}"``): listed, never the first difference
+        self.one_sided: List[str] = []
+        self.one_sided_records: List[str] = []
+        self._first_one_sided: Optional[EntryResult] = None  # the first entry holding either
         self.first_precision = None
         self.first_input = None
         #: entries whose own Parameters (``parameters.*``) do not agree, by target name
@@ -309,10 +361,16 @@ class DivergenceFinder:
         self._past_grown = False
         #: tolerance mode: the bitwise rule fed the same entries up to the end of the call of
         #: :attr:`grown`, which names where the difference that grows over the thresholds there starts
-        self.bitwise = None if exact else DivergenceFinder(True, leave_out, construct)
+        self.bitwise = None if exact else DivergenceFinder(True, leave_out, construct, listed)
         #: tolerance mode: ``(order, target name)`` of the entries fed to the bitwise rule that fail
         #: the thresholds (a record not ``pass``), other than differences of precision
         self._failing = []
+
+    @classmethod
+    def of(cls, comparison: StepComparison, exact: bool = False) -> "DivergenceFinder":
+        """The finder of ``comparison``'s first difference (its level, mode and ``construct.json``)."""
+        return cls(exact, comparison.recorded_at_one_level_only, comparison.construct,
+                   comparison.captured_differently)
 
     def add(self, entry: EntryResult) -> None:
         exact = self.exact
@@ -325,16 +383,26 @@ class DivergenceFinder:
                 return
             if self.leave_out is not None and self.leave_out(entry):  # only mix records it
                 return
-            if self.unmatched[way] is None and not self.found[way]:
+            if self.listed is not None and self.listed(entry):  # the other dump cannot hold it
+                self.one_sided.append(entry.name)
+                self._first_one_sided = self._first_one_sided or entry
+            elif self.unmatched[way] is None and not self.found[way]:
                 self.unmatched[way] = entry
             return
-        if all(_agrees(r, exact) for r in entry.records):
+        paired = entry.records
+        if self.listed is not None and self.listed(entry):  # e.g. backward output, not in GRAPH_MODE's
+            paired = [r for r in entry.records if r.target is not None and r.golden is not None]
+        if len(paired) < len(entry.records):
+            self.one_sided_records.extend(f"{entry.name}.{(r.target or r.golden).key}" for r in entry.records
+                                          if r.target is None or r.golden is None)
+            self._first_one_sided = self._first_one_sided or entry
+        if all(_agrees(r, exact) for r in paired):
             return
         self._seq[id(entry)] = len(self._seq)
         if fed and not entry.precision_limited and any(r.result != J.PASS for r in entry.records):
             self._failing.append((self._seq[id(entry)], entry.target))
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
-        if inputs_agree and any(not _agrees(r, exact) for r in entry.side("out")):
+        if inputs_agree and any(not _agrees(r, exact) for r in paired if r.flow == "out"):
             if exact or entry.verdict != CARRIED:
                 self.found[way].append(entry)
             elif entry.precision_limited:  # agrees within the inputs' precision, not amplified
@@ -415,7 +483,16 @@ class DivergenceFinder:
             return _finding("precision", comparison, self.first_precision, construct)
         if self.first_input is not None:
             return self._named("input", comparison, self.first_input, construct)
+        if self.one_sided or self.one_sided_records:
+            return self._one_sided(comparison, construct)
         return None
+
+    def _one_sided(self, comparison: StepComparison, construct: dict) -> Finding:
+        """No matched pair differs: the finding ``one_sided`` listing what is on one side only, named
+        by the first entry, in execution order, present on one side only or holding such a record."""
+        found = _finding("one_sided", comparison, self._first_one_sided, construct)
+        found.one_sided, found.one_sided_records = list(self.one_sided), list(self.one_sided_records)
+        return found
 
     def _named(self, kind: str, comparison: StepComparison, entry: EntryResult, construct: dict) -> Finding:
         """The finding of ``entry``; a Cell whose own Parameters differ (``kind="input"``) gives way to
@@ -495,11 +572,17 @@ def _finding(kind: str, comparison: StepComparison, entry: EntryResult, construc
 
 
 def _setup_difference(comparison: StepComparison) -> Optional[str]:
-    """``"the dumps were taken at different levels (L1 vs mix)"`` (likewise for the task), or
+    """That one dump ran in GRAPH_MODE and the other under PyNative (``dump.json``'s ``mode``), or
+    ``"the dumps were taken at different levels (L1 vs mix)"`` (likewise for the task), or
     that one dump holds only part of its step (its ``dump.json`` ``partial``, e.g. watch mode's
-    history), or ``None``: entries of one level only, or left out of a partial step, are unmatched
-    without the runs having executed different calls."""
+    history: :attr:`StepComparison.partial_note`), or ``None``: entries of one level only are
+    unmatched without the runs having executed different calls."""
     t, g = comparison.target.header, comparison.golden.header
+    if t.get("mode") != g.get("mode"):  # dump.json says "mode": "GRAPH_MODE"; PyNative writes no field
+        graph, other = ("target", "golden") if t.get("mode") else ("golden", "target")
+        return (f"the {graph} dump ran in GRAPH_MODE and the {other} one under PyNative: in compiled graphs "
+                "msprobe records no gradient w.r.t. a Cell's inputs (backward output), and at mix the "
+                "training step MindSpore compiles is one Jit entry with no API entry inside it")
     if levels_compared_in_part(t, g):
         return level_note(t, g)
     if {t.get("level"), g.get("level")} == {"L0", "L1"}:
@@ -515,10 +598,12 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
             return (f"the dumps were taken at different {what} ({t[key]} vs {g[key]}): entries that "
                     f"one {key} records and the other does not are unmatched (leave them out with "
                     f"--ignore patterns, e.g. --ignore 'Cell.*')")
+    if comparison.partial_note:
+        return comparison.partial_note
     for side, header in (("target", t), ("golden", g)):
-        if header.get("partial"):
-            return (f"the {side} dump holds only part of its step ({header['partial']}): the entries "
-                    f"it leaves out are unmatched")
+        if header.get("partial"):  # sharing no entry with the other side
+            return (f"the {side} dump holds only part of its step ({header['partial']}) and shares no entry "
+                    f"with the other dump")
     return None
 
 

@@ -20,6 +20,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 from msprobe.compare import judge as J
 from msprobe.compare.batch import judge_many
 from msprobe.compare.matching import UNMATCHED, match
+from msprobe.compare.partial import overlap
 from msprobe.compare.records import Side, load_sides
 from msprobe.compare.thresholds import Group, Thresholds
 from msprobe.dump import load_construct
@@ -144,12 +145,18 @@ class StepComparison:
             raise ValueError("md5 mode needs both dumps written with summary_mode \"md5\"")
         if self.mode == J.TENSOR and not (self.target.has_tensor_files() and self.golden.has_tensor_files()):
             raise ValueError("tensor mode needs both dumps written with task \"tensor\"")
-        self.pairs = match(self.target, self.golden, mapping)
+        #: a note when one side holds only part of its step (:func:`msprobe.compare.partial.overlap`):
+        #: the pairs then start where it begins
+        self.pairs, self.partial_note = overlap(self.target, self.golden,
+                                                match(self.target, self.golden, mapping), step)
         self._construct = None
         #: the thresholds group of the less precise of the float dtypes that only one of the two dumps
         #: holds (a Float16 run against a Float32 one: ``float16``), or None: the runs do not differ in
         #: precision. Differences within its tolerance are the precision's (:class:`EntryResult`).
         self.lower_precision = self.thresholds.lower_of(self.target.dtypes() ^ self.golden.dtypes())
+        #: one dump ran in GRAPH_MODE and the other under PyNative (``dump.json``'s ``mode``): they
+        #: capture differently, so what one side holds alone is listed, not compared
+        self.modes_differ = self.target.header.get("mode") != self.golden.header.get("mode")
 
     @property
     def construct(self) -> dict:
@@ -157,6 +164,11 @@ class StepComparison:
         if self._construct is None:
             self._construct = load_construct(self.target.directory)
         return self._construct
+
+    def captured_differently(self, entry: EntryResult) -> bool:
+        """Whether ``entry``'s entries and records present on one side only are there because the dumps
+        capture differently (:attr:`modes_differ`): listed, never named as a difference."""
+        return self.modes_differ
 
     def recorded_at_one_level_only(self, entry: EntryResult) -> bool:
         """Whether ``entry`` is present on one side only because the other dump's level does not
@@ -292,7 +304,8 @@ class StepComparison:
                               all(k.exact for k in known), next((k.dtypes for k in known if k.dtypes), None),
                               all(k.within_precision for k in known)) if known else None
         return _entry_result(t_name, self.golden.names[gi] if gi is not None else None, how, judged,
-                             self.thresholds, upstream, nested.get(t_name, 0.0), self.lower_precision)
+                             self.thresholds, upstream, nested.get(t_name, 0.0), self.lower_precision,
+                             self.modes_differ)
 
     def rows(self, stack: Optional[dict] = None) -> Iterator[dict]:
         """One dict per record pair, keyed by :func:`columns` (``None`` for a value not available);
@@ -313,20 +326,24 @@ def carried_error(judged: J.Judged, thresholds: Thresholds) -> float:
 
 
 def _entry_result(t_name, g_name, how, judged, thresholds, upstream: Optional[InputState] = None,
-                  nested=0.0, lower: Optional[Group] = None) -> EntryResult:
+                  nested=0.0, lower: Optional[Group] = None, paired_only: bool = False) -> EntryResult:
     """``upstream``: the :class:`InputState` of the inputs of :func:`upstream_names`; ``nested``: the
     largest error of the Parameters of the Cells inside this Cell, an input error for the gain only
     (whether the inputs agree is judged on the entry's own records); ``lower``: the thresholds group
-    of the lower precision the two runs differ in (:attr:`StepComparison.lower_precision`), or None."""
+    of the lower precision the two runs differ in (:attr:`StepComparison.lower_precision`), or None;
+    ``paired_only``: records without a counterpart take no part in the verdict (the dumps capture
+    differently, :attr:`StepComparison.modes_differ`)."""
     if lower is not None and how != UNMATCHED:
         J.judge_near_zero(judged, lower)
     result = J.worst(r.result for r in judged) if judged else (J.UNMATCHED if how == UNMATCHED
                                                                 else J.PASS)
     if how == UNMATCHED:
         return EntryResult(t_name, g_name, how, judged, None, J.UNMATCHED, J.UNMATCHED)
+    # with paired_only, records of both sides only (e.g. a backward output GRAPH_MODE does not record);
     # tensor inputs only: a different scalar or string argument is part of what the call does
-    ins = [r for r in judged if r.flow == "in" and r.is_tensor]
-    outs = [r for r in judged if r.flow == "out"]
+    paired = [r for r in judged if r.target is not None and r.golden is not None] if paired_only else judged
+    ins = [r for r in paired if r.flow == "in" and r.is_tensor]
+    outs = [r for r in paired if r.flow == "out"]
     in_errors = [carried_error(r, thresholds) for r in ins]
     in_err = max(in_errors, default=0.0)
     agree = all(r.result == J.PASS for r in ins)
@@ -342,7 +359,7 @@ def _entry_result(t_name, g_name, how, judged, thresholds, upstream: Optional[In
     gain = None if out_err == 0 else (math.inf if in_err == 0 else out_err / in_err)
     limited = agree and _precision_limited(in_errors + ([upstream.error] if upstream else []), outs)
     # a changed scalar or string argument is what the call computes differently
-    changed_args = agree and any(not r.exact for r in judged if r.flow == "in" and not r.is_tensor)
+    changed_args = agree and any(not r.exact for r in paired if r.flow == "in" and not r.is_tensor)
     if all(r.result == J.PASS for r in outs):
         verdict = J.PASS
     elif (gain is not None and gain > thresholds.gain) or changed_args:

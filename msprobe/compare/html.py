@@ -87,12 +87,14 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
     construct = load_construct(directory)
     stacks = load_stacks(directory)
     results = {}
-    first_div = None
+    first_div = agreed = None
     if comparison is not None:
         for entry in comparison.entries():
             if entry.target is not None:
                 results[entry.target] = entry
-        first_div = divergence.first_divergence(comparison)
+        differing = []
+        first_div = divergence.first_divergence(comparison, bitwise=differing)
+        agreed = divergence.agreement(comparison.mode, bool(differing))
     nan = divergence.nan_producers(directory, step, rank, side)
     ids = {name: f"e{i}" for i, name in enumerate(side.names)}
     nodes = {}
@@ -153,7 +155,8 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
             "others": [f"step {s} {r}" if s is not None else r for s, r in others],
             "mode": comparison.mode if comparison is not None else None, "roots": roots,
             "entries": len(side.names), "counts": counts, "golden_only": golden_only,
-            "divergence": finding(first_div), "nan": finding(nan)}
+            "divergence": finding(first_div), "nan": finding(nan), "agreement": agreed,
+            "partial_note": comparison.partial_note if comparison is not None else None}
 
 
 def write_report(dump: str, output: str, golden: Optional[str] = None, **options) -> str:

@@ -69,6 +69,11 @@ def _same_non_finite(a: float, b: float) -> Optional[bool]:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
+def _both_nan(a, b) -> bool:
+    """Two scalar arguments that are both NaN (the same value for a record, though ``nan != nan``)."""
+    return isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+
+
 def _rel(diff: float, base: float) -> float:
     if diff == 0:
         return 0.0
@@ -94,13 +99,13 @@ def judge(t: Optional[Record], g: Optional[Record], mode: str, thresholds: Thres
         return out
     if not t.is_tensor:
         _stat_metrics(t, g, group, out)
-        equal = t.value == g.value and t.kind == g.kind
+        equal = (t.value == g.value or _both_nan(t.value, g.value)) and t.kind == g.kind
         out.exact = equal
         if not equal:
             out.result, out.error = ERROR, math.inf
             out.messages.append(f"value differs ({t.value!r} vs {g.value!r})")
         return out
-    _stat_metrics(t, g, group, out)
+    why = _stat_metrics(t, g, group, out)
     if mode == MD5:
         out.metrics = {}
         out.exact = t.md5 == g.md5
@@ -115,14 +120,46 @@ def judge(t: Optional[Record], g: Optional[Record], mode: str, thresholds: Thres
             _tensor_metrics(*arrays, group, out)
             return out
         out.messages.append("judged on statistics")
-    out.result = _stat_result(out, group)
+    out.result = _stat_result(out, group, why)
     return out
 
 
-def _stat_metrics(t: Record, g: Record, group: Group, out: Judged) -> None:
+def scale_text(stat: str, diff: float, golden: float, rms: float, group: Group) -> str:
+    """Which statistic the largest scaled statistic error is of, and what its difference was divided by
+    (the larger of its golden value's magnitude, the golden tensor's RMS for Max/Min/Mean, and the
+    dtype group's ``atol``): ``"Min: |diff| 0.000833 / golden RMS 0.667"``. The relative-error columns
+    divide by the golden value alone, so this says where a figure they do not show comes from.
+
+    Args:
+        stat (str): ``Max``, ``Min``, ``Mean`` or ``Norm``. diff (float): target minus golden.
+        golden (float): the golden statistic. rms (float): golden Norm / sqrt(element count) (0.0
+            when unknown). group (Group): the thresholds group the record is judged with.
+    """
+    scale = max(abs(golden), group.atol) if stat == "Norm" else max(abs(golden), rms, group.atol)
+    if scale == abs(golden):
+        over = f"|golden {stat}| {scale:.3g}"
+    elif stat != "Norm" and scale == rms:
+        over = f"golden RMS {scale:.3g}"
+    else:
+        over = f"{group.name} atol {scale:g}"
+    return f"{stat}: |diff| {abs(diff):.3g} / {over}"
+
+
+def scaled_error_message(error: float, result: str, group: Group, why: Optional[str]) -> str:
+    """``largest scaled statistic error E (WHY) > GROUP RESULT threshold T`` for a record that does not
+    pass (``why``: :func:`scale_text` of the statistic it is of; None for a one-sided NaN/Inf, which
+    its own message explains)."""
+    limit = group.error if result == ERROR else group.warning
+    return (f"largest scaled statistic error {error:.3g}{f' ({why})' if why else ''} > {group.name} "
+            f"{result} threshold {limit:g}")
+
+
+def _stat_metrics(t: Record, g: Record, group: Group, out: Judged) -> Optional[str]:
     """Differences and relative errors of the four statistics; sets ``out.error`` (scaled) and
-    ``out.exact``; one-sided NaN/Inf is recorded as an error message."""
+    ``out.exact``; one-sided NaN/Inf is recorded as an error message. Returns :func:`scale_text` of
+    the statistic the (finite) error is of, or None."""
     diffs, rels, scaled = [], [], []
+    largest, why = -1.0, None
     numel = math.prod(g.shape) if g.shape else 1
     g_norm = g.stats[3]
     rms = abs(g_norm) / math.sqrt(numel) if g_norm is not None and numel and math.isfinite(g_norm) else 0.0
@@ -146,6 +183,8 @@ def _stat_metrics(t: Record, g: Record, group: Group, out: Judged) -> None:
         rels.append(_rel(diff, b))
         base = max(abs(b), group.atol) if name == "Norm" else max(abs(b), rms, group.atol)
         scaled.append(abs(diff) / base)
+        if scaled[-1] > largest:
+            largest, why = scaled[-1], (name, diff, b)
     out.metrics.update({"Max diff": diffs[0], "Min diff": diffs[1], "Mean diff": diffs[2],
                         "L2norm diff": diffs[3], "MaxRelativeErr": rels[0], "MinRelativeErr": rels[1],
                         "MeanRelativeErr": rels[2], "NormRelativeErr": rels[3]})
@@ -155,14 +194,13 @@ def _stat_metrics(t: Record, g: Record, group: Group, out: Judged) -> None:
         out.messages.append("NaN/Inf on one side only: " + ", ".join(one_sided))
     if any(v is not None and not math.isfinite(v) for v in t.stats) and not one_sided:
         out.messages.append("NaN/Inf on both sides")
+    return None if why is None or one_sided else scale_text(*why, rms, group)
 
 
-def _stat_result(out: Judged, group: Group) -> str:
+def _stat_result(out: Judged, group: Group, why: Optional[str]) -> str:
     result = _rate(out.error, group)
     if result != PASS:
-        limit = group.error if result == ERROR else group.warning
-        out.messages.append(f"largest scaled statistic error {out.error:.3g} > {group.name} {result} "
-                            f"threshold {limit:g}")
+        out.messages.append(scaled_error_message(out.error, result, group, why))
     return result
 
 

@@ -204,6 +204,7 @@ class Runtime:
         self._files: FileQueue | None = None
         self._step_failure: str | None = None  # the first user failure of this step, for messages
         self._asked = 0  # values handed to record*() in this step (for empty_reason)
+        self._graph_mode = False  # the open step runs in GRAPH_MODE (dump.json "mode", L1's note)
         #: at L1 with a ``list``: how many APIs and Primitives are hooked (only those a list item can
         #: name are; set by the service at install, for empty_reason), else None
         self.hooked_apis: int | None = None
@@ -559,6 +560,9 @@ class Runtime:
         """The writer of one step directory (memory only until an anomaly in watch mode); ``extras``
         collects what its files say beyond the records."""
         header = {"task": self.config.task, "level": self.config.level, "framework": "mindspore"}
+        self._graph_mode = stats.graph_mode()
+        if self._graph_mode:  # PyNative dumps carry no field: the files PyNative writes stay as they were
+            header["mode"] = "GRAPH_MODE"
         debug = self.config.level == "debug"
 
         def make_writer(path, tensor_data=self.save_tensors or bool(self.config.tensor_list)):
@@ -1355,6 +1359,7 @@ class Runtime:
         """Write one step directory's files from its replayed records (:func:`write_step`), with its
         extras and the reason it is empty, given as data."""
         if writer is not None and not writer.closed:
+            extras.set_note(self._compiled_only_note())
             try:
                 write_step(writer, extras, self._empty_reason())
             except OSError as exc:
@@ -1404,6 +1409,22 @@ class Runtime:
             causes.append("none of them produced a record")
         return f"{self._calls_that_ran(calls, hooked)}, but " + "; ".join(causes)
 
+    def _compiled_only_note(self) -> str | None:
+        """At level L1 in GRAPH_MODE, when compiled calls ran in the step: that each is one entry with
+        nothing inside it, and what records their inside (``dump.json["note"]``, and a WARNING once
+        per run at the end of the step); ``None`` otherwise."""
+        if self.config.level != "L1" or not self._graph_mode:
+            return None
+        jit = sorted(key for key, n in self.counters.items() if key.startswith("Jit.") and n)
+        if not jit:
+            return None
+        functions = ", ".join(f"{key} (the mindspore.jit function {key[len('Jit.'):]})" for key in jit)
+        return (f"level L1 in GRAPH_MODE: {functions} ran as one compiled graph per call, each call "
+                "recorded as one entry; the APIs and Primitives inside a compiled graph are not recorded "
+                "(in GRAPH_MODE msprobe "
+                "records Cells at L0 and mix, kernels at L2): use level L0 or mix, with "
+                "debugger.start(model) before the first step, for the Cells they run, or L2 for their kernels")
+
     def _no_model_may_explain(self) -> bool:
         """Whether a step in which no hooked call ran may be empty because ``start()`` was given no
         model: at L1 without a ``list`` (a list that names nothing is said to be the cause instead)."""
@@ -1439,6 +1460,9 @@ class Runtime:
         for key in self.reported_errors:
             self.reported_errors[key] = 0
         self._warn_nothing_selected()
+        note = self._compiled_only_note() if self.step_open else None
+        if note is not None and self.first_time(("L1 in GRAPH_MODE",)):
+            logger.warning("msprobe: step %d: %s", self.step, note)
         self.close_writer()
         if self.late_pieces:
             logger.warning("msprobe: %d gradient records arrived after their step was closed and were "

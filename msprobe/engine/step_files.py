@@ -25,6 +25,8 @@ class StepExtras:
         partial: what of the step's records the files leave out, when they hold only part of a step
             that ran to its end (watch mode's history: ``dump.json["partial"]``), or ``None``.
         anomaly_extra: fields added to ``anomalies.json`` (watch mode: what triggered it), or ``None``.
+        note: what the user must know to read the step's records (``dump.json["note"]``: level L1 in
+            GRAPH_MODE records compiled calls only), or ``None``.
         changed: something changed since the files were last written.
     """
 
@@ -33,7 +35,14 @@ class StepExtras:
         self.abnormal: str | None = None
         self.partial: str | None = None
         self.anomaly_extra: dict | None = None
+        self.note: str | None = None
         self.changed = True
+
+    def set_note(self, note: str | None) -> None:
+        """Set ``dump.json["note"]`` (``None``: no note)."""
+        if note != self.note:
+            self.note = note
+            self.changed = True
 
     def add_note(self, key: str, items: list) -> None:
         """Add ``items`` (JSON objects) to ``coverage.json[key]`` (written with the next files)."""
@@ -49,13 +58,15 @@ class StepExtras:
 
 
 def dump_document(header: dict, data: dict, abnormal: str | None = None,
-                  empty_reason: str | None = None, partial: str | None = None) -> dict:
+                  empty_reason: str | None = None, partial: str | None = None,
+                  note: str | None = None) -> dict:
     """``dump.json``/``debug.json``: the header's fields (``task``, ``level``, ``framework``,
-    ``dump_data_dir``, ``schema``, ``run_id``, ``msprobe_version``, in that order), ``data``, then
-    ``abnormal`` and ``partial`` when given and ``empty_reason`` exactly when ``data`` is empty
+    ``dump_data_dir``, ``schema``, ``run_id``, ``msprobe_version``, ``mode`` when present, in that
+    order), ``data``, then
+    ``abnormal``, ``partial`` and ``note`` when given and ``empty_reason`` exactly when ``data`` is empty
     (default :data:`DEFAULT_EMPTY_REASON`)."""
     dump = {k: header[k] for k in ("task", "level", "framework", "dump_data_dir", "schema") if k in header}
-    for k in ("run_id", "msprobe_version"):
+    for k in ("run_id", "msprobe_version", "mode"):
         if header.get(k) is not None:
             dump[k] = header[k]
     dump["data"] = data
@@ -63,6 +74,8 @@ def dump_document(header: dict, data: dict, abnormal: str | None = None,
         dump["abnormal"] = abnormal
     if partial:
         dump["partial"] = partial
+    if note:
+        dump["note"] = note
     if not data:  # an empty step is written with its reason, never left missing
         dump["empty_reason"] = empty_reason or DEFAULT_EMPTY_REASON
     return dump
@@ -88,7 +101,7 @@ def write_step(writer, extras: StepExtras, empty_reason: str | None = None) -> N
     with target.lock:  # no line lands between reading the records and writing the files
         header, data, stacks, construct = target.replayed()
         documents = {target.data_file: dump_document(header, data, extras.abnormal, empty_reason,
-                                                                 extras.partial)}
+                                                     extras.partial, extras.note)}
         if target.extra_info:
             if header.get("task") != "structure":
                 construct = report.without_empty_backward(construct, data)

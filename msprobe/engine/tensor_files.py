@@ -13,11 +13,13 @@ daemon thread, ``msprobe-files``, through :class:`FileQueue`:
 * The queue is bounded (:data:`QUEUE_BYTES` of host arrays): :meth:`FileQueue.submit` blocks while it
   is full (back-pressure on the flushing thread), so memory stays bounded however fast a program
   records. An array is released as soon as its file is written.
-* :meth:`FileQueue.drain` returns when every submitted job is done; the caller writes chunks itself
-  beside the writer thread (two cores then share a step's last files), so it also works when the
-  thread is gone (process exit, ``fork``). The runtime drains at ``stop()``/``step()``, before
-  renaming a step directory and at exit (``atexit``); the flush thread's deadline plus one job bounds
-  how long a record waits for the disk.
+* :meth:`FileQueue.drain` returns when every submitted job is done. It waits for the writer thread
+  and writes no file itself while that thread runs (on two cores a second writer in the training
+  thread cost the training thread 40-190 ms of CPU per TinyLM step and shortened no wait when other
+  processes used the cores: creating a file is kernel CPU either way); when the thread is gone
+  (process exit, a closed queue) the caller writes the chunks itself. The runtime drains at
+  ``stop()``/``step()``, before renaming a step directory and at exit (``atexit``); the flush
+  thread's deadline plus one job bounds how long a record waits for the disk.
 * The first failed write (``OSError``: disk full, file too large) removes that file's partial
   temporary file, drops the jobs not yet finished (their journal lines are not written: what the
   journal names exists) and is reported once through ``on_failure``.
@@ -28,8 +30,8 @@ neither freed nor reused before the file is written). The program may still chan
 place before its file is written; whatever may do that (an in-place operation, a compiled region
 that assigns tensors) first calls :meth:`FileQueue.protect` (the runtime's flush before a mutation),
 which copies the arrays of the files not written yet that read memory the mutation may write (all of
-them unless the caller names what it may write) and waits for the chunk being written. Every
-other array is the tool's own memory.
+them unless the caller names what it may write) and waits for the chunks being written that may read
+that memory. Every other array is the tool's own memory.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ from msprobe.tensors.stats import views_live_tensor
 #: bytes of host arrays queued at most (a single larger batch is still accepted when the queue is empty)
 QUEUE_BYTES = 128 << 20
 #: files written by one call into the writer (the GIL released): at most this many ... (small: a
-#: mutation waits for the chunk being written, :meth:`FileQueue.protect`)
+#: mutation may wait for the chunk being written, :meth:`FileQueue.protect`)
 CHUNK_FILES = 8
 #: ... and this many bytes once the chunk holds a file
 CHUNK_BYTES = 2 << 20
@@ -92,7 +94,11 @@ class FileQueue:
         self._unfinished = 0               # jobs submitted and not finished
         self._views = 0                    # files no writer has taken that read a tensor's memory
         self._writing_views = 0            # chunks being written that read a tensor's memory
+        #: chunks being written that read a tensor's memory: chunk number -> the arrays reading it
+        self._in_flight: dict = {}
+        self._chunks = 0                   # chunks taken so far (their numbers)
         self._active = 0                   # chunks being written
+        self._reporting = 0                # failed writes whose ``on_failure`` has not returned yet
         self._tickets = 0                  # jobs submitted so far
         self._next_then = 0                # ticket of the next continuation to run
         self._cond = threading.Condition()
@@ -153,7 +159,8 @@ class FileQueue:
     def protect(self, written=None) -> None:
         """Make the files not written yet independent of tensors that may change: copy now (on the
         calling thread) every queued array that reads memory which may change, and wait until the
-        chunk being written from a tensor's memory is written. Call before an in-place operation or
+        chunks being written at the call that read such memory are written (not for the chunks
+        taken later: what they read of that memory is a copy). Call before an in-place operation or
         a compiled region that may assign tensors runs. Cheap when nothing queued reads a tensor's
         memory.
 
@@ -193,8 +200,11 @@ class FileQueue:
                             job.files[i] = (path, copy)  # one copy per tensor
                             job.views[i] = False
                             self._views -= 1
-            while self._writing_views:
-                self._cond.wait()
+            waited = [number for number, arrays in self._in_flight.items()
+                      if ranges is None or any(overlaps(arr, ranges) for arr in arrays)]
+            for number in waited:
+                while number in self._in_flight:
+                    self._cond.wait()
 
     def _copy(self, arrays: list) -> dict:
         """``{id(array): copy}`` for :meth:`protect`: the copies are carved out of one block of
@@ -220,17 +230,20 @@ class FileQueue:
         return out
 
     def drain(self) -> None:
-        """Return when every job submitted before the call is done (written or dropped). The calling
-        thread writes chunks itself, beside the writer thread, instead of only waiting for it."""
+        """Return when every job submitted before the call is done (written or dropped). While the
+        writer thread runs the calling thread only waits for it; without that thread (process
+        exit, a closed queue), or called on it, it writes the chunks itself."""
         if os.getpid() != self._pid:
             return  # a forked child never writes (the parent's thread and lock state are not its own)
         while True:
-            if self._work():
+            # alone: no writer thread, or this is it (a finalizer run by a collection on that thread)
+            alone = not self._thread_alive() or threading.current_thread() is self._thread
+            if alone and self._work():
                 continue
             with self._cond:
-                if not self._unfinished and not self._active:
-                    return
-                if not self._has_work():
+                if not self._unfinished and not self._active and not self._reporting:
+                    return  # a failure is reported before: the caller sees the dump switched off
+                if not alone or not self._has_work():
                     self._cond.wait(0.5)
 
     def cancel(self) -> None:
@@ -292,7 +305,7 @@ class FileQueue:
                     self._jobs.popleft()
                     chunk = None
                 else:
-                    chunk, views = self._take(job)
+                    chunk, views, number = self._take(job)
         if chunk is not None:
             failure = None
             if not self.failed:
@@ -305,21 +318,30 @@ class FileQueue:
                 job.active -= 1
                 self._active -= 1
                 self._writing_views -= views
+                self._in_flight.pop(number, None)
                 done = (failure is None and not job.dropped and not job.active
                         and job.next == len(job.files))
                 if done:
                     self._jobs.popleft()  # the oldest job (only it is written)
+                if failure is not None:
+                    self._reporting += 1
                 self._cond.notify_all()
             if failure is not None:
-                self._fail(failure)
+                try:
+                    self._fail(failure)
+                finally:
+                    with self._cond:
+                        self._reporting -= 1
+                        self._cond.notify_all()
             if not done:
                 return True
         self._finish(job)
         return True
 
     def _take(self, job: _Job):
-        """Call with the condition held: the next chunk of ``job`` and whether it reads a tensor's
-        memory (0 or 1)."""
+        """Call with the condition held: the next chunk of ``job``, whether it reads a tensor's
+        memory (0 or 1) and its number (a key of ``_in_flight`` while it is written, if it reads a
+        tensor's memory)."""
         start = end = job.next
         size = 0
         while end < len(job.files) and end - start < CHUNK_FILES and (end == start or size < CHUNK_BYTES):
@@ -328,6 +350,10 @@ class FileQueue:
         chunk = job.files[start:end]
         job.files[start:end] = [None] * (end - start)
         views = sum(job.views[start:end])
+        number = self._chunks
+        self._chunks += 1
+        if views:
+            self._in_flight[number] = [arr for (_, arr), view in zip(chunk, job.views[start:end]) if view]
         job.next = end
         job.active += 1
         self._active += 1
@@ -336,7 +362,7 @@ class FileQueue:
         views = 1 if views else 0
         self._writing_views += views
         self._cond.notify_all()  # room for a waiting submit
-        return chunk, views
+        return chunk, views, number
 
     def _finish(self, job: _Job) -> None:
         """Run the continuation of ``job`` (all its files are written) after those of the jobs

@@ -89,8 +89,8 @@ class StepWriter:
     Args:
         directory: the step/rank directory (created here).
         header: dict with ``task``, ``level``, ``framework`` (strings; optional ``run_id``, default
-            :func:`msprobe.format.journal.run_id`); the header line adds ``dump_data_dir``, ``schema``
-            and ``msprobe_version``.
+            :func:`msprobe.format.journal.run_id`, and ``mode``, ``"GRAPH_MODE"``); the header line
+            adds ``dump_data_dir``, ``schema`` and ``msprobe_version``.
         tensor_data: whether ``.npy`` files are saved (creates ``dump_tensor_data/``).
         extra_info: the step has ``stack.json``/``construct.json`` and reports (read by whoever builds
             the documents; the writer writes what it is given).
@@ -113,7 +113,8 @@ class StepWriter:
         self.extra_info = extra_info
         self.data_file = data_file
         os.makedirs(self.tensor_dir or directory, exist_ok=True)
-        self._kind = (header["task"], header["level"], header["framework"], header.get("run_id"))
+        self._kind = (header["task"], header["level"], header["framework"], header.get("run_id"),
+                      header.get("mode"))
         self.closed = False
         #: tool errors written to ``dump_error_info.log`` in this step (:meth:`error`)
         self.error_count = 0
@@ -132,8 +133,8 @@ class StepWriter:
         self.last_flush = time.monotonic()
 
     def _header_line(self) -> dict:
-        task, level, framework, run = self._kind
-        return journal.header(task, level, framework, self.tensor_dir, run)
+        task, level, framework, run, mode = self._kind
+        return journal.header(task, level, framework, self.tensor_dir, run, mode)
 
     @property
     def target(self) -> "StepWriter":

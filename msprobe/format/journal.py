@@ -71,16 +71,21 @@ def identity() -> dict:
 
 # ---------------------------------------------------------------------------------------- constructors
 def header(task: str, level: str, framework: str, dump_data_dir: Optional[str],
-           run: Optional[str] = None) -> dict:
+           run: Optional[str] = None, mode: Optional[str] = None) -> dict:
     """The header line (first line of a journal; repeated after the step directory was renamed).
 
     Args:
         task, level, framework: the dump's config (``framework`` is ``"mindspore"``).
         dump_data_dir: absolute path of ``dump_tensor_data/``, or ``None`` when no tensor is saved.
         run: the run id; default :func:`run_id`.
+        mode: ``"GRAPH_MODE"`` when the step ran in MindSpore's GRAPH_MODE (added to the line), or
+            ``None`` (PyNative: no field).
     """
-    return {"h": {"task": task, "level": level, "framework": framework, "dump_data_dir": dump_data_dir,
-                  "schema": SCHEMA, "run_id": run or _RUN_ID[0], "msprobe_version": VERSION}}
+    fields = {"task": task, "level": level, "framework": framework, "dump_data_dir": dump_data_dir,
+              "schema": SCHEMA, "run_id": run or _RUN_ID[0], "msprobe_version": VERSION}
+    if mode is not None:
+        fields["mode"] = mode
+    return {"h": fields}
 
 
 def key_line(entry: str, key: str, value) -> dict:

@@ -3,6 +3,9 @@
 * ``start()`` on a dumped step and rank installs the capture for the level and switches recording on:
   L1 -> API wrappers (+ Primitive hooks when a model was given); L0 -> Cell hooks; mix -> both. A
   mutation guard is installed at every level. Everything installed goes into one ``HandleSet``.
+  On a step that is not dumped ``start()`` installs nothing, except the graph probes (L0/mix, GRAPH_MODE
+  or ``mindspore.jit`` Cells), which must be in a graph when MindSpore first compiles it: they are
+  installed at the first ``start(model)`` of a dumped rank and report nothing until a dumped step.
 * ``stop()`` switches recording off, removes the per-window pieces (Cell hooks and instance patches,
   token counter, GC window) and writes the seed's files for what was recorded so far. The rest of
   the capture (API wrappers, jit capture, Primitive hooks, in-place guard: :attr:`_capture`) is
@@ -49,6 +52,7 @@ from msprobe.engine.gc_window import widen_gen0
 from msprobe.engine.handles import AttributePatches, Handle, HandleSet, patch_attribute
 from msprobe.engine.messages import announce
 from msprobe.engine.runtime import Runtime
+from msprobe.mindspore.step_windows import StepWindows
 
 logger = logging.getLogger("msprobe")
 
@@ -101,6 +105,7 @@ class DumpService:
         self._kernel_dump = None
         self._graph = None  # GraphDump (GRAPH_MODE or jit Cells at L0/mix), False: none needed
         self._process_state = _ProcessState()
+        self._windows = StepWindows()  # says once when start()/stop() windows look like training steps
         atexit.register(_close_at_exit, weakref.ref(self))
         _LIVE_SERVICES.add(self)
         _install_excepthook()
@@ -204,6 +209,7 @@ class DumpService:
             self._finish()
             return False
         if not cfg.dumps_step(rt.step):
+            self._install_dormant_probes()
             return False
         if cfg.level in _CELL_LEVELS and self.models is None:
             gone = " (the model given earlier no longer exists)" if self._model_refs else ""
@@ -214,8 +220,7 @@ class DumpService:
         if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler runs the script too; no rank
             return False
         if self._graph is None and cfg.level in _CELL_LEVELS:
-            self._process_state.keep_env("MS_JIT_MODULES")  # graph_cell may extend it
-            self._graph = graph_cell.attach(rt, self.models)  # before open_step: may set the pynative/ tree
+            self._attach_graph()  # before open_step: may set the pynative/ tree
         rt.refresh_rank()  # init() may have run since this step was opened as proc{pid}
         rank = rt.resolve_rank()
         if not cfg.dumps_rank(rank):
@@ -230,9 +235,44 @@ class DumpService:
         if cfg.level in _API_LEVELS:  # names bound to an API before start() are not captured: list them
             self._note_stale_bindings(rt)
         self._install()
+        self._windows.window_starts(rt.step, self.models)
         rt.begin_capture()
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.step_dir)
         return True
+
+    def _attach_graph(self) -> None:
+        """Decide whether the models' Cells run in compiled graphs (:func:`graph_cell.attach`), once."""
+        self._process_state.keep_env("MS_JIT_MODULES")  # graph_cell may extend it
+        self._graph = graph_cell.attach(self.runtime, self.models)
+
+    def _install_dormant_probes(self) -> None:
+        """``start(model)`` of a step that is not dumped, at L0/mix, in GRAPH_MODE or with
+        ``mindspore.jit`` Cells: install the graph probes now if they are not yet. MindSpore compiles
+        a graph at its first call and reuses it for every later step, so probes installed only at the
+        first dumped step would never be in it. Until a dumped step's ``start()`` they report nothing
+        (a compiled probe only checks its capture's flags, a Python probe returns at once)."""
+        cfg, rt = self.config, self.runtime
+        if self._graph is False or (self._graph and self._graph.installed):
+            return
+        if cfg.level not in _CELL_LEVELS or self.models is None:
+            return
+        if rt.failed or rt.forked() or os.environ.get("MS_ROLE") == "MS_SCHED":
+            return
+        rank = rt.resolve_rank()  # None before init(): the rank may still be a dumped one
+        if rank is not None and not cfg.dumps_rank(rank):
+            return
+        if self._graph is None:
+            self._attach_graph()
+        if self._graph:
+            self._install_graph_probes()
+
+    def _install_graph_probes(self) -> None:
+        """Install the graph probes (:meth:`graph_cell.GraphDump.install`; nothing when they are
+        installed already); the first time in GRAPH_MODE, say which Cells were compiled before."""
+        if self._graph.graph_mode and not self._checked_precompiled:
+            self._checked_precompiled = True
+            self._warn_precompiled()
+        self._graph.install(self.models)
 
     def _note_stale_bindings(self, rt) -> None:
         """List in the open step's ``coverage.json`` the names bound to an API before ``start()``
@@ -266,9 +306,7 @@ class DumpService:
             if not (self._graph and self._graph.graph_mode):
                 self._installed.add(self._cells.install(self.models))
             if self._graph:
-                if self._graph.graph_mode and not self._checked_precompiled:
-                    self._checked_precompiled = True
-                    self._warn_precompiled()
+                self._install_graph_probes()
                 self._graph.begin_step(self.models)
         if self.token_range is not None:
             self._installed.add(self._install_token_counter(self.models[0][1]))
@@ -276,8 +314,9 @@ class DumpService:
             self._gc_window.add(widen_gen0())
 
     def _warn_precompiled(self) -> None:
-        """GRAPH_MODE, first install of the probes: a Cell compiled before (holding the model) runs
-        its graph without them; say so once, with what to do."""
+        """GRAPH_MODE, first install of the probes (the first ``start(model)`` of a dumped rank,
+        dumped step or not): a Cell compiled before (holding the model) runs its graph without them;
+        say so once, with what to do."""
         try:
             holders = compiled_holders(self.models)
         except Exception as exc:  # a hint only: never in the way of the dump
@@ -308,7 +347,7 @@ class DumpService:
             self._api_patches.apply(skip=self._custom)
             capture.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
             wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
-            capture.add(install_jit_capture(self.recorder))
+            capture.add(install_jit_capture(self.recorder, inside=_inside_compiled_call(weakref.ref(self))))
             prims = self._primitive_targets() if self.models is not None else []
             self.runtime.primitives_hooked = self.models is not None
             if self.models is not None:
@@ -525,6 +564,7 @@ class DumpService:
         if self._graph:  # gradients the graph probes reported since stop()
             self._graph.end_step()
         rt.end_step()
+        self._windows.reset()
         if not self.config.dumps_step(rt.step):  # parked by a stop() before a renumbering
             self._release_capture()
         if directory is not None:  # size estimate after the first dumped step
@@ -701,6 +741,18 @@ def _release_excepthook() -> None:
     hook = sys.excepthook
     if not live and getattr(hook, "_msprobe", False):
         sys.excepthook = hook._previous
+
+
+def _inside_compiled_call(ref):
+    """What a recorded compiled call (forward entry ``region``) does once it returned: in GRAPH_MODE
+    the Cells its graph ran are recorded with it as their parent
+    (:meth:`msprobe.capture.cells.graph_cell.GraphDump.region_returned`). ``ref``: a weak reference to the
+    service (the patch lives in MindSpore's class and must not keep the service alive)."""
+    def inside(region: str, outputs: list) -> None:
+        service = ref()
+        if service is not None and service._graph:
+            service._graph.region_returned(region, outputs)
+    return inside
 
 
 def _sigterm_handler(ref):

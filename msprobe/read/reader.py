@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from msprobe.format import naming
 from msprobe.read import report
 from msprobe.format.journal import JOURNAL, OLDER_SCHEMAS, SCHEMA, TENSOR_DIR, Piece, pieces, read_journal, replay
 
@@ -376,6 +377,24 @@ def _first_line(text: str) -> str:
     return f"{lines[0]} ... (full text: dump.json \"abnormal\")"
 
 
+def _entry_counts(data: dict) -> str:
+    """``"3 forward, 3 backward, 2 parameter-gradient"`` for Cell/API entries, ``"2 saved values, 2
+    saved gradients"`` for the debug level's (``save()``: ``{name}.{n}.debug`` and
+    ``{name}_grad.{n}.debug``); both when a step holds both kinds."""
+    debug = [k for k in data if naming.is_debug(k)]
+    parts = []
+    if len(debug) < len(data) or not data:
+        other = [k for k in data if not naming.is_debug(k)]
+        parts += [f"{sum(1 for k in other if '.forward' in k)} forward",
+                  f"{sum(1 for k in other if '.backward' in k)} backward",
+                  f"{sum(1 for k in other if naming.is_param_grad(k))} parameter-gradient"]
+    if debug:
+        grads = sum(1 for k in debug if naming.direction_of(k) == "backward")
+        parts += [f"{len(debug) - grads} saved value{'s' * (len(debug) - grads != 1)}",
+                  f"{grads} saved gradient{'s' * (grads != 1)}"]
+    return ", ".join(parts)
+
+
 def summarize(dump_path: str) -> str:
     """A one-screen text summary: steps, entries, forward/backward counts, first non-finite entry and
     the first producer of a non-finite value (inputs finite, output NaN/Inf; see ``anomalies.json``).
@@ -387,25 +406,26 @@ def summarize(dump_path: str) -> str:
         DumpFormatError: ``dump_path`` does not exist or holds no dump.
     """
     lines = [f"dump at {os.path.abspath(dump_path)}"]
-    first_bad = first_producer = watch_producer = None
+    first_bad = first_producer = watch_producer = shown_note = None
     for tree, step, rank, path in _iter_trees(dump_path):
         dump = load(path)
-        fwd = sum(1 for k in dump.data if ".forward" in k)
-        bwd = sum(1 for k in dump.data if ".backward" in k)
-        grads = sum(1 for k in dump.data if ".parameters_grad." in k)
+        counts = _entry_counts(dump.data)
         prefixes = sorted({k.split(".", 1)[0] for k in dump.data})
         state = "" if dump.complete else "  (INCOMPLETE)"
         if dump.header.get("abnormal"):
             state += f"  (ABNORMAL: {_first_line(str(dump.header['abnormal']))})"
         if dump.header.get("partial"):
             state += f"  (PARTIAL: {dump.header['partial']})"
+        note = dump.header.get("note")
+        if note:  # the same note as the step above: said once
+            state += f"\n    note: {note}" if note != shown_note else "  (note: as above)"
+        shown_note = note
         if not dump.data:  # an empty step: why (dump.json's empty_reason) instead of counts and prefixes
             reason = dump.header.get("empty_reason")
             lines.append(f"  {tree}step{step}/{rank}: 0 entries{f' ({reason})' if reason else ''}{state}")
             continue
         where = f"{tree}step{step}/{rank}"
-        lines.append(f"  {where}: {len(dump.data)} entries ({fwd} forward, {bwd} backward, "
-                     f"{grads} parameter-gradient) prefixes: {', '.join(prefixes)}{state}")
+        lines.append(f"  {where}: {len(dump.data)} entries ({counts}) prefixes: {', '.join(prefixes)}{state}")
         if watch_producer is None:
             watched = report.read_report(path, report.ANOMALIES)
             if isinstance(watched, dict) and watched.get("kind") in report.MAGNITUDE_KINDS \

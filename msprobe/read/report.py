@@ -5,7 +5,8 @@
   backward entry's inputs include its forward call's), the
   first of them as ``first_producer`` with its call stack, and the first entry holding any
   non-finite value. Computed from the statistics already in ``dump.json``: no extra tensor reads.
-  A ``Jit.*`` entry is a compiled region: its inside is not hooked, so the region is what is named.
+  A ``Jit.*`` entry is a compiled region: the calls inside it are not hooked (in GRAPH_MODE its Cells are
+  recorded, with it as their parent), so a NaN made between them is named by the region.
 * ``coverage.json`` — only when something ran that the dump could not see: functions bound to a
   wrapped API before ``start()`` (``not_captured``, filled by :mod:`msprobe.capture.coverage`),
   compiled regions recorded as one ``Jit`` entry (``compiled_regions``), async handles never waited
@@ -32,6 +33,9 @@ MAGNITUDE_KINDS = {"max_abs": "a value beyond max_abs", "norm_jump": "a Norm jum
 COVERAGE = "coverage.json"
 EMPTY_REASON = "no recorded call between start() and stop() in this step"
 COMPILED_NOTE = "ran as one compiled graph (mindspore.jit); calls inside it are not captured"
+#: a compiled region whose Cells were recorded (GRAPH_MODE at L0/mix: ``construct.json`` places them in it)
+COMPILED_CELLS_NOTE = ("ran as one compiled graph (mindspore.jit); the Cells it called are recorded inside it "
+                       "(construct.json), the APIs and Primitives between them are not")
 
 _STEP_RE = re.compile(r"step(\d+)$")
 
@@ -189,7 +193,9 @@ def step_reports(directory: str, data: dict, stacks: dict, notes: dict, scan: bo
                      stack=frame_lines(_stack_of(stacks, first)) if first else None)
         if first and first.startswith("Jit."):
             what = MAGNITUDE_KINDS[extra["kind"]] if magnitude else "the NaN/Inf"
-            found["note"] = f"{first} {COMPILED_NOTE}; {what} appeared inside that region"
+            found["note"] = (f"{first} {COMPILED_CELLS_NOTE}; {what} appeared inside that region, outside "
+                             "the Cells recorded in it" if first in ancestors(data, construct or {}) else
+                             f"{first} {COMPILED_NOTE}; {what} appeared inside that region")
         if extra:
             found.update(extra)
         if identity:
@@ -197,7 +203,10 @@ def step_reports(directory: str, data: dict, stacks: dict, notes: dict, scan: bo
     coverage = {k: list(v) for k, v in notes.items() if v}
     compiled = [name for name in data if name.startswith("Jit.") and ".forward" in name]
     if compiled:
-        coverage["compiled_regions"] = [{"entry": name, "note": COMPILED_NOTE} for name in compiled]
+        enclosing = ancestors(data, construct or {})
+        coverage["compiled_regions"] = [
+            {"entry": name, "note": COMPILED_CELLS_NOTE if name in enclosing else COMPILED_NOTE}
+            for name in compiled]
     return {ANOMALIES: found, COVERAGE: coverage or None}
 
 

@@ -220,6 +220,13 @@ def device_target() -> str:
 _DEVICE_TARGET: list = []
 
 
+def graph_mode() -> bool:
+    """Whether MindSpore's execution mode is GRAPH_MODE now (``mindspore.get_context("mode")``)."""
+    import mindspore as ms
+
+    return ms.get_context("mode") == ms.GRAPH_MODE
+
+
 def _zero_copy_view(tensor: Any) -> Optional[np.ndarray]:
     """The tensor's data as a C-contiguous numpy array read from its own memory (``Tensor.data_ptr``,
     ``Tensor.stride``): a read-only view for contiguous tensors; for a non-contiguous view, numpy's

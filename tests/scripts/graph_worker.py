@@ -9,13 +9,16 @@ MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optim
 ``step()``). ``--async``: MindSpore's default asynchronous launch. ``--python-probes``: pyfunc graph probes
 even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``); ``--direct-records``: the
 probes' records made one by one through the runtime (``GraphCellCapture.batched``). ``--half-batches``: every
-second step a batch of 16. ``--no-extra-info``: config ``extra_info`` false. The JSON also says how many drains made their records from a recipe
-(``recipe_drains``).
+second step a batch of 16. ``--no-extra-info``: config ``extra_info`` false. ``--step-list``: the
+config's ``step`` list (JSON). The JSON also has the SHA-256 of each step's gradients (``grads``, loop
+drivers) and of the trained parameters (``parameters``), and says how many drains made their records
+from a recipe (``recipe_drains``).
 """
 from __future__ import annotations
 
 import argparse
 import faulthandler
+import hashlib
 import json
 import os
 import sys
@@ -56,6 +59,14 @@ class JitLeNet(nn.Cell):
         return self.fc2(x)
 
 
+def _digest(tensors) -> str:
+    """SHA-256 of the tensors' bytes, in order (bit-identity of gradients and parameters)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.asnumpy().tobytes())
+    return h.hexdigest()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["graph", "pynative"])
@@ -75,6 +86,8 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--half-batches", action="store_true",
                     help="every second step a batch of 16 (another input shape: a graph compiled for it)")
+    ap.add_argument("--step-list", default="[]",
+                    help="the config's step list, as JSON (default: every step)")
     ap.add_argument("--resume", type=int, default=0,
                     help="model driver: resume at this step number (MsprobeInitStep)")
     args = ap.parse_args()
@@ -99,9 +112,10 @@ def main():
         graph_probes._graph_probe = None
     if args.tool == "on":
         from msprobe.mindspore import PrecisionDebugger
-        debugger = PrecisionDebugger(dump_path=args.dump_path, task=args.task, level=args.level)
+        steps = json.loads(args.step_list)
+        debugger = PrecisionDebugger(dump_path=args.dump_path, task=args.task, level=args.level, step=steps)
         if args.data_mode != "all" or args.no_extra_info:
-            cfg = {"task": args.task, "dump_path": args.dump_path, "level": args.level,
+            cfg = {"task": args.task, "dump_path": args.dump_path, "level": args.level, "step": steps,
                    args.task: {"data_mode": args.data_mode.split(",")}}
             if args.no_extra_info:
                 cfg["extra_info"] = False
@@ -110,7 +124,7 @@ def main():
                 json.dump(cfg, f)
             debugger = PrecisionDebugger(config_path=path)
 
-    losses, times, cpu = [], [], []
+    losses, times, cpu, grad_digests = [], [], [], []
     if args.driver == "model":
         from mindspore import dataset as ds
         from mindspore.train import Callback, Model
@@ -147,6 +161,7 @@ def main():
                 debugger.start(net)
             loss, grads = grad_fn(Tensor(x), Tensor(y))
             opt(grads)
+            grad_digests.append(_digest(grads))
             if args.driver != "unread":  # unread: no result is read before stop() and step()
                 losses.append(float(loss.asnumpy()))
             if debugger is not None:
@@ -159,7 +174,8 @@ def main():
     graph = debugger.service._graph if debugger is not None else None
     compiled = bool(graph) and graph._capture is not None and graph._capture._compiled is not None
     print(json.dumps({"losses": [repr(v) for v in losses], "times": times, "cpu": cpu,
-                      "compiled_probes": compiled,
+                      "compiled_probes": compiled, "grads": grad_digests,
+                      "parameters": _digest(net.trainable_params()),
                       "recipe_drains": graph._capture.recipe_drains if compiled else 0}))
 
 

@@ -55,9 +55,9 @@ a boundary with more than :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` 
 :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` are (a WARNING says so when the graph compiles); a
 Cell with a custom ``bprop`` has forward data only; the instrumentation is compiled into the graph,
 so ``start(model)`` must come before the first step (a graph compiled earlier is reused by
-MindSpore without the probes) and the probes stay in the graph until the process ends (while the
-dump is off they only return, a pyfunc call each: one per Cell call, one per Cell call in the
-backward, one per optimizer call).
+MindSpore without the probes; a ``start(model)`` of a step that is not dumped installs them too)
+and the probes stay in the graph until the process ends (while the dump is off they only return, a
+pyfunc call each: one per Cell call, one per Cell call in the backward, one per optimizer call).
 """
 from __future__ import annotations
 
@@ -393,6 +393,9 @@ class GraphCellCapture:
         self._chunks: list = []  # owners of each run of gradients an optimizer probe shows, by code
         #: the number of this capture's compiled probes (graph_probes.compiled), None: pyfunc probes
         self._compiled = None
+        #: the forward entry of the compiled region (``Jit.….forward``) whose probes :meth:`drain` is
+        #: turning into records: the parent of the Cells called at its top (None: no region recorded)
+        self.region = None
         self._reset()
 
     def snapshot_parameters(self, cells, synced: bool) -> None:
@@ -496,9 +499,15 @@ class GraphCellCapture:
         return values[1] if len(values) == 2 else values[1:]
 
     # ------------------------------------------------------------------ records
-    def drain(self) -> None:
+    def drain(self, region: str | None = None) -> None:
         """Turn the probes' reports so far into records (call once the graphs have run, on the
-        thread that starts and stops the dump)."""
+        thread that starts and stops the dump).
+
+        Args:
+            region: the forward entry (``Jit.{name}.{n}.forward``) of the recorded compiled call
+                whose graph made the reports, or None: the parent in ``construct.json`` of the Cells
+                its graph called at its top (and of their backward entries)."""
+        self.region = region
         reports = self.take_reports()
         if not reports:
             return
@@ -551,9 +560,11 @@ class GraphCellCapture:
         call numbered or open yet): each report's kind, Cell code and dtypes, the Cells' output
         kinds and whether parameters were read at ``start()``; ``None`` otherwise, and for pyfunc
         probes (their reports may hold Python numbers and hooked gradients)."""
-        if self._compiled is None or self.entered or self.stack or self.rt.counters:
+        if self._compiled is None or self.entered or self.stack:
             return None
-        return (self._kinds_seen, bool(self.param_leaves),
+        # the step's call numbers so far (a compiled region's own, APIs before it at mix) and the
+        # region: the recipe's names and edges depend on them
+        return (self._kinds_seen, bool(self.param_leaves), self.region, tuple(self.rt.counters.items()),
                 tuple([(r[0], r[1]) + tuple([None if g is None or type(g) is not list else
                                              tuple([a.dtype if type(a) is np.ndarray else type(a) for a in g])
                                              for g in r[2:]])
@@ -564,7 +575,7 @@ class GraphCellCapture:
         self.entered.add(prefix)
         k = rt.next_count(f"{prefix}.forward")
         fwd = naming.cell_entry(prefix, naming.FORWARD, k)
-        parent = self.stack[-1] if self.stack else None
+        parent = self.stack[-1] if self.stack else self.region
         sink.edge(fwd, parent)
         sink.stack(fwd)  # probes run on MindSpore's executor thread: no Python frames
         selected = sink.selector.selects(fwd)
@@ -595,7 +606,9 @@ class GraphCellCapture:
             bwd = naming.backward_of(fwd)
             if sink.selector.selects(bwd):
                 sink.selector.note_backward(prefix)
-                self.done[prefix].append((bwd, naming.backward_of(parent) if parent else None))
+                # a region's backward runs inside its forward call (the grad function is compiled)
+                self.done[prefix].append((bwd, parent if parent is None or parent == self.region
+                                          else naming.backward_of(parent)))
 
     def _output_grads(self, sink, prefix: str, arrays) -> None:
         """bprop of the output probe: gradients w.r.t. the Cell's outputs (backward ``input``)."""
@@ -903,8 +916,9 @@ class GraphDump:
       (including the jit Cell itself, recorded ONCE, as one unit) goes to the main tree, which is
       ``dump_path/pynative/`` then (the seed's two subtrees, see :func:`attach`).
 
-    The probes are installed at the first dumped ``start()`` and stay compiled in until the process
-    ends (:meth:`close`); removing them would only force a recompilation.
+    The probes are installed at the first ``start(model)``, of a dumped step or not
+    (:meth:`install`), and stay compiled in until the process ends (:meth:`close`); removing them
+    would only force a recompilation.
 
     Args:
         rt: the service's :class:`msprobe.engine.runtime.Runtime` (the one owner of dump state).
@@ -920,6 +934,9 @@ class GraphDump:
         self._capture = None
         self._handle = None
         self._cells: list = []
+        #: the recorded compiled call (``Jit.….forward``) whose graph's reports the next drain records
+        #: (:meth:`region_returned`), or None
+        self._region = None
 
     def wait(self) -> None:
         """Wait until the compiled graphs launched so far have run, then record what their probes
@@ -931,30 +948,45 @@ class GraphDump:
         """
         if self._handle is not None:
             stats.pynative_executor().sync()
-            self._capture.drain()
+            region, self._region = self._region, None
+            self._capture.drain(region)
 
     def begin_step(self, models) -> None:
         """Called by ``start()`` once the runtime's step is open: let graphs launched before it
         finish (their probes must not report into this step), open the ``graph`` tree's step
         directory (PyNative with jit Cells), install the probes (first time only; ``models``:
         ``[(index or None, Cell)]``) and copy the probed Cells' parameters."""
-        first = self._handle is None
-        if not first:
+        self._region = None  # a compiled call of an earlier step
+        if self._handle is not None:
             stats.pynative_executor().sync()
             if self._capture.step == self.rt.step:  # start() again in the same step: keep what came
                 self._capture.drain()               # since stop() (gradients of its sections)
         if self.tree is not None:
             with self.rt.tree(self.tree):
                 pass
-        if first:
-            self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
-            self._capture = GraphCellCapture(self.rt, self.tree)
-            self._handle = self._capture.install(self._cells, models, self.graph_mode)
-            logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
-                        "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
+        first = self.install(models)
         self._capture.begin_step(self.rt.step)
         on_cpu = stats.device_target() == "CPU"  # read now: the context may change between steps
         self._capture.snapshot_parameters(self._cells, synced=not first and on_cpu)
+
+    @property
+    def installed(self) -> bool:
+        """The probes are installed (they stay until :meth:`close`)."""
+        return self._handle is not None
+
+    def install(self, models) -> bool:
+        """Install the probes in the Cells of ``models`` (``[(index or None, Cell)]``) unless they are
+        installed already; returns whether this call installed them. Installed, they report nothing
+        until :meth:`begin_step` (``start()`` of a step that is not dumped installs them too: a graph
+        compiled without them is reused without them)."""
+        if self.installed:
+            return False
+        self._cells = list(graph_cells(models, None if self.graph_mode else self.jit_cells))
+        self._capture = GraphCellCapture(self.rt, self.tree)
+        self._handle = self._capture.install(self._cells, models, self.graph_mode)
+        logger.info("msprobe: %d Cells probed inside compiled graphs (%s)", len(self._cells),
+                    "GRAPH_MODE" if self.graph_mode else "children of mindspore.jit Cells")
+        return True
 
     def note_unrecorded(self) -> None:
         """List in ``coverage.json`` (``not_recorded_in_graph``) the probed Cells none of whose
@@ -973,6 +1005,41 @@ class GraphDump:
                                          "taken) or the compiler removed it; a compiled Cell's data "
                                          "exist only if it runs"}
                 for prefix in missing])
+
+    def region_returned(self, region: str, outputs: list) -> None:
+        """GRAPH_MODE: the recorded compiled call ``region`` (its forward entry,
+        ``Jit.{name}.{n}.forward``) returned ``outputs`` (its tensors, list): the probes' reports of its
+        graph become records with ``region`` as the parent of the Cells called at its top, at the
+        next :meth:`wait` (``stop()``/``step()``), when no other compiled call came first (then now).
+
+        In watch mode they are recorded now, inside the call, before its output: watch mode checks
+        records in the order they are made, and the Cell that made a NaN must come before the call
+        around it. Waiting here costs the training thread CPU (MindSpore's wait spins: ~20 ms per
+        LeNet step on a loaded 2-core machine), so other dumps wait where they always did."""
+        if not self.graph_mode or self._handle is None:
+            return
+        if self._region is not None:  # the reports so far are those of the earlier region's graph
+            self._drain_region(())
+        self._region = region
+        if self.rt.watch is not None:
+            self._drain_region(outputs)
+
+    def _drain_region(self, outputs) -> None:
+        """Wait for the graphs launched so far (reading the first of ``outputs`` first, when given: a
+        result's read waits without the executor's spinning ``sync``) and record their probes' reports
+        as inside :attr:`_region`. A failure of the graph reaches the caller as at its next read of a
+        result; a failure of the recording is reported as the tool's."""
+        if outputs:
+            try:
+                outputs[0].asnumpy()
+            except Exception:  # a dtype numpy lacks, or the graph failed: the sync waits (and raises)
+                pass
+        stats.pynative_executor().sync()
+        region, self._region = self._region, None
+        try:
+            self._capture.drain(region)
+        except Exception as exc:  # the tool's failure: keep training
+            self.rt.tool_error(f"failed to record the Cells inside {region}: {exc!r}", key=("region", type(exc)))
 
     def end_step(self) -> None:
         """Before the runtime closes the step (``step()``): record the gradients reported since
