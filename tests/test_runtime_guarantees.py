@@ -374,6 +374,45 @@ def test_empty_reason_names_an_asynchronous_failure(tmp_path):
     assert "selected none" not in reason and "tool failed" not in reason
 
 
+def test_an_asynchronous_failure_between_windows_reaches_the_program():
+    """Asynchronous launch: an operation of the user's that fails between two start()/stop() windows
+    of one step, its result never read, is raised to the program inside the second window as without
+    the tool (the tool reads the model's Parameters at that start() to tell windows from steps)."""
+    script = _prelude(False) + textwrap.dedent("""
+        import tempfile
+        from mindspore import nn
+        tool = sys.argv[1] == "on"
+        net = nn.Dense(3, 2)
+        x = Tensor(np.ones((4, 3), np.float32))
+        debugger = PrecisionDebugger(dump_path=tempfile.mkdtemp(), level="L0") if tool else None
+        if tool:
+            debugger.start(net)
+        net(x)
+        if tool:
+            debugger.stop()
+        bad = ops.Add()(x, Tensor(np.ones((5, 2), np.float32)))  # fails asynchronously, never read
+        try:
+            if tool:
+                debugger.start(net)
+            net(x).asnumpy()
+            if tool:
+                debugger.stop()
+            print("NO ERROR")
+        except ValueError as exc:
+            print("CAUGHT", str(exc).splitlines()[0])
+        if tool:
+            debugger.step()
+    """)
+    lines = {}
+    for mode in ("off", "on"):
+        proc = subprocess.run([sys.executable, "-c", script, mode], env=_env(), capture_output=True,
+                              text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines[mode] = [line for line in proc.stdout.splitlines() if line.startswith(("CAUGHT", "NO ERROR"))]
+    assert lines["off"][0].startswith("CAUGHT For 'Add'"), lines
+    assert lines["on"] == lines["off"]
+
+
 # ============================================================================ context manager
 def test_with_blocks_are_start_and_stop(make_debugger, dump_dir):
     """``with debugger.dump(net):`` and ``with debugger:`` record what start()/stop() record; an

@@ -36,7 +36,7 @@ from msprobe.engine.budget import TensorBudget
 from msprobe.engine.deferred import DeferredOutputs
 from msprobe.engine.filters import Selector
 from msprobe.engine.flush import (release_tensors, FlushTimer, encode_batch, materialize, raised_by_mindspore,
-                                  replay_batch)
+                                  replay_batch, wait_for_device)
 from msprobe.tensors.records import Describer, describe_other
 from msprobe.engine.stacks import MAX_WALK as STACK_WALK, StackTable
 from msprobe.engine.step_files import StepExtras, write_step
@@ -413,6 +413,14 @@ class Runtime:
         if isinstance(exc, WatchAnomaly):
             self._user_error = None
             raise exc
+
+    def wait_for_device(self) -> None:
+        """Wait for every queued MindSpore operation before tool code reads a user's tensor outside a
+        flush. A failure of the user's operation met there (asynchronous launch) is kept and raised
+        to the user at the next chance (:meth:`raise_user_error`), never swallowed."""
+        failure = wait_for_device()
+        if failure is not None:
+            self._user_failed(failure)
 
     def take_user_error(self):
         """The failure of the user's computation not raised yet (and forget it), or ``None``."""

@@ -235,7 +235,7 @@ class DumpService:
         if cfg.level in _API_LEVELS:  # names bound to an API before start() are not captured: list them
             self._note_stale_bindings(rt)
         self._install()
-        self._windows.window_starts(rt.step, self.models)
+        self._windows.window_starts(rt.step, self.models, rt.wait_for_device)
         rt.begin_capture()
         logger.info("msprobe: dump started at step %d (%s)", rt.step, rt.step_dir)
         return True

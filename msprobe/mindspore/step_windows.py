@@ -40,12 +40,15 @@ class StepWindows:
         """Forget the step (at ``step()``): neither a Parameter nor its bytes are kept past its step."""
         self._step, self._windows, self._values = None, 0, None
 
-    def window_starts(self, step: int, models) -> None:
+    def window_starts(self, step: int, models, wait) -> None:
         """A recording window of step ``step`` begins (``start()`` switched recording on).
 
         Args:
             step (int): the current step number.
             models (list[tuple[int | None, nn.Cell]] | None): the models given to ``start()``.
+            wait (callable): called before the Parameters are read; waits for the device and keeps
+                a failure of the user's operation for the user
+                (:meth:`msprobe.engine.runtime.Runtime.wait_for_device`).
         """
         if self.said:
             return
@@ -54,12 +57,12 @@ class StepWindows:
             self._step = step
         self._windows += 1
         try:
-            self._check(step, models)
+            self._check(step, models, wait)
         except Exception as exc:  # a reminder only: never in the way of the dump
             logger.debug("msprobe: reading the Parameters between windows failed: %r", exc)
             self._values = None
 
-    def _check(self, step: int, models) -> None:
+    def _check(self, step: int, models, wait) -> None:
         if not models:
             if self._windows == MANY_WINDOWS:
                 self._say(f"start() was called {MANY_WINDOWS} times in step {step} without step(): every "
@@ -67,6 +70,7 @@ class StepWindows:
             return
         if self._windows < 2:
             return
+        wait()  # an asynchronous failure of the user's is met here, not in the reads below
         if self._values is None:
             self._values = [(p, p.asnumpy().tobytes()) for p in _smallest(models)]
             return
