@@ -57,7 +57,7 @@ def install_jit_capture(recorder, inside=None) -> HandleSet:
     Args:
         recorder: the :class:`msprobe.capture.calls.CallRecorder` recording each call.
         inside: ``None``, or a callable taking the forward entry name of a compiled call
-            (``"Jit.{name}.{n}.forward"``, str) and its outputs' tensors (list), called once the
+            (``"Jit.{name}.{n}.forward"``, str) and what the call returned, called once the
             region has returned and before its output is recorded: in GRAPH_MODE the Cells probed
             inside it are recorded with it as their ``construct.json`` parent (in watch mode there
             and then, before its output).
@@ -74,7 +74,7 @@ def install_jit_capture(recorder, inside=None) -> HandleSet:
         def run(*inputs, **kw):
             out = original(self, *head, *inputs, **kw)
             if inside is not None:  # the call's number was taken before it ran
-                inside(naming.api_entry(api, rt.counters[api] - 1, naming.FORWARD), _flatten_tensors(out, []))
+                inside(naming.api_entry(api, rt.counters[api] - 1, naming.FORWARD), out)
             return out
 
         # a compiled region may assign Parameters (an optimizer's update): tensors recorded so far,

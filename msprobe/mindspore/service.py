@@ -748,10 +748,10 @@ def _inside_compiled_call(ref):
     the Cells its graph ran are recorded with it as their parent
     (:meth:`msprobe.capture.cells.graph_cell.GraphDump.region_returned`). ``ref``: a weak reference to the
     service (the patch lives in MindSpore's class and must not keep the service alive)."""
-    def inside(region: str, outputs: list) -> None:
+    def inside(region: str, output) -> None:
         service = ref()
         if service is not None and service._graph:
-            service._graph.region_returned(region, outputs)
+            service._graph.region_returned(region, output)
     return inside
 
 

@@ -74,6 +74,7 @@ import numpy as np
 from mindspore import Tensor, nn
 from mindspore.ops import constexpr
 
+from msprobe.capture.backward import _flatten_tensors
 from msprobe.capture.cells import graph_lines, graph_probes
 from msprobe.capture.cells.cell import is_jit_cell
 from msprobe.format import naming
@@ -1006,9 +1007,9 @@ class GraphDump:
                                          "exist only if it runs"}
                 for prefix in missing])
 
-    def region_returned(self, region: str, outputs: list) -> None:
+    def region_returned(self, region: str, output) -> None:
         """GRAPH_MODE: the recorded compiled call ``region`` (its forward entry,
-        ``Jit.{name}.{n}.forward``) returned ``outputs`` (its tensors, list): the probes' reports of its
+        ``Jit.{name}.{n}.forward``) returned ``output`` (what the call returned): the probes' reports of its
         graph become records with ``region`` as the parent of the Cells called at its top, at the
         next :meth:`wait` (``stop()``/``step()``), when no other compiled call came first (then now).
 
@@ -1022,7 +1023,7 @@ class GraphDump:
             self._drain_region(())
         self._region = region
         if self.rt.watch is not None:
-            self._drain_region(outputs)
+            self._drain_region(_flatten_tensors(output, [])[:1])
 
     def _drain_region(self, outputs) -> None:
         """Wait for the graphs launched so far (reading the first of ``outputs`` first, when given: a
@@ -1032,8 +1033,8 @@ class GraphDump:
         if outputs:
             try:
                 outputs[0].asnumpy()
-            except Exception:  # a dtype numpy lacks, or the graph failed: the sync waits (and raises)
-                pass
+            except Exception as exc:  # the graph failed (kept for the user: MindSpore reports it
+                self.rt.claim_user_failure(exc, outputs)  # once), or a dtype numpy lacks: the sync waits
         stats.pynative_executor().sync()
         region, self._region = self._region, None
         try:
