@@ -124,6 +124,13 @@ def judge(t: Optional[Record], g: Optional[Record], mode: str, thresholds: Thres
     return out
 
 
+def stat_scale(stat: str, golden: float, rms: float, group: Group) -> float:
+    """What a statistic's difference is divided by to give its scaled error: the larger of the golden
+    value's magnitude, the golden tensor's RMS (``rms``, for Max/Min/Mean only) and the group's
+    ``atol``."""
+    return max(abs(golden), group.atol) if stat == "Norm" else max(abs(golden), rms, group.atol)
+
+
 def scale_text(stat: str, diff: float, golden: float, rms: float, group: Group) -> str:
     """Which statistic the largest scaled statistic error is of, and what its difference was divided by
     (the larger of its golden value's magnitude, the golden tensor's RMS for Max/Min/Mean, and the
@@ -135,7 +142,7 @@ def scale_text(stat: str, diff: float, golden: float, rms: float, group: Group) 
         golden (float): the golden statistic. rms (float): golden Norm / sqrt(element count) (0.0
             when unknown). group (Group): the thresholds group the record is judged with.
     """
-    scale = max(abs(golden), group.atol) if stat == "Norm" else max(abs(golden), rms, group.atol)
+    scale = stat_scale(stat, golden, rms, group)
     if scale == abs(golden):
         over = f"|golden {stat}| {scale:.3g}"
     elif stat != "Norm" and scale == rms:
@@ -181,8 +188,7 @@ def _stat_metrics(t: Record, g: Record, group: Group, out: Judged) -> Optional[s
         diff = a - b
         diffs.append(diff)
         rels.append(_rel(diff, b))
-        base = max(abs(b), group.atol) if name == "Norm" else max(abs(b), rms, group.atol)
-        scaled.append(abs(diff) / base)
+        scaled.append(abs(diff) / stat_scale(name, b, rms, group))
         if scaled[-1] > largest:
             largest, why = scaled[-1], (name, diff, b)
     out.metrics.update({"Max diff": diffs[0], "Min diff": diffs[1], "Mean diff": diffs[2],
