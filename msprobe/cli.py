@@ -134,7 +134,9 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
     """Compare TARGET with GOLDEN record by record.
 
     Writes compare_result_{rank}_{timestamp}.csv per step/rank pair (with _step{N} when several
-    steps are compared) and compare_summary_{timestamp}.json into OUT_DIR. Exit 0 when written.
+    steps are compared) and compare_summary_{timestamp}.json into OUT_DIR. Steps present on one
+    side only are not compared; a note (and the summary's unpaired_steps) names them. Exit 0 when
+    written.
     """
     from msprobe.compare import compare_to_files
 
@@ -146,6 +148,8 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
         first = _first_difference_text(item["first_difference"], item["agreement"])
         click.echo(f"{where} ({item['mode']}): {counts}; {first}")
         click.echo(f"  {item['csv']}")
+    if result["unpaired_steps"]:
+        click.echo(f"note: {result['unpaired_steps']}")
     click.echo(f"summary: {result['summary']}")
 
 

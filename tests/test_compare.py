@@ -359,6 +359,24 @@ def test_steps_on_one_side_only_are_named(tmp_path):
     assert "step 2 is in the target dump only" in html.read_text(encoding="utf-8")
 
 
+def test_compare_names_the_steps_it_leaves_out(tmp_path):
+    """``msprobe compare`` of two dump_paths whose step sets differ says which steps it did not
+    compare, on the console and in its summary file, in first-diff's words."""
+    a, b = make_dump(tmp_path, "a", steps=2), make_dump(tmp_path, "b", steps=3)
+    note = "only steps 0, 1 are compared: step 2 is in the target dump only"
+    out = tmp_path / "out"
+    proc = cli("compare", "-tp", b, "-gp", a, "-o", str(out), check_code=0)
+    assert f"note: {note}" in proc.stdout.splitlines(), proc.stdout
+    (summary_path,) = glob.glob(str(out / "compare_summary_*.json"))
+    assert json.load(open(summary_path))["unpaired_steps"] == note
+    assert json.loads(cli("first-diff", b, a, "--json").stdout)["unpaired_steps"] == note
+    same = tmp_path / "same"
+    proc = cli("compare", "-tp", a, "-gp", a, "-o", str(same), check_code=0)
+    assert "note:" not in proc.stdout
+    (summary_path,) = glob.glob(str(same / "compare_summary_*.json"))
+    assert json.load(open(summary_path))["unpaired_steps"] is None
+
+
 def test_ignored_records_are_left_out_on_both_sides(dumps):
     pattern = "Functional.gelu.*.forward.output.*"
     rows = compare(dumps["tanh"], dumps["base"], ignore=[pattern])

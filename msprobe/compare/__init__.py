@@ -18,7 +18,7 @@ from typing import List, NamedTuple, Optional, Sequence, Union
 from msprobe.compare.divergence import DivergenceFinder, Finding, agreement, level_note, nan_producers
 from msprobe.compare.divergence import first_divergence as _first_divergence
 from msprobe.compare.engine import StepComparison, columns, entry_values, levels_compared_in_part
-from msprobe.compare.inputs import InputError, pair, rank_number, resolve
+from msprobe.compare.inputs import InputError, pair, rank_number, resolve, unpaired_steps
 from msprobe.compare.judge import MODES
 from msprobe.compare.matching import load_mapping
 from msprobe.compare.output import ResultWriter, json_safe, result_name, write_summary
@@ -138,12 +138,15 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
                      stack: bool = False, **options) -> dict:
     """Write ``compare_result_{rank}_{timestamp}.csv`` (``.xlsx`` with ``xlsx``) per paired
     step/rank and ``compare_summary_{timestamp}.json`` into ``out_dir``; returns the summary.
-    ``stack`` adds the target's stack per row (``NPU_Stack_Info``)."""
+    ``stack`` adds the target's stack per row (``NPU_Stack_Info``). The summary's ``unpaired_steps``
+    names the steps present in one input only, which are not compared
+    (:func:`msprobe.compare.inputs.unpaired_steps`; None when every step is on both sides)."""
     os.makedirs(out_dir, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d%H%M%S")
     pairs = pair(target, golden, options.get("step"), options.get("rank"))
     several = len({p.step for p in pairs}) > 1
-    summary = {"target": os.path.abspath(target), "golden": os.path.abspath(golden), "results": []}
+    summary = {"target": os.path.abspath(target), "golden": os.path.abspath(golden),
+               "unpaired_steps": unpaired_steps(target, golden, options.get("step")), "results": []}
     for c in comparisons(target, golden, **options):
         base = os.path.join(out_dir, result_name(c.rank, stamp, c.step, several))
         writer = ResultWriter(base, columns(c.mode, stack), xlsx)
