@@ -418,30 +418,41 @@ def test_unhandled_exception_marks_step_abnormal_and_reaches_user(tmp_path):
     assert "RuntimeError: boom in the user's step" in d.header["abnormal"]
 
 
-@pytest.mark.parametrize("end", ["raise SystemExit(3)", "pass"])
-def test_program_ending_without_stop_marks_step_abnormal(tmp_path, end):
-    """SystemExit (which no excepthook sees) or the script's end while a step records: the step
-    written at exit keeps its records and is marked abnormal; the exit code is the program's."""
+_ENDED_AT_EXIT = ("the program ended while the step was recording (no stop() after start(): the script "
+                  "ended, or sys.exit() or SystemExit); records up to that point are kept")
+
+
+@pytest.mark.parametrize("mode, level, end, code, abnormal", [
+    ("PYNATIVE_MODE", "L0", "raise SystemExit(3)", 3, _ENDED_AT_EXIT),
+    ("PYNATIVE_MODE", "L0", "pass", 0, _ENDED_AT_EXIT),
+    ("GRAPH_MODE", "L0", "pass", 0, _ENDED_AT_EXIT),
+    ("GRAPH_MODE", "mix", "sys.exit(3)", 3, _ENDED_AT_EXIT),
+    ("GRAPH_MODE", "L0", "raise RuntimeError('boom')", 1, "the program ended with RuntimeError: boom"),
+    ("GRAPH_MODE", "mix", "debugger.step()", 0, None),   # GRAPH_MODE: step() alone ends a step
+])
+def test_program_ending_without_stop_marks_step_abnormal(tmp_path, mode, level, end, code, abnormal):
+    """SystemExit (which no excepthook sees), an uncaught exception or the script's end while a step
+    records, in PyNative and in GRAPH_MODE (the compiled network ran): the step written at exit
+    keeps its records and is marked abnormal; the exit code is the program's."""
     script = tmp_path / "end.py"
     dump = tmp_path / "dump"
     script.write_text(textwrap.dedent(f"""
+        import sys
         import numpy as np, mindspore as ms
         from mindspore import nn, Tensor
-        ms.set_device("CPU"); ms.runtime.launch_blocking()
+        ms.set_device("CPU"); ms.runtime.launch_blocking(); ms.set_context(mode=ms.{mode})
         from msprobe.mindspore import PrecisionDebugger
         net = nn.SequentialCell([nn.Dense(6, 3), nn.ReLU()])
-        debugger = PrecisionDebugger(dump_path={str(dump)!r}, level="L0")
+        debugger = PrecisionDebugger(dump_path={str(dump)!r}, level={level!r})
         debugger.start(net)
         net(Tensor(np.ones((2, 6), np.float32)))
         {end}
     """))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == (3 if "SystemExit" in end else 0), out.stderr[-2000:]
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == code, out.stderr[-2000:]
     d = msprobe.dump.load(only_step_dir(str(dump), 0))
     assert d.complete and list(d.data) == ["Cell.0.Dense.forward.0", "Cell.1.ReLU.forward.0"]
-    assert d.header["abnormal"] == ("the program ended while the step was recording (no stop() after start(): "
-                                    "the script ended, or sys.exit() or SystemExit); records up to that point "
-                                    "are kept")
+    assert d.header.get("abnormal") == abnormal
 
 
 def test_gc_threshold_widened_only_while_capturing(make_debugger, dump_dir):

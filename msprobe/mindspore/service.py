@@ -782,11 +782,11 @@ def _close_at_exit(ref) -> None:
     service = ref()
     if service is not None:
         try:
-            # a step still recording: the program ended before stop() (SystemExit, sys.exit(), the
-            # script's end; an uncaught exception was noted first by the excepthook); in GRAPH_MODE
-            # step() alone ends a step, and L2's kernel dump has no step of its own to mark
-            if service.active and service._kernel_dump is None \
-                    and not (service._graph and service._graph.graph_mode):
+            # a step still recording: the program ended before stop() or step() (SystemExit,
+            # sys.exit(), the script's end; an uncaught exception was noted first by the
+            # excepthook), in PyNative and GRAPH_MODE alike; L2's kernel dump has no step of its
+            # own to mark
+            if service.active and service._kernel_dump is None:
                 service.note_abnormal("the program ended while the step was recording (no stop() after "
                                       "start(): the script ended, or sys.exit() or SystemExit); records "
                                       "up to that point are kept")
