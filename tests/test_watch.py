@@ -627,6 +627,50 @@ def test_online_and_offline_producers_agree(tmp_path, level, case):
                    for name in data if naming.forward_of(name) in data)
 
 
+class ScalarArgument(nn.Cell):
+    """``relu(h) * value`` or ``relu(h) + value`` with ``value`` a Python number."""
+
+    def __init__(self, op: str, value: float):
+        super().__init__()
+        self.op, self.value = op, value
+
+    def construct(self, h):
+        return ops.relu(h) * self.value if self.op == "mul" else ops.relu(h) + self.value
+
+
+@pytest.mark.parametrize("level, op, value, kind, producer", [
+    ("mix", "mul", float("nan"), "nan", "Tensor.__mul__.0.forward"),
+    ("L1", "add", float("inf"), "inf", "Tensor.__add__.0.forward"),
+])
+def test_a_non_finite_python_number_argument_makes_its_call_the_producer(tmp_path, caplog, level, op, value,
+                                                                          kind, producer):
+    """A finite tensor times (plus) a NaN (Inf) Python number: watch mode, anomalies.json and
+    first-diff all name that call as the producer, and say that a scalar argument was non-finite."""
+    from msprobe.compare import nan_producer
+    from msprobe.format.producer import SCALAR_NOTE
+
+    paths = {}
+    for name, watch in (("watch", {}), ("plain", None)):
+        debugger, paths[name] = _debugger(tmp_path, level, watch, name)
+        ms.set_seed(0)
+        net = nn.SequentialCell([nn.Dense(4, 3), ScalarArgument(op, value), nn.ReLU()])
+        with caplog.at_level(logging.WARNING, logger="msprobe"):
+            debugger.start(net)
+            net(Tensor(np.ones((2, 4), np.float32)))
+            debugger.stop()
+            debugger.step()
+        debugger.close()
+    _, found = _anomaly(paths["watch"], 0)
+    assert (found["producer"], found["kind"], found["first_producer"]) == (producer, kind, producer)
+    assert found["trigger"].endswith(f"tensor inputs finite; {SCALAR_NOTE}"), found["trigger"]
+    (message,) = [r.getMessage() for r in caplog.records if "watch found" in r.getMessage()]
+    assert f"first produced by {producer}" in message and SCALAR_NOTE in message, message
+    for path in paths.values():
+        (offline,) = nan_producer(path)
+        assert (offline.entry, offline.note) == (producer, SCALAR_NOTE), path
+        assert _anomaly(path, 0)[1]["first_producer"] == producer, path
+
+
 def test_steps_after_the_anomaly_stay_in_memory_while_the_nan_goes_on(tmp_path):
     """One anomaly per run: later steps that still compute NaN (the weights are NaN now) are not
     checked nor written again; the heartbeat keeps counting them and names the first anomaly."""

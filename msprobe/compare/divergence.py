@@ -31,6 +31,7 @@ from msprobe.compare.records import TENSOR_TYPES, Side, flow_of
 from msprobe.dump import ANOMALIES, load_construct, load_stacks, read_report
 from msprobe.format import naming
 from msprobe.format.frames import frame_lines
+from msprobe.format.producer import PASSED_ON, SCALAR, SCALAR_NOTE, input_role
 
 
 #: :meth:`Finding.label` per kind: one term, "first difference", for the entry where two runs part
@@ -55,10 +56,12 @@ class Finding:
             side only: the runs executed different calls), ``one_sided`` (no matched pair differs,
             but entries or records are present on one side only because the dumps capture
             differently, e.g. GRAPH_MODE against PyNative: :attr:`one_sided` and
-            :attr:`one_sided_records` list them, the first is :attr:`entry`), ``nan`` (inputs finite, an output NaN/Inf), ``anomaly`` (watch mode's
+            :attr:`one_sided_records` list them, the first is :attr:`entry`), ``nan`` (tensor inputs finite, an output NaN/Inf), ``anomaly`` (watch mode's
             ``max_abs``/``norm_jump`` producer, read from ``anomalies.json``; ``note`` says what it found).
         cell_path: enclosing Cell entries, outermost first (from ``construct.json``).
-        note: set when the dumps differ in set-up (mode, level, task), which explains unmatched entries.
+        note: set when the dumps differ in set-up (mode, level, task), which explains unmatched entries;
+            kind ``nan``: set when a scalar argument of the producer was non-finite
+            (:data:`msprobe.format.producer.SCALAR_NOTE`).
         records: per record: name, result, both sides' statistics, message.
     """
 
@@ -631,14 +634,19 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
     (innermost, as for divergences). The inputs of the entries that also feed an entry count as its
     inputs (:func:`msprobe.format.naming.upstream_names`: a backward entry's forward call, a Cell's
     parameter gradients' forward and backward calls), so the gradient of a call whose forward input
-    was already NaN is not a producer. None when no output is NaN/Inf."""
+    was already NaN is not a producer. Only tensor inputs count (:func:`msprobe.format.producer.input_role`,
+    as in watch mode): a call fed a non-finite Python number (``x * float('nan')``) that makes a
+    NaN/Inf tensor is the producer, and its finding's ``note`` says so. None when no output is NaN/Inf."""
     side = side or Side(directory)
     construct = load_construct(directory)
     found = {"forward": [], "backward": []}
-    finite_inputs = {}
+    finite_inputs, scalar_fed = {}, set()
     for i, name in enumerate(side.names):
         recs = side.records(i)
-        own = all(_finite(r) for r in recs if r.flow == "in")
+        roles = {input_role(r.is_tensor, _finite(r)) for r in recs if r.flow == "in"}
+        own = PASSED_ON not in roles
+        if SCALAR in roles:
+            scalar_fed.add(name)
         finite_inputs[name] = own
         fed = own and all(finite_inputs.get(n, True) for n in naming.upstream_names(name))
         if fed and not all(_finite(r) for r in recs if r.flow == "out"):
@@ -656,7 +664,8 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
         return Finding("nan", step, rank, best, None, want, shown_cell_path(best, construct),
                        stacks.get(_forward_of(best), []), [],
                        [{"record": r.key, "finite": _finite(r), "dtype": r.dtype,
-                         "target": dict(zip(("Max", "Min", "Mean", "Norm"), r.stats))} for r in recs])
+                         "target": dict(zip(("Max", "Min", "Mean", "Norm"), r.stats))} for r in recs],
+                       note=SCALAR_NOTE if best in scalar_fed else None)
     return watch_producer(directory, step, rank, side, construct)
 
 

@@ -43,6 +43,7 @@ from msprobe.engine.watch_loss import WATCHED, LossCheck
 from msprobe.engine.writer import StepWriter
 from msprobe.format import journal, naming
 from msprobe.format.journal import SCHEMA, TENSOR_DIR
+from msprobe.format.producer import PASSED_ON, SCALAR, SCALAR_NOTE, input_role
 
 logger = logging.getLogger("msprobe")
 
@@ -177,11 +178,22 @@ class Watch:
         for leaf in leaves:
             if non_finite:
                 kind = _non_finite_kind(leaf, settings.anomaly)
-                if kind:
+                if input_role(True, kind is None) == PASSED_ON:
                     return kind
             if bound is not None and _beyond(leaf, bound):
                 return "max_abs"
         return None
+
+    def scalar_input(self, value) -> bool:
+        """Whether a Python number among the arguments in ``value`` (an input piece's value) is a
+        watched NaN/Inf: not an input anomaly (:func:`msprobe.format.producer.input_role`), but the
+        call that puts it into a tensor is named with :data:`msprobe.format.producer.SCALAR_NOTE`."""
+        kinds = self.settings.anomaly
+        for number in report.scalar_values(value):
+            if isinstance(number, float) and input_role(False, math.isfinite(number)) == SCALAR \
+                    and ("nan" if number != number else "inf") in kinds:
+                return True
+        return False
 
     # ------------------------------------------------------------------ history
     @property
@@ -447,8 +459,8 @@ class WatchWriter:
         (:func:`msprobe.format.naming.upstream_names`: a backward entry's forward call) do."""
         name, key = piece.entry, piece.key
         state = self._entries.get(name)
-        if state is None:
-            state = self._entries[name] = [False, False, None]
+        if state is None:  # [input bad, output bad, output's kind, a scalar argument non-finite]
+            state = self._entries[name] = [False, False, None, False]
         watch = self.watch
         if key == "output":
             base = name if piece.index is None else f"{name}[{piece.index}]"
@@ -459,6 +471,8 @@ class WatchWriter:
             state[1] = state[1] or bool(bad)
             return None
         bad = watch.input_kind(report.leaves(piece.value), non_finite)
+        if non_finite and not bad and watch.scalar_input(piece.value):
+            state[3] = True
         if bad:
             # a NaN/Inf reached an input first: made by code the level does not record. A value
             # beyond max_abs first seen in an input (the step's data, e.g. token ids) is no anomaly:
@@ -477,7 +491,7 @@ class WatchWriter:
         return False
 
     def _trigger(self, producer: str) -> None:
-        kind = self._entries[producer][2]
+        kind, scalar = self._entries[producer][2:]
         cell = None
         for line in self.watch.ring.lines_of(producer):
             found, parent = journal.parent_of(line, producer)
@@ -486,18 +500,21 @@ class WatchWriter:
         what = _WHAT[kind]
         received = is_collective(producer)
         clean = "finite" if kind in ("nan", "inf") else "without it"
-        trigger = f"watch: {what} in the output of {producer}, inputs {clean}"
+        inputs = f"tensor inputs {clean}; {SCALAR_NOTE}" if scalar else f"inputs {clean}"
+        trigger = f"watch: {what} in the output of {producer}, {inputs}"
         if received:
             trigger += " (a collective: the value came from another rank, whose dump names its producer)"
         written = self.dump_history({"step": self.step, "rank": self.rank, "producer": producer,
                                      "kind": kind, "cell": cell, "via_collective": received,
                                      "trigger": trigger})
-        logger.warning("msprobe: watch found %s first produced by %s%s at step %s; %s",
-                       what, producer, f" (in {cell})" if cell else "", self.step, written)
+        logger.warning("msprobe: watch found %s first produced by %s%s at step %s%s; %s",
+                       what, producer, f" (in {cell})" if cell else "", self.step,
+                       f"; {SCALAR_NOTE}" if scalar else "", written)
         where = f", rank {self.rank}" if self.rank is not None else ""  # no rank before init(): none named
         self._raise(f"msprobe watch: {what} first produced by {producer} (step {self.step}{where}"
                     f"{', in ' + cell if cell else ''}); its "
-                    f"inputs were {clean}. Dump: {self.directory}")
+                    f"{'tensor ' if scalar else ''}inputs were {clean}"
+                    f"{'; ' + SCALAR_NOTE if scalar else ''}. Dump: {self.directory}")
 
     def _trigger_unrecorded(self, entry: str, kind: str) -> None:
         what = _WHAT[kind]

@@ -53,6 +53,21 @@ def leaves(value):
             yield from leaves(v)
 
 
+def scalar_values(value):
+    """Yield the value of every recorded argument of an entry body that is not a tensor (a dict with
+    ``type`` and ``value``, no ``dtype``: a Python number, string, ...)."""
+    if isinstance(value, dict):
+        if "type" in value and "dtype" not in value:
+            if "value" in value:
+                yield value["value"]
+        elif "type" not in value:
+            for v in value.values():
+                yield from scalar_values(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from scalar_values(v)
+
+
 def non_finite(leaf: dict) -> bool:
     """True when a statistic of ``leaf`` is NaN or ±Inf (the stats rule: any NaN makes all NaN)."""
     for key in ("Max", "Min", "Mean", "Norm"):
@@ -70,7 +85,8 @@ def find_anomalies(data: dict, construct: dict | None = None) -> dict | None:
     """``{"first_producer", "producers", "first_non_finite"}`` for one step's ``data``, or ``None``
     when every recorded value is finite.
 
-    A producer's recorded inputs are finite and its output is not; the inputs of the entries that
+    A producer's recorded tensor inputs are finite and its output is not (a NaN/Inf Python number
+    argument does not count: :func:`msprobe.format.producer.input_role`); the inputs of the entries that
     also feed an entry (:func:`msprobe.format.naming.upstream_names`: a backward entry's forward
     call) count as its inputs, so the gradient of a call fed a NaN in its forward is a propagator.
     ``construct`` (``construct.json``: entry -> parent Cell entry) makes ``first_producer`` the
