@@ -1,15 +1,26 @@
 """GRAPH_MODE L0: ``start(model)`` after the network's graph was compiled. MindSpore reuses the graph
 compiled without the probes, so the steps are dumped empty; a WARNING says which Cell was compiled
 and what to do. A ``start(model)`` before the first step installs the probes even when the step
-list leaves that step out, and then nothing is said. Subprocesses (GRAPH_MODE is process-wide), two at a time."""
+list leaves that step out, and then nothing is said. Subprocesses (GRAPH_MODE is process-wide), two at a time.
+
+Under PyNative the same holds for a ``mindspore.jit`` Cell called before the first ``start(model)``:
+the Cells inside it are not recorded, and a WARNING names the jit Cell (in this process)."""
 from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn
+
+import msprobe.dump
+from msprobe.mindspore import PrecisionDebugger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,3 +93,64 @@ def test_start_after_the_graph_was_compiled_is_said(tmp_path):
     late_listed_err, late_listed = results["late_listed"]
     assert len(late_listed) == 1 and late_listed[0]["data"] == {}
     assert late_listed_err.splitlines().count(WARNING) == 1
+
+
+class JitBlock(nn.Cell):
+    """A Cell whose ``construct`` is a ``mindspore.jit`` function: compiled at its first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 3)
+        self.act = nn.ReLU()
+
+    @ms.jit
+    def construct(self, x):
+        return self.act(self.fc(x))
+
+
+class JitNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.block = JitBlock()
+        self.head = nn.Dense(3, 1)
+
+    def construct(self, x):
+        return self.head(self.block(x)).sum()
+
+
+JIT_WARNING = ("msprobe: the mindspore.jit Cell block (JitBlock) was compiled before start(model) installed "
+               "the L0 probes inside it; MindSpore reuses a compiled graph without them, so the Cells inside "
+               "it are not recorded (the dump's graph/ tree holds none of them; the jit Cell itself is "
+               "recorded as one call). Call debugger.start(model) before the first call of the network "
+               "(before the first training step)")
+
+
+def test_a_jit_cell_compiled_before_start_is_said_under_pynative(tmp_path, caplog):
+    """PyNative, L0 and mix: a jit Cell called once before the first ``start(model)`` keeps the graph
+    compiled without the probes (the Cells inside it are not recorded): one WARNING names it; called
+    first after ``start(model)``, its Cells are recorded and nothing is said."""
+    x = Tensor(np.ones((2, 3), np.float32))
+    inside = {}
+    for level in ("L0", "mix"):
+        for order in ("compiled_first", "start_first"):
+            net = JitNet()
+            dump_path = str(tmp_path / f"{level}_{order}")
+            debugger = PrecisionDebugger(dump_path=dump_path, level=level)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="msprobe"):
+                if order == "compiled_first":
+                    net(x)
+                for _ in range(2):
+                    debugger.start(net)
+                    net(x)
+                    debugger.stop()
+                    debugger.step()
+            debugger.close()
+            said = [r.getMessage() for r in caplog.records if "compiled before start(model)" in r.getMessage()]
+            assert said == ([JIT_WARNING] if order == "compiled_first" else []), (level, order, said)
+            for step in (0, 1):
+                (graph_dir,) = glob.glob(os.path.join(dump_path, "graph", f"step{step}", "*"))
+                inside[level, order, step] = sorted(msprobe.dump.load(graph_dir).data)
+    for level in ("L0", "mix"):
+        assert all(inside[level, "compiled_first", step] == [] for step in (0, 1))
+        assert all("Cell.block.fc.Dense.forward.0" in inside[level, "start_first", step] for step in (0, 1))

@@ -39,7 +39,7 @@ from mindspore import nn
 
 from msprobe.capture import debug_save
 from msprobe.capture.cells import graph_cell
-from msprobe.capture.cells.precompiled import compiled_holders
+from msprobe.capture.cells.precompiled import precompiled_warning
 from msprobe.capture.api import alias_targets, build_wrappers, load_api_list, make_wrapper, resolve_targets
 from msprobe.capture.calls import CallRecorder
 from msprobe.capture.coverage import note_stale_bindings
@@ -90,7 +90,7 @@ class DumpService:
         self._api_targets = None
         self._api_aliases = None  # other public names of the listed functions (F.cast, ...)
         self._said_list_hooks_nothing = False  # the WARNING of an L1 list that names no API, said once
-        self._checked_precompiled = False  # GRAPH_MODE: graphs compiled before the probes, looked for once
+        self._checked_precompiled = False  # graphs compiled before the probes, looked for once
         self._custom: dict = {}
         self._api_patches: AttributePatches | None = None  # built once, applied at each start()
         self._guard: AttributePatches | None = None  # likewise
@@ -268,8 +268,9 @@ class DumpService:
 
     def _install_graph_probes(self) -> None:
         """Install the graph probes (:meth:`graph_cell.GraphDump.install`; nothing when they are
-        installed already); the first time in GRAPH_MODE, say which Cells were compiled before."""
-        if self._graph.graph_mode and not self._checked_precompiled:
+        installed already); the first time, say which graphs (GRAPH_MODE, or ``mindspore.jit`` Cells
+        under PyNative) were compiled before."""
+        if not self._checked_precompiled:
             self._checked_precompiled = True
             self._warn_precompiled()
         self._graph.install(self.models)
@@ -314,23 +315,18 @@ class DumpService:
             self._gc_window.add(widen_gen0())
 
     def _warn_precompiled(self) -> None:
-        """GRAPH_MODE, first install of the probes (the first ``start(model)`` of a dumped rank,
-        dumped step or not): a Cell compiled before (holding the model) runs its graph without them;
-        say so once, with what to do."""
+        """First install of the graph probes (the first ``start(model)`` of a dumped rank, dumped
+        step or not): a graph compiled before (a Cell holding the model in GRAPH_MODE, a
+        ``mindspore.jit`` Cell of it under PyNative) runs without them; say so once, with what to do
+        (:func:`msprobe.capture.cells.precompiled.precompiled_warning`)."""
+        graph = self._graph
         try:
-            holders = compiled_holders(self.models)
+            text = precompiled_warning(self.models, graph.graph_mode, graph.jit_cells)
         except Exception as exc:  # a hint only: never in the way of the dump
             logger.debug("msprobe: looking for graphs compiled before start() failed: %r", exc)
             return
-        if not holders:
-            return
-        roots = {id(root) for _, root in self.models}
-        named = ", ".join(f"{type(h).__name__} ({'the model' if id(h) in roots else 'it holds the model'})"
-                          for h in holders)
-        logger.warning("msprobe: GRAPH_MODE: %s was compiled before start(model) installed the L0 probes; "
-                       "MindSpore reuses a compiled graph without them, so its calls record nothing (empty "
-                       "dumps). Call debugger.start(model) before the first call of the network (before "
-                       "the first training step), or build the Cell that is called after start()", named)
+        if text:
+            logger.warning("%s", text)
 
     def _install_capture(self) -> None:
         """Install what may stay from one dumped step to the next into :attr:`_capture`: API
