@@ -15,11 +15,11 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor
 
 import msprobe.dump
+from matrix_nets import JitNet
 from msprobe.mindspore import PrecisionDebugger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,30 +95,7 @@ def test_start_after_the_graph_was_compiled_is_said(tmp_path):
     assert late_listed_err.splitlines().count(WARNING) == 1
 
 
-class JitBlock(nn.Cell):
-    """A Cell whose ``construct`` is a ``mindspore.jit`` function: compiled at its first call."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(3, 3)
-        self.act = nn.ReLU()
-
-    @ms.jit
-    def construct(self, x):
-        return self.act(self.fc(x))
-
-
-class JitNet(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.block = JitBlock()
-        self.head = nn.Dense(3, 1)
-
-    def construct(self, x):
-        return self.head(self.block(x)).sum()
-
-
-JIT_WARNING = ("msprobe: the mindspore.jit Cell block (JitBlock) was compiled before start(model) installed "
+JIT_WARNING = ("msprobe: the mindspore.jit Cell jit_block (JitBlock) was compiled before start(model) installed "
                "the L0 probes inside it; MindSpore reuses a compiled graph without them, so the Cells inside "
                "it are not recorded (the dump's graph/ tree holds none of them; the jit Cell itself is "
                "recorded as one call). Call debugger.start(model) before the first call of the network "
@@ -129,7 +106,7 @@ def test_a_jit_cell_compiled_before_start_is_said_under_pynative(tmp_path, caplo
     """PyNative, L0 and mix: a jit Cell called once before the first ``start(model)`` keeps the graph
     compiled without the probes (the Cells inside it are not recorded): one WARNING names it; called
     first after ``start(model)``, its Cells are recorded and nothing is said."""
-    x = Tensor(np.ones((2, 3), np.float32))
+    x = Tensor(np.ones((4, 6), np.float32))
     inside = {}
     for level in ("L0", "mix"):
         for order in ("compiled_first", "start_first"):
@@ -153,4 +130,4 @@ def test_a_jit_cell_compiled_before_start_is_said_under_pynative(tmp_path, caplo
                 inside[level, order, step] = sorted(msprobe.dump.load(graph_dir).data)
     for level in ("L0", "mix"):
         assert all(inside[level, "compiled_first", step] == [] for step in (0, 1))
-        assert all("Cell.block.fc.Dense.forward.0" in inside[level, "start_first", step] for step in (0, 1))
+        assert all("Cell.jit_block.fc.Dense.forward.0" in inside[level, "start_first", step] for step in (0, 1))
