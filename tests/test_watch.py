@@ -646,6 +646,7 @@ def test_a_non_finite_python_number_argument_makes_its_call_the_producer(tmp_pat
                                                                           kind, producer):
     """A finite tensor times (plus) a NaN (Inf) Python number: watch mode, anomalies.json and
     first-diff all name that call as the producer, and say that a scalar argument was non-finite."""
+    import msprobe.compare.html
     from msprobe.compare import nan_producer
     from msprobe.format.producer import SCALAR_NOTE
 
@@ -669,6 +670,9 @@ def test_a_non_finite_python_number_argument_makes_its_call_the_producer(tmp_pat
         (offline,) = nan_producer(path)
         assert (offline.entry, offline.note) == (producer, SCALAR_NOTE), path
         assert _anomaly(path, 0)[1]["first_producer"] == producer, path
+    html = tmp_path / "report.html"
+    msprobe.compare.html.write_report(paths["plain"], str(html))
+    assert SCALAR_NOTE in html.read_text(encoding="utf-8")
 
 
 def test_steps_after_the_anomaly_stay_in_memory_while_the_nan_goes_on(tmp_path):
