@@ -42,7 +42,7 @@ OPTIMIZERS = {
 
 
 def train(spec, opt_name, steps, debugger=None, counter_box=None):
-    """``steps`` training steps; returns ``{"losses", "grads", "params", "exc", "counts"}`` (bytes as
+    """``steps`` training steps of ``spec.driver``; returns ``{"losses", "grads", "params", "exc", "counts"}`` (bytes as
     hex-free tuples: raw ``tobytes()`` kept in memory)."""
     seed_all(1234)
     net = spec.cls()
@@ -50,10 +50,7 @@ def train(spec, opt_name, steps, debugger=None, counter_box=None):
     data, label = spec.inputs(np.random.RandomState(0))
     opt = OPTIMIZERS[opt_name](net.trainable_params())
 
-    def forward(x, y):
-        return spec.loss(net(x), y)
-
-    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+    step = spec.driver(net, spec.loss, opt)
     counter = checks.CallCounter(net) if counter_box is not None else None
     losses, grads, counts, exc = [], [], [], None
     for _ in range(steps):
@@ -63,8 +60,7 @@ def train(spec, opt_name, steps, debugger=None, counter_box=None):
             if counter is not None:
                 counter.start()
             try:
-                loss, g = grad_fn(data, label)
-                opt(g)
+                loss, g = step(data, label)
                 losses.append(loss.asnumpy().tobytes())
                 grads.append([t.asnumpy().tobytes() for t in g])
             finally:
@@ -95,7 +91,8 @@ def compare(ref, on) -> list:
             fails.append(f"step {s}: loss differs ({np.frombuffer(a, np.float32)} vs "
                          f"{np.frombuffer(b, np.float32)})")
     for s, (ga, gb) in enumerate(zip(ref["grads"], on["grads"])):
-        bad = [n for n, a, b in zip(ref["names"], ga, gb) if a != b]
+        bad = [ref["names"][i] if i < len(ref["names"]) else f"step output {i}"
+               for i, (a, b) in enumerate(zip(ga, gb)) if a != b]
         if bad:
             fails.append(f"step {s}: gradients differ for {bad}")
     if len(ref["losses"]) == len(on["losses"]):
