@@ -557,6 +557,49 @@ def accumulate_step(net, loss, opt):
     return step
 
 
+
+def jit_step(net, loss, opt):
+    """The whole training step (gradients and update) as one ``mindspore.jit`` function."""
+    grad_fn = _grad_of(net, loss, opt)
+
+    @ms.jit
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
+def grad_aux_step(net, loss, opt):
+    """``mindspore.grad`` with ``has_aux=True`` (the network output returned beside the loss) and
+    ``return_ids``; returns ``(loss, gradients)``."""
+    def forward(x, y):
+        out = net(x)
+        return loss(out, y), out
+
+    grad_fn = ms.grad(forward, None, opt.parameters, has_aux=True)
+
+    def step(x, y):
+        grads, (out,) = grad_fn(x, y)
+        opt(grads)
+        return loss(out, y), grads
+
+    return step
+
+
+def forward_value_and_grad_step(net, loss, opt):
+    """``nn.ForwardValueAndGrad(nn.WithLossCell(...), get_by_list=True)``, then the optimizer."""
+    train = nn.ForwardValueAndGrad(nn.WithLossCell(net, LossOf(loss)), opt.parameters, get_by_list=True)
+
+    def step(x, y):
+        value, grads = train(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
 # ---------------------------------------------------------------------------------------------- specs
 def _mean_square(out, label):
     return ((out - label) ** 2).mean()
@@ -646,6 +689,9 @@ SPECS = [
     NetSpec("amp_train_network", ResidualNet, _x(4, 6), driver=amp_train_network),
     NetSpec("clip_global_norm", BranchNet, _x(4, 6), _plain, driver=clip_global_norm_step),
     NetSpec("accumulate", ConvBNNet, _cls_inputs((4, 2, 4, 4), 3), _ce, driver=accumulate_step),
+    NetSpec("jit_step", ResidualNet, _x(4, 6), driver=jit_step, graph=False),
+    NetSpec("grad_aux", SharedNet, _xs((4, 6), (4, 2)), driver=grad_aux_step),
+    NetSpec("forward_value_and_grad", DropoutNet, _x(4, 6), driver=forward_value_and_grad_step),
     NetSpec("raise_user", RaiseNet, _x(4, 6), graph=False),
     NetSpec("raise_shape", ShapeErrorNet, _x(4, 6), graph=False),
 ]
