@@ -36,8 +36,8 @@ ASYNC_NETS = ("branch", "inplace", "shared", "dropout_ones", "jit_step")
 #: measured seconds per network in one worker (all levels and optimizers), to balance the workers
 _COST = {"pynative": {"gru": 5, "transformer": 4, "mha": 4, "fp16": 4, "jit_cell": 5, "amp_o1": 12,
                       "encoder": 5, "jit_step": 7, "amp_train_network": 5, "grad_aux": 4},
-         "graph": {"gru": 35, "transformer": 32, "mha": 30, "conv_bn": 20, "lstm": 17, "conv_family": 15,
-                   "amp_o2": 18, "loss_scale": 14, "train_one_step": 12, "amp_train_network": 10},
+         "graph": {"gru": 35, "transformer": 32, "mha": 30, "conv_bn": 20, "lstm": 17, "loss_scale": 14,
+                   "train_one_step": 12, "amp_train_network": 10},
          "pynative_async": {"jit_step": 8}}
 _DEFAULT_COST = {"pynative": 3, "graph": 10, "pynative_async": 4}
 _CHUNK_SECONDS = 40
