@@ -1,7 +1,9 @@
 """The tool is invisible: every network of tests/matrix_nets.py x level (L0, L1, mix) x mode (PyNative,
 GRAPH_MODE where MindSpore compiles the network) x optimizer, trained tool-off and tool-on, gives
 bit-identical losses, parameter gradients and final parameters (raw bytes), the same exception (type
-and message) or none, no dump_error_info.log, and a dump.json holding an entry for every Cell call
+and message) or none, no dump_error_info.log, no forward hook left on a Cell after the last ``stop()``,
+nothing left patched after ``close()`` (the listed APIs, ``Cell.__call__``, the compiled-call entry),
+and a dump.json holding an entry for every Cell call
 (L0) and API/Primitive call (L1) counted independently in a tool-off run (own hooks and wrappers,
 tests/matrix_checks.py). A task-tensor mix run per network checks every statistic against a float64
 recomputation from the saved ``.npy`` (0-d, 1-element, empty, integer, bool, float16 and bfloat16
