@@ -15,6 +15,8 @@ every other round, so a drift of the machine's load hits them alike):
 * ``no parameter hooks``: ``CellCapture._hook_parameters`` registers nothing and removes the hooks an
   earlier variant's steps left registered (no ``parameters_grad``);
 * ``neither``: both of the above;
+* ``no jit pause``: ``CellCapture.paused`` does nothing (the Cell hooks stay on the Cells while a
+  compiled call, such as the optimizer's, runs);
 * ``hooks only``: a second debugger whose ``list`` selects nothing (every hook installed and running,
   the parameter-gradient hooks too; only the ``construct.json`` edges are recorded);
 * ``no-op hooks``: no tool, MindSpore's ``register_forward_pre_hook(with_kwargs=True)`` and
@@ -30,6 +32,7 @@ dump.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -110,8 +113,12 @@ def main(argv=None) -> int:
     def no_params(self):  # and none left registered by an earlier variant's steps
         self.release_parameter_hooks()
 
+    def no_pause(self):
+        return contextlib.nullcontext()
+
     switches = {
         "all": (),
+        "no jit pause": ((cell.CellCapture, "paused", no_pause),),
         "no backward probes": ((backward.BackwardProbe, "observe", no_observe),),
         "no parameter hooks": ((cell.CellCapture, "_hook_parameters", no_params),),
         "neither": ((backward.BackwardProbe, "observe", no_observe),

@@ -5,7 +5,13 @@
 Every network covers one pattern whose capture could change what MindSpore computes: tensors with
 several consumers, residuals, BatchNorm/Dropout in training mode, shared Cells, tuple/dict outputs,
 in-place ops, recurrent layers, attention, recompute, jit Cells, list-input APIs, same-dtype casts,
-constant tables, Cells whose output takes no gradient, 0-d losses, and user exceptions.
+constant tables, Cells whose output takes no gradient, 0-d losses, and user exceptions; more of
+MindSpore's own layers (Conv1d, GroupNorm, PReLU, Conv2dTranspose, Embedding with ``padding_idx``, RNN,
+TransformerEncoder) and mixed precision (``amp.auto_mixed_precision`` O1/O2). A spec's ``driver`` runs
+its training step the ways MindSpore offers: ``value_and_grad`` (default), ``nn.TrainOneStepCell``,
+dynamic loss scaling with ``nn.DynamicLossScaleUpdateCell``, ``amp.build_train_network``,
+``ops.clip_by_global_norm``, gradient accumulation, the whole step under ``mindspore.jit``,
+``mindspore.grad`` with ``has_aux``, ``nn.ForwardValueAndGrad``.
 """
 from __future__ import annotations
 
@@ -375,6 +381,231 @@ class ShapeErrorNet(nn.Cell):
         return ops.matmul(self.fc(x), x)
 
 
+class ConvFamilyNet(nn.Cell):
+    """Conv1d -> GroupNorm -> PReLU -> Conv2dTranspose: the convolution and normalisation layers
+    ConvBNNet does not have."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1d = nn.Conv1d(2, 4, 3, pad_mode="pad", padding=1, has_bias=True)
+        self.gn = nn.GroupNorm(2, 4)
+        self.prelu = nn.PReLU(4)
+        self.deconv = nn.Conv2dTranspose(4, 2, 2, stride=2, has_bias=True)
+        self.fc = nn.Dense(2, 3)
+
+    def construct(self, x):
+        h = self.conv1d(x)  # (N, 4, 8)
+        h = self.prelu(self.gn(h.reshape(h.shape[0], 4, 2, 4)))
+        return self.fc(self.deconv(h).mean((2, 3)))
+
+
+class EmbedRNNNet(nn.Cell):
+    """``nn.Embedding`` with ``padding_idx`` (its row takes no gradient) -> ``nn.RNN`` (tanh)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 6, padding_idx=0)
+        self.rnn = nn.RNN(6, 5, num_layers=1, batch_first=True)
+        self.fc = nn.Dense(5, 3)
+
+    def construct(self, ids):
+        out, h = self.rnn(self.embed(ids))
+        return self.fc(out[:, -1]) + h.sum() * 0.1
+
+
+class EncoderNet(nn.Cell):
+    """``nn.TransformerEncoder``: two copies of one layer and a final LayerNorm, with a key padding mask."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm((8,)))
+        self.mask = Tensor(np.array([[False, False, True], [False, False, False]]))
+        self.fc = nn.Dense(8, 2)
+
+    def construct(self, x):
+        return self.fc(self.encoder(x, src_key_padding_mask=self.mask).mean(1))
+
+
+class AmpNet(nn.Cell):
+    """``amp.auto_mixed_precision`` applied to a sub-network (float16 compute, float32 BatchNorm)."""
+
+    def __init__(self, level="O2"):
+        super().__init__()
+        self.body = ms.amp.auto_mixed_precision(ConvBNNet(), level)
+
+    def construct(self, x):
+        return ops.cast(self.body(x), ms.float32)
+
+
+class AmpO1Net(AmpNet):
+    def __init__(self):
+        super().__init__("O1")
+
+
+# ---------------------------------------------------------------------------------------------- drivers
+class LossOf(nn.Cell):
+    """A loss function as a Cell (``loss(output, label)``), for ``nn.WithLossCell``."""
+
+    def __init__(self, loss):
+        super().__init__()
+        self.loss = loss
+
+    def construct(self, out, label):
+        return self.loss(out, label)
+
+
+def _grad_of(net, loss, opt, scale=None):
+    """``mindspore.value_and_grad`` of ``loss(net(x), y)`` (times ``scale`` when given) for the
+    optimizer's Parameters (a ``def``: GRAPH_MODE cannot parse a lambda passed in a call)."""
+    def forward(x, y):
+        if scale is None:
+            return loss(net(x), y)
+        return loss(net(x), y) * scale
+
+    return ms.value_and_grad(forward, None, opt.parameters)
+
+
+def value_and_grad_step(net, loss, opt):
+    """The default training step: ``mindspore.value_and_grad`` of ``loss(net(x), y)``, then ``opt``;
+    returns ``(loss, gradients)``."""
+    grad_fn = _grad_of(net, loss, opt)
+
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
+def _updated(opt):
+    """What a step that hides its gradients exposes: the parameters after the update."""
+    return tuple(p.value() * 1 for p in opt.parameters)
+
+
+def train_one_step(net, loss, opt):
+    """``nn.TrainOneStepCell(nn.WithLossCell(...))``; returns ``(loss, parameters after the step)``."""
+    train = nn.TrainOneStepCell(nn.WithLossCell(net, LossOf(loss)), opt)
+
+    def step(x, y):
+        return train(x, y), _updated(opt)
+
+    return step
+
+
+def loss_scale_step(net, loss, opt):
+    """Dynamic loss scaling in the step: the loss scaled by a Parameter, gradients unscaled, an
+    ``ops.isfinite`` overflow check, ``nn.DynamicLossScaleUpdateCell`` updating the scale and the
+    update skipped on overflow. The first scale overflows the float16 gradients: step 0 skips its
+    update and divides the scale by 4, step 1 updates and multiplies it by 4.
+    (``nn.TrainOneStepWithLossScaleCell`` cannot run on CPU: its overflow check is the Ascend-only
+    ``NPUGetFloatStatusV2``. ``amp.all_finite`` runs a ``mindspore.jit`` function that reaches
+    ``ops.isfinite``, which the tool-off counter of tests/matrix_checks.py, a Python wrapper with
+    ``try``, cannot be compiled through.) Returns ``(loss, gradients + (finite, scale))``."""
+    scale = ms.Parameter(Tensor(2.0 ** 20, ms.float32), name="loss_scale", requires_grad=False)
+    update = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 20, scale_factor=4, scale_window=1)
+    grad_fn = _grad_of(net, loss, opt, scale)
+
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        grads = tuple(g / scale for g in grads)
+        finite = ops.stack([ops.isfinite(g).all() for g in grads]).all()
+        update(scale, ops.logical_not(finite))
+        if finite:
+            opt(grads)
+        return value / scale, grads + (ops.cast(finite, ms.float32), scale.value() * 1)
+
+    return step
+
+
+def amp_train_network(net, loss, opt):
+    """``amp.build_train_network(level="O2")`` with a fixed loss scale; returns ``(loss, parameters
+    after the step)``."""
+    train = ms.amp.build_train_network(net, opt, LossOf(loss), level="O2",
+                                       loss_scale_manager=ms.amp.FixedLossScaleManager(
+                                           128.0, drop_overflow_update=False))
+
+    def step(x, y):
+        return train(x, y), _updated(opt)
+
+    return step
+
+
+def clip_global_norm_step(net, loss, opt):
+    """``ops.clip_by_global_norm`` on the gradients before the update; returns the clipped ones."""
+    grad_fn = _grad_of(net, loss, opt)
+
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        grads = ops.clip_by_global_norm(grads, 0.1)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
+def accumulate_step(net, loss, opt):
+    """Gradient accumulation: the batch's two halves as micro-batches, gradients summed, one update;
+    returns ``(sum of the two losses, summed gradients)``."""
+    grad_fn = _grad_of(net, loss, opt)
+
+    def step(x, y):
+        half = x.shape[0] // 2
+        total, acc = None, None
+        for part in (slice(0, half), slice(half, None)):
+            value, grads = grad_fn(x[part], y[part])
+            total = value if total is None else total + value
+            acc = grads if acc is None else tuple(a + g for a, g in zip(acc, grads))
+        opt(acc)
+        return total, acc
+
+    return step
+
+
+
+def jit_step(net, loss, opt):
+    """The whole training step (gradients and update) as one ``mindspore.jit`` function."""
+    grad_fn = _grad_of(net, loss, opt)
+
+    @ms.jit
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
+def grad_aux_step(net, loss, opt):
+    """``mindspore.grad`` with ``has_aux=True`` (the network output returned beside the loss) and
+    ``return_ids``; returns ``(loss, gradients)``."""
+    def forward(x, y):
+        out = net(x)
+        return loss(out, y), out
+
+    grad_fn = ms.grad(forward, None, opt.parameters, has_aux=True)
+
+    def step(x, y):
+        grads, (out,) = grad_fn(x, y)
+        opt(grads)
+        return loss(out, y), grads
+
+    return step
+
+
+def forward_value_and_grad_step(net, loss, opt):
+    """``nn.ForwardValueAndGrad(nn.WithLossCell(...), get_by_list=True)``, then the optimizer."""
+    train = nn.ForwardValueAndGrad(nn.WithLossCell(net, LossOf(loss)), opt.parameters, get_by_list=True)
+
+    def step(x, y):
+        value, grads = train(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
 # ---------------------------------------------------------------------------------------------- specs
 def _mean_square(out, label):
     return ((out - label) ** 2).mean()
@@ -403,6 +634,9 @@ class NetSpec:
         loss: ``(network output, label) -> 0-d loss``.
         graph: whether the network is tried in GRAPH_MODE too.
         train: ``set_train(True)`` (BatchNorm batch statistics, active Dropout).
+        driver: ``(net, loss, optimizer) -> step``, ``step(data, label) -> (loss, tensors)``: how one
+            training step runs; the tensors (gradients, or the parameters after the update where the
+            step hides its gradients) are compared bit for bit.
     """
 
     name: str
@@ -411,6 +645,7 @@ class NetSpec:
     loss: Callable = _mean_square
     graph: bool = True
     train: bool = True
+    driver: Callable = value_and_grad_step
 
 
 def _x(*shape):
@@ -427,6 +662,15 @@ def _cls_inputs(shape, classes):
     return lambda r: (Tensor(r.randn(*shape).astype(np.float32)),
                       Tensor(r.randint(0, classes, shape[0]).astype(np.int32)))
 
+
+#: networks that passed in GRAPH_MODE when they were added (every level and optimizer) but whose
+#: GRAPH_MODE run the suite leaves out for its time budget (30-110 s each on 2 shared cores), since
+#: GRAPH_MODE adds little for them that another network's GRAPH_MODE run lacks (the same layers: GRU/LSTM,
+#: TransformerEncoderLayer, ConvBNNet, a float16 sub-Cell; Python around the same compiled
+#: value_and_grad). The training steps MindSpore compiles whole (TrainOneStepCell,
+#: amp.build_train_network) and the loss scale update run in GRAPH_MODE in the suite.
+#: ``python tests/scripts/matrix_worker.py graph OUT NET`` runs one.
+_GRAPH_ONCE = False
 
 SPECS = [
     NetSpec("branch", BranchNet, _x(4, 6), _plain),
@@ -449,6 +693,22 @@ SPECS = [
     NetSpec("scalar_loss", ScalarNet, lambda r: (Tensor(r.randn(4, 6).astype(np.float32)),
                                                  Tensor(np.float32(0.5))), _scalar),
     NetSpec("fp16", Fp16Net, _x(4, 6)),
+    NetSpec("conv_family", ConvFamilyNet, _xs((4, 2, 8), (4, 3)), graph=_GRAPH_ONCE),
+    NetSpec("embed_rnn", EmbedRNNNet, lambda r: (Tensor(r.randint(0, 10, (3, 5)).astype(np.int32)),
+                                                 Tensor(r.randn(3, 3).astype(np.float32))), graph=_GRAPH_ONCE),
+    NetSpec("encoder", EncoderNet, _xs((2, 3, 8), (2, 2)), graph=_GRAPH_ONCE),
+    NetSpec("amp_o1", AmpO1Net, _cls_inputs((4, 2, 4, 4), 3), _ce, graph=_GRAPH_ONCE),
+    NetSpec("amp_o2", AmpNet, _cls_inputs((4, 2, 4, 4), 3), _ce, graph=_GRAPH_ONCE),
+    NetSpec("train_one_step", ResidualNet, _x(4, 6), driver=train_one_step),
+    NetSpec("loss_scale", Fp16Net, _x(4, 6), driver=loss_scale_step),
+    NetSpec("amp_train_network", ResidualNet, _x(4, 6), driver=amp_train_network),
+    NetSpec("clip_global_norm", BranchNet, _x(4, 6), _plain, driver=clip_global_norm_step, graph=_GRAPH_ONCE),
+    NetSpec("accumulate", ConvBNNet, _cls_inputs((4, 2, 4, 4), 3), _ce, driver=accumulate_step,
+            graph=_GRAPH_ONCE),
+    NetSpec("jit_step", ResidualNet, _x(4, 6), driver=jit_step, graph=False),
+    NetSpec("grad_aux", SharedNet, _xs((4, 6), (4, 2)), driver=grad_aux_step, graph=_GRAPH_ONCE),
+    NetSpec("forward_value_and_grad", DropoutNet, _x(4, 6), driver=forward_value_and_grad_step,
+            graph=_GRAPH_ONCE),
     NetSpec("raise_user", RaiseNet, _x(4, 6), graph=False),
     NetSpec("raise_shape", ShapeErrorNet, _x(4, 6), graph=False),
 ]

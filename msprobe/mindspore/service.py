@@ -28,6 +28,7 @@ Calling ``start`` twice, or ``stop`` without ``start``, does nothing.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -343,7 +344,8 @@ class DumpService:
             self._api_patches.apply(skip=self._custom)
             capture.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
             wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
-            capture.add(install_jit_capture(self.recorder, inside=_inside_compiled_call(weakref.ref(self))))
+            capture.add(install_jit_capture(self.recorder, inside=_inside_compiled_call(weakref.ref(self)),
+                                            pause=self._jit_pause()))
             prims = self._primitive_targets() if self.models is not None else []
             self.runtime.primitives_hooked = self.models is not None
             if self.models is not None:
@@ -357,10 +359,19 @@ class DumpService:
                                    "hooks (an item is a substring of entry names such as "
                                    "'Functional.relu.0.forward'; at L1 only the APIs an item can name "
                                    "are hooked): nothing is dumped", list(self.config.api_list))
+        elif self._jit_pause() is not None:  # L0: compiled calls only run with the Cell hooks off
+            capture.add(install_jit_capture(pause=self._jit_pause()))
         if self._guard is None:  # the wrapped set is the same at every start (one level per service)
             self._guard = guard_patches(self.runtime, inplace_targets(wrapped))
         self._guard.apply()
         capture.add(Handle(self._guard.undo, "in-place guard"))
+
+    def _jit_pause(self):
+        """What compiled calls run in where PyNative Cell hooks are installed (L0, mix):
+        :func:`_paused_cells`; ``None`` elsewhere."""
+        if self.config.level not in _CELL_LEVELS or (self._graph and self._graph.graph_mode):
+            return None
+        return _paused_cells(weakref.ref(self))
 
     def _release_capture(self) -> None:
         """Remove the parked capture (nothing when none is installed), and the parameter-gradient
@@ -749,6 +760,16 @@ def _inside_compiled_call(ref):
         if service is not None and service._graph:
             service._graph.region_returned(region, output)
     return inside
+
+
+def _paused_cells(ref):
+    """The context a ``mindspore.jit`` call runs in: the service's Cell hooks off
+    (:meth:`msprobe.capture.cells.cell.CellCapture.paused`). ``ref``: a weak reference to the service
+    (the patch lives in MindSpore's class)."""
+    def paused():
+        service = ref()
+        return service._cells.paused() if service is not None else contextlib.nullcontext()
+    return paused
 
 
 def _sigterm_handler(ref):

@@ -42,7 +42,7 @@ OPTIMIZERS = {
 
 
 def train(spec, opt_name, steps, debugger=None, counter_box=None):
-    """``steps`` training steps; returns ``{"losses", "grads", "params", "exc", "counts"}`` (bytes as
+    """``steps`` training steps of ``spec.driver``; returns ``{"losses", "grads", "params", "exc", "counts"}`` (bytes as
     hex-free tuples: raw ``tobytes()`` kept in memory)."""
     seed_all(1234)
     net = spec.cls()
@@ -50,10 +50,7 @@ def train(spec, opt_name, steps, debugger=None, counter_box=None):
     data, label = spec.inputs(np.random.RandomState(0))
     opt = OPTIMIZERS[opt_name](net.trainable_params())
 
-    def forward(x, y):
-        return spec.loss(net(x), y)
-
-    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+    step = spec.driver(net, spec.loss, opt)
     counter = checks.CallCounter(net) if counter_box is not None else None
     losses, grads, counts, exc = [], [], [], None
     for _ in range(steps):
@@ -63,8 +60,7 @@ def train(spec, opt_name, steps, debugger=None, counter_box=None):
             if counter is not None:
                 counter.start()
             try:
-                loss, g = grad_fn(data, label)
-                opt(g)
+                loss, g = step(data, label)
                 losses.append(loss.asnumpy().tobytes())
                 grads.append([t.asnumpy().tobytes() for t in g])
             finally:
@@ -78,10 +74,25 @@ def train(spec, opt_name, steps, debugger=None, counter_box=None):
             exc = (type(e).__name__, str(e))
             break
     params = [p.asnumpy().tobytes() for p in net.trainable_params()]
+    # after the last stop(): no Cell of the model keeps a forward hook (the nets register none)
+    hooked = sorted(name for name, cell in net.cells_and_names() if cell._forward_pre_hook or cell._forward_hook)
     if counter_box is not None:
         counter_box.extend(counts)
     return {"losses": losses, "grads": grads, "params": params, "exc": exc,
-            "names": [p.name for p in opt.parameters]}
+            "names": [p.name for p in opt.parameters], "hooked": hooked}
+
+
+def patchable() -> dict:
+    """``{(owner, attribute): the object bound there}`` for every attribute the tool may patch: the
+    listed APIs, ``Cell.__call__`` and MindSpore's compiled-call entry."""
+    from mindspore.graph.api import _JitExecutor
+
+    from msprobe.capture.api import load_api_list, resolve_targets
+
+    where = [(owner, attr) for owner, attr, _ in resolve_targets(load_api_list())]
+    where += [(nn.Cell, "__call__"), (_JitExecutor, "__call__")]
+    return {(owner, attr): (vars(owner).get(attr) if isinstance(owner, type) else getattr(owner, attr, None))
+            for owner, attr in where}
 
 
 def compare(ref, on) -> list:
@@ -95,7 +106,8 @@ def compare(ref, on) -> list:
             fails.append(f"step {s}: loss differs ({np.frombuffer(a, np.float32)} vs "
                          f"{np.frombuffer(b, np.float32)})")
     for s, (ga, gb) in enumerate(zip(ref["grads"], on["grads"])):
-        bad = [n for n, a, b in zip(ref["names"], ga, gb) if a != b]
+        bad = [ref["names"][i] if i < len(ref["names"]) else f"step output {i}"
+               for i, (a, b) in enumerate(zip(ga, gb)) if a != b]
         if bad:
             fails.append(f"step {s}: gradients differ for {bad}")
     if len(ref["losses"]) == len(on["losses"]):
@@ -161,9 +173,17 @@ def run_net(name, mode, out_dir, levels, opts, steps, tensor) -> dict:
             t1 = time.perf_counter()
             fails = []
             try:
+                before = patchable()
                 debugger = PrecisionDebugger(config_path=cfg_path)
                 on = train(spec, opt, steps, debugger)
+                debugger.close()
                 fails += compare(ref, on)
+                if on["hooked"]:
+                    fails.append(f"Cells with forward hooks after stop(): {on['hooked']}")
+                left = [f"{getattr(o, '__name__', o)}.{a}" for (o, a), v in patchable().items()
+                        if v is not before[o, a]]
+                if left:
+                    fails.append(f"left patched after close(): {left[:10]} ({len(left)})")
                 fails += check_dump(dump, counts, level, graph_mode, len(on["losses"]) + (on["exc"] is not None))
                 if task == "tensor":
                     sfails, checked, _ = checks.check_statistics(dump)

@@ -11,6 +11,7 @@ descendants (seed: "传入的当前层不会被dump").
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 
@@ -147,6 +148,20 @@ class CellCapture:
         if table.direct:
             handles.add(table.install())
         return handles
+
+    def paused(self):
+        """Context in which the forward hooks of the Cells are off (a no-op when none is installed).
+
+        For a ``mindspore.jit`` function called while the hooks are on: MindSpore compiles the forward
+        hooks of the Cells such a function calls into its graph. Ours are Python its parser rejects
+        (the user's call would raise), and a graph compiled with them would keep running them after
+        ``stop()``. Off, the graph is the one compiled without the tool; the Cells inside it are not
+        recorded (as those of a Cell with a ``jit`` construct). Only the hooks registered together
+        (:class:`ForwardHookTable`, MindSpore 2.x) are taken off."""
+        table = self._plan[2] if self._plan is not None else None
+        if table is None or not table.installed:
+            return contextlib.nullcontext()
+        return table.off()
 
     def _hook_parameters(self) -> None:
         """The step reached its first Cell call under a gradient: the parameter-gradient hooks record
@@ -538,11 +553,13 @@ class ForwardHookTable:
     on a MindSpore whose Cells keep hooks otherwise; the caller then registers them one by one.
     """
 
-    __slots__ = ("direct", "_entries", "_bump")
+    __slots__ = ("direct", "installed", "_entries", "_bump")
 
     def __init__(self, entries: list):
         found = _hook_dicts()
         self.direct = found is not None
+        #: the hooks are on the Cells (between :meth:`install` and its handle's removal)
+        self.installed = False
         self._entries = []
         self._bump = None
         if found is None:
@@ -555,6 +572,20 @@ class ForwardHookTable:
 
     def install(self) -> Handle:
         """Register every hook on the Cells still alive; the handle removes them."""
+        self._add()
+        return Handle(self._remove, "Cell forward hooks")
+
+    @contextlib.contextmanager
+    def off(self):
+        """Context: the hooks are taken off the Cells and put back (under the same ids) on exit,
+        whatever it raises. Use only while they are installed."""
+        self._remove()
+        try:
+            yield
+        finally:
+            self._add()
+
+    def _add(self) -> None:
         for ref, pre_id, pre, post_id, post in self._entries:
             cell = ref()
             if cell is None:
@@ -564,10 +595,11 @@ class ForwardHookTable:
             cell._forward_hook[post_id] = post
             cell._forward_hook_with_kwargs[post_id] = True
             cell._forward_hook_always_called[post_id] = True
+        self.installed = True
         self._bump()
-        return Handle(self._remove, "Cell forward hooks")
 
     def _remove(self) -> None:
+        self.installed = False
         for ref, pre_id, _, post_id, _ in self._entries:
             cell = ref()
             if cell is None:
