@@ -211,6 +211,9 @@ class Runtime:
         #: whether the Primitives called inside Cells are hooked (False at L1 when start() was given
         #: no model; set by the service at install, for empty_reason)
         self.primitives_hooked = True
+        #: in GRAPH_MODE at L0/mix: why the probes are missing from a graph compiled before the first
+        #: ``start(model)`` (set by the service at that install, for empty_reason), else None
+        self.precompiled: str | None = None
         self._emitted_stacks: set = set()
         self._fork = _FORKS[0]  # another value in a forked child (forked())
         #: handles of the tool's tensor hooks (Parameters, outputs of recorded calls: capture/backward.py,
@@ -1401,6 +1404,8 @@ class Runtime:
             return (f"none of the {hooked} APIs and Primitives the config's list {list(cfg.api_list)} can "
                     "name (at level L1 only those are hooked) was called between start() and stop()")
         if not calls:
+            if self.precompiled is not None:
+                return f"{report.EMPTY_REASON}: {self.precompiled}"
             return report.EMPTY_REASON + (NO_MODEL_REASON if self._no_model_may_explain() else "")
         causes = []
         if self._step_failure is not None:
