@@ -820,6 +820,16 @@ class Runtime:
         self._emitted_stacks.add(sid)
         return journal.stack_frames(sid, self.stacks.rendered[sid])
 
+    def record_raised(self, entry: str, exc: BaseException) -> None:
+        """Queue ``data[entry]["error"] = "the call raised {type}: {first line of its message}"``: the
+        forward call of ``entry`` raised ``exc`` (to the program, unchanged) and has no output."""
+        if not self.records_data or self.failed:
+            return
+        with self._lock:
+            self._pending.append((self.writer, journal.key_line(entry, "error",
+                                                                f"the call raised {_first_line_of(exc)}")))
+            self._started_pending()
+
     def record_parent(self, name: str, parent, token=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
         if not self.config.extra_info or self.failed:
