@@ -19,8 +19,6 @@ over ``skip``, and the load average.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import statistics
 import sys
@@ -74,12 +72,7 @@ def main(argv=None) -> int:
                 rows[variant]["start"].append(t1 - t0)
                 rows[variant]["step"].append(t2 - t0)
 
-    with contextlib.redirect_stdout(io.StringIO()):  # "dump.json is at ..." of every step
-        for v in VARIANTS:  # warm-up
-            block(v, False)
-        for r in range(args.rounds):
-            for v in (VARIANTS if r % 2 else VARIANTS[::-1]):
-                block(v, True)
+    overhead.alternate_blocks(block, VARIANTS, args.rounds)
     StepWindows.window_starts = reading
     print(overhead.HEADER)
     print(f"level {args.level}: training-thread CPU ms per step, median of {args.rounds} rounds x "
