@@ -195,6 +195,29 @@ def test_backward_semantics_mul_by_three(make_debugger, dump_dir):
     assert [n for n in dump.data if ".backward" in n] == ["Functional.mul.0.backward"]
 
 
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_batchnorm_backward_has_the_gradients_of_its_inputs(make_debugger, dump_dir, level):
+    """The BatchNorm Primitive writes its moving statistics (``side_effect_mem``): its backward entry
+    still has ``output``, the gradients w.r.t. x, gamma and beta (those MindSpore computes), null for
+    the moving mean and variance."""
+    debugger = make_debugger(task="tensor", level=level)
+    ms.set_seed(1)
+    bn = nn.BatchNorm1d(6)
+    bn.set_train(True)
+    x = Tensor(np.random.RandomState(0).randn(5, 6).astype(np.float32))
+    weight = Tensor(np.random.RandomState(1).randn(5, 6).astype(np.float32))
+    grad_fn = ms.grad(lambda t: (bn(t) * weight).sum(), grad_position=0, weights=bn.trainable_params())
+    debugger.start(bn)
+    dx, (dgamma, dbeta) = grad_fn(x)
+    debugger.stop()
+    debugger.step()
+    dump = msprobe.dump.load(only_step_dir(dump_dir, 0))
+    bwd = dump.data["Primitive.bn_train.BatchNorm.0.backward"]
+    assert len(bwd["output"]) == 5 and bwd["output"][3] is None and bwd["output"][4] is None
+    for leaf, expected in zip(bwd["output"][:3], (dx, dgamma, dbeta)):
+        assert (dump.load_tensor(leaf) == expected.asnumpy()).all()
+
+
 def _edges_net(x, w, t2):
     y = ops.mul(x, w)                      # Functional.mul.0
     a = ops.mul(y, w)                      # mul.1: y has two consumers (mul.1, mul.2)
