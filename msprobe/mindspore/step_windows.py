@@ -8,8 +8,8 @@ iteration into the same step directory, its calls numbered on (``….forward.0``
 which nothing else points out. What tells the two apart is an optimizer update inside the step: the
 model's Parameters change between two windows of one step. A few of them (the smallest) are read at
 the start of a step's first window and compared at each later window, so a single forgotten
-``step()`` is said at the next window. Without a model there are no Parameters to read: the reminder is then said when one step
-has had :data:`MANY_WINDOWS` windows. Each is a WARNING said at most once per debugger; what is
+``step()`` is said at the next window. Without a model there are no Parameters to read: the
+reminder is then said when one step has had :data:`MANY_WINDOWS` windows. Each is a WARNING said at most once per debugger; what is
 written is never changed.
 """
 from __future__ import annotations

@@ -10,8 +10,8 @@ MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optim
 even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``); ``--direct-records``: the
 probes' records made one by one through the runtime (``GraphCellCapture.batched``). ``--half-batches``: every
 second step a batch of 16. ``--no-extra-info``: config ``extra_info`` false. ``--step-list``: the
-config's ``step`` list (JSON), ``--scope`` its ``scope`` (JSON). The JSON also has the SHA-256 of each step's gradients (``grads``, loop
-drivers) and of the trained parameters (``parameters``), and says how many drains made their records
+config's ``step`` list (JSON), ``--scope`` its ``scope`` (JSON). The JSON also has the SHA-256 of each
+step's gradients (``grads``, loop drivers) and of the trained parameters (``parameters``), and says how many drains made their records
 from a recipe (``recipe_drains``).
 """
 from __future__ import annotations
