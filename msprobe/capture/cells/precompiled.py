@@ -23,7 +23,7 @@ def compiled_holders(models) -> list:
     nothing yet (then nothing is scanned). A graph is one of
 
     * a Cell that is, or holds, a Cell of the models (``name`` None), compiled when it was called;
-    * a ``mindspore.jit`` function that closes over such a Cell (``name``: the function's name, e.g.
+    * a ``mindspore.jit`` function that reaches such a Cell (``name``: the function's name, e.g.
       ``after_grad``, the function ``mindspore.value_and_grad`` and ``mindspore.grad`` make in
       GRAPH_MODE), compiled when it was called: the Cell is the one it differentiates.
 
@@ -59,21 +59,34 @@ def compiled_holders(models) -> list:
 
 
 def _compiled_jit_function(wrapper, compiled, holds_ours):
-    """``(name, Cell)`` when the ``mindspore.jit`` function ``wrapper`` closes over a Cell for which
-    ``holds_ours(Cell)`` is true and MindSpore compiled it already (a phase of ``compiled`` starts with
+    """``(name, Cell)`` when the ``mindspore.jit`` function ``wrapper`` reaches a Cell for which
+    ``holds_ours(Cell)`` is true (:func:`_reached`) and MindSpore compiled it already (a phase of ``compiled`` starts with
     the name MindSpore gives its graphs: module, name, file, line and the decoration's ``hash_obj``);
     else None."""
     bound = _closure(wrapper)
     func, stamp = bound.get("func"), bound.get("hash_obj")
     if not isinstance(func, types.FunctionType) or stamp is None:
         return None
-    cell = next((value for value in _closure(func).values()
+    cell = next((value for value in _reached(func)
                  if issubclass(type(value), nn.Cell) and holds_ours(value)), None)
     if cell is None:
         return None
     code = func.__code__
     prefix = f"{func.__module__}.{func.__name__}.{code.co_filename}.{code.co_firstlineno}.{stamp}."
     return (func.__name__, cell) if any(phase.startswith(prefix) for phase in compiled) else None
+
+
+def _reached(func) -> list:
+    """The values ``func`` closes over and, for each that is a function (the ``fn`` given to
+    ``mindspore.value_and_grad``, e.g. ``def forward_fn(x, y): return loss_fn(net(x), y)``), the
+    values that function closes over and the module globals it names."""
+    values = list(_closure(func).values())
+    for value in list(values):
+        if type(value) is types.FunctionType:
+            values += _closure(value).values()
+            scope = value.__globals__
+            values += [scope[name] for name in value.__code__.co_names if name in scope]
+    return values
 
 
 def _closure(func) -> dict:
