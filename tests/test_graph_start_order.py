@@ -43,15 +43,18 @@ class Net(nn.Cell):
 ms.set_seed(0)
 net = Net()
 opt = nn.SGD(net.trainable_params(), 0.1)
-if sys.argv[2].startswith("grad_"):   # a value_and_grad loop: MindSpore compiles the jit function after_grad
-    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+def forward_fn(x):
+    return net(x)
+
+if sys.argv[2].startswith("grad"):   # a value_and_grad loop: MindSpore compiles the jit function after_grad
+    grad_fn = ms.value_and_grad(forward_fn if sys.argv[2].startswith("gradfn_") else net, None, opt.parameters)
     def train(x):
         loss, grads = grad_fn(x)
         opt(grads)
 else:
     train = nn.TrainOneStepCell(net, opt)
 x = Tensor(np.ones((2, 3), np.float32))
-order = sys.argv[2].replace("grad_", "")
+order = sys.argv[2].split("_", 1)[1] if sys.argv[2].startswith("grad") else sys.argv[2]
 debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L0", step=json.loads(sys.argv[3]))
 if order == "compiled_first":
     train(x)                      # a training step before the debugger is started: compiled now
@@ -99,7 +102,9 @@ def test_start_after_the_graph_was_compiled_is_said(tmp_path):
              ("listed", "start_first", "[1]"),
              # start(model) first called in the listed step, after step 0 compiled the graph
              ("late_listed", "start_when_dumped", "[1]"),
-             ("grad_late", "grad_compiled_first", "[]"), ("grad_ok", "grad_start_first", "[]")]
+             ("grad_late", "grad_compiled_first", "[]"), ("grad_ok", "grad_start_first", "[]"),
+             # value_and_grad of a Python function calling the model
+             ("gradfn_late", "gradfn_compiled_first", "[]")]
     with ThreadPoolExecutor(2) as pool:
         results = dict(zip([name for name, _, _ in cases], pool.map(
             _run, [(str(script), str(tmp_path / name), order, steps) for name, order, steps in cases])))
@@ -119,6 +124,9 @@ def test_start_after_the_graph_was_compiled_is_said(tmp_path):
     assert len(grad_late) == 2 and all(doc["data"] == {} for doc in grad_late)
     assert grad_late_err.splitlines().count(GRAD_WARNING) == 1
     assert all(doc["empty_reason"] == GRAD_EMPTY_REASON for doc in grad_late)
+    gradfn_late_err, gradfn_late = results["gradfn_late"]
+    assert len(gradfn_late) == 2 and all(doc["data"] == {} for doc in gradfn_late)
+    assert gradfn_late_err.splitlines().count(GRAD_WARNING) == 1
     grad_ok_err, grad_ok = results["grad_ok"]
     assert len(grad_ok) == 2 and all("Cell.fc.Dense.backward.0" in doc["data"] for doc in grad_ok)
     assert "was compiled before start(model)" not in grad_ok_err
