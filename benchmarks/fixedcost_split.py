@@ -24,8 +24,6 @@ excess over ``off``, the quartiles of the whole step, and the load average.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import statistics
 import sys
@@ -98,12 +96,7 @@ def main(argv=None) -> int:
                 rows[variant].append(dict(zip(PHASES, (t[1] - t[0], t[2] - t[1], spent[0], t[3] - t[2],
                                                         t[4] - t[3], t[4] - t[0]))))
 
-    with contextlib.redirect_stdout(io.StringIO()):  # "dump.json is at ..." of every step
-        for v in VARIANTS:  # warm-up
-            block(v, False)
-        for r in range(args.rounds):
-            for v in (VARIANTS if r % 2 else VARIANTS[::-1]):
-                block(v, True)
+    overhead.alternate_blocks(block, VARIANTS, args.rounds)
     print(overhead.HEADER)
     print(f"level {args.level}{' --idle' if args.idle else ''}: training-thread CPU ms per step, median of "
           f"{args.rounds} rounds x {args.block - 1} steps (excess over off); loadavg "

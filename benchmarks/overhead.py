@@ -66,6 +66,8 @@ Method
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -183,6 +185,18 @@ def step_runner(net, batches, train_step, debugger):
 _ITEMSIZE = {"Float64": 8, "Int64": 8, "UInt64": 8, "Complex64": 8, "Complex128": 16, "Float32": 4,
              "Int32": 4, "UInt32": 4, "Float16": 2, "BFloat16": 2, "Int16": 2, "UInt16": 2, "Int8": 1,
              "UInt8": 1, "Bool": 1}
+
+
+def alternate_blocks(block, variants, rounds: int) -> None:
+    """Run ``block(variant, keep)`` once per variant as warm-up (``keep`` False), then ``rounds``
+    rounds of one block per variant (``keep`` True), the order reversed every other round so a drift
+    of the machine's load hits the variants alike; the steps' "dump.json is at ..." lines are dropped."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        for v in variants:
+            block(v, False)
+        for r in range(rounds):
+            for v in (variants if r % 2 else variants[::-1]):
+                block(v, True)
 
 
 def _tensor_bytes(value) -> int:

@@ -964,3 +964,48 @@ def test_l0_model_without_sub_cells_says_nothing_is_recorded(tmp_path, caplog):
                     "so nothing is recorded (level L1 or mix records its API calls)"]
     with open(os.path.join(only_step_dir(str(tmp_path / "dump"), 0), "dump.json")) as f:
         assert json.load(f)["data"] == {}
+
+
+class _CastNet(nn.Cell):
+    """``b`` gets ``a``'s output cast to ``dtype``: Float16 against its Float32 weight raises in MatMul."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.a, self.b, self.dtype = nn.Dense(4, 4), nn.Dense(4, 2), dtype
+
+    def construct(self, x):
+        return self.b(self.a(x).astype(self.dtype))
+
+
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_a_cell_whose_forward_raised_says_so(tmp_path, level):
+    """A Cell whose forward raised has ``"error": "the call raised {type}: ..."`` and no ``output``;
+    a Cell called (and returning) inside the program's own ``except`` block is recorded as usual;
+    at L0 ``first-diff`` against a run that did not raise says the target run's call raised there."""
+    from test_compare import cli
+
+    x = Tensor(np.ones((2, 4), np.float32))
+    dumps = {}
+    for name, dtype in (("f16", ms.float16), ("f32", ms.float32)):
+        ms.set_seed(3)
+        net = _CastNet(dtype)
+        dumps[name] = str(tmp_path / name)
+        debugger = PrecisionDebugger(dump_path=dumps[name], task="statistics", level=level)
+        debugger.start(net)
+        try:
+            net(x)
+        except TypeError as exc:
+            assert name == "f16" and "MatMul" in str(exc)
+            net.a(x)  # inside the except block: returns normally
+        debugger.stop()
+        debugger.step()
+        debugger.close()
+    data = msprobe.dump.load(only_step_dir(dumps["f16"], 0)).data
+    raised = data["Cell.b.Dense.forward.0"]
+    assert "output" not in raised and raised["error"].startswith("the call raised TypeError: For 'MatMul'")
+    assert set(raised["parameters"]) == {"weight", "bias"}
+    assert "error" not in data["Cell.a.Dense.forward.1"] and data["Cell.a.Dense.forward.1"]["output"][0]["Max"]
+    out = cli("first-diff", only_step_dir(dumps["f16"], 0), only_step_dir(dumps["f32"], 0)).stdout
+    if level == "L0":  # at mix the MatMul inside it comes first (an API call that raised has no output)
+        assert "Cell.b.Dense.forward.0" in out.splitlines()[0]
+        assert "the target run's call raised TypeError: For 'MatMul'" in out.splitlines()[1]

@@ -21,6 +21,7 @@ from graph_runs import run_workers
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "scripts", "graph_worker.py")
 
+SCOPE = ["Cell.conv2.Conv2d.forward.0", "Cell.fc1.Dense.forward.0"]
 RUNS = {
     "graph": ("graph", "on", []),
     "graph_off": ("graph", "off", []),
@@ -29,6 +30,8 @@ RUNS = {
     "graph_unread_async": ("graph", "on", ["--driver", "unread", "--async"]),
     "graph_tensor_fwd": ("graph", "on", ["--task", "tensor", "--data-mode", "forward"]),
     "graph_bwd": ("graph", "on", ["--data-mode", "backward"]),
+    "graph_scope": ("graph", "on", ["--level", "mix", "--scope", json.dumps(SCOPE)]),
+    "pynative_scope": ("pynative", "on", ["--level", "mix", "--scope", json.dumps(SCOPE)]),
     "jit_L0": ("pynative", "on", ["--driver", "jit"]),
     "jit_mix": ("pynative", "on", ["--driver", "jit", "--level", "mix"]),
     "jit_off": ("pynative", "off", ["--driver", "jit"]),
@@ -144,6 +147,18 @@ def test_graph_mode_backward_only(runs):
     assert "Cell.relu.ReLU.backward.0" in names and "Cell.conv1.Conv2d.parameters_grad.0" in names
     _, p, _ = _step(runs["pynative"]["dump"], 0)
     assert names == {n for n in p["data"] if ".forward." not in n}
+
+
+def test_graph_mode_scope_keeps_the_last_cells_backward(runs):
+    """A ``scope`` from one Cell to another selects the last Cell's backward and parameter gradients
+    in GRAPH_MODE as under PyNative (the range includes the last Cell's forward and backward)."""
+    for step in (0, 1):
+        _, g, _ = _step(runs["graph_scope"]["dump"], step)
+        _, p, _ = _step(runs["pynative_scope"]["dump"], step)
+        cells = {name for name in p["data"] if name.startswith("Cell.")}
+        assert {"Cell.fc1.Dense.backward.0", "Cell.fc1.Dense.parameters_grad.0"} <= cells
+        assert "Cell.fc2.Dense.forward.0" not in cells
+        assert {name for name in g["data"] if name.startswith("Cell.")} == cells
 
 
 @pytest.mark.parametrize("name", ["jit_L0", "jit_mix"])

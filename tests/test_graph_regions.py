@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "scripts", "graph_region_worker.py")
 REGION = "Jit.after_grad.0.forward"
@@ -127,3 +129,49 @@ def test_l1_in_graph_mode_says_what_its_jit_entry_holds(tmp_path):
     _run(pynative, "pynative", "L1")
     assert "note" not in _read(pynative, 0, "dump.json")
     assert "level L1 in GRAPH_MODE" not in summarize(pynative)
+
+
+MODEL_TRAIN = r"""
+import sys
+
+import pytest
+import numpy as np
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import nn
+from mindspore.train import Model
+ms.set_device("CPU")
+ms.set_context(mode=ms.GRAPH_MODE)
+from msprobe.mindspore import MsprobeStep, PrecisionDebugger
+debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L1")
+net = nn.SequentialCell(nn.Dense(4, 8), nn.ReLU(), nn.Dense(8, 3))
+if sys.argv[2] == "net":
+    debugger.start(net)
+data = ds.NumpySlicesDataset({"x": np.ones((4, 4), np.float32), "y": np.zeros((4,), np.int32)},
+                             shuffle=False).batch(2)
+model = Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.SGD(net.trainable_params(), 0.1))
+model.train(1, data, callbacks=[MsprobeStep(debugger)], dataset_sink_mode=False)
+"""
+
+
+@pytest.mark.parametrize("start", ["net", "none"])
+def test_l1_in_graph_mode_with_model_train_says_the_network_ran_compiled(tmp_path, start):
+    """Level L1 in GRAPH_MODE with ``Model.train`` (the training Cell compiled, no ``Jit`` entry),
+    with and without ``start(net)``: no API or Primitive of the network is recorded, and each step's
+    note (or an empty step's ``empty_reason``) and one WARNING say that Cells run as compiled graphs
+    and what records their inside (not that ``start()`` was given no model)."""
+    from msprobe.engine.runtime import GRAPH_L1_NOTE
+
+    script, dump = tmp_path / "train.py", str(tmp_path / "dump")
+    script.write_text(MODEL_TRAIN)
+    proc = subprocess.run([sys.executable, str(script), dump, start], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for step in range(2):
+        doc = _read(dump, step, "dump.json")  # at most the dataset's Tensor.from_numpy
+        assert all(name.startswith("Tensor.from_numpy.") for name in doc["data"]), list(doc["data"])
+        assert doc["note"] == GRAPH_L1_NOTE
+        if not doc["data"]:
+            assert "at level L1 in GRAPH_MODE the calls inside compiled graphs are not" in doc["empty_reason"]
+    assert proc.stderr.count(GRAPH_L1_NOTE) == 1, proc.stderr
+    assert "start() was given no model" not in proc.stderr

@@ -42,9 +42,19 @@ class Net(nn.Cell):
 
 ms.set_seed(0)
 net = Net()
-train = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1))
+opt = nn.SGD(net.trainable_params(), 0.1)
+def forward_fn(x):
+    return net(x)
+
+if sys.argv[2].startswith("grad"):   # a value_and_grad loop: MindSpore compiles the jit function after_grad
+    grad_fn = ms.value_and_grad(forward_fn if sys.argv[2].startswith("gradfn_") else net, None, opt.parameters)
+    def train(x):
+        loss, grads = grad_fn(x)
+        opt(grads)
+else:
+    train = nn.TrainOneStepCell(net, opt)
 x = Tensor(np.ones((2, 3), np.float32))
-order = sys.argv[2]
+order = sys.argv[2].split("_", 1)[1] if sys.argv[2].startswith("grad") else sys.argv[2]
 debugger = PrecisionDebugger(dump_path=sys.argv[1], level="L0", step=json.loads(sys.argv[3]))
 if order == "compiled_first":
     train(x)                      # a training step before the debugger is started: compiled now
@@ -60,6 +70,19 @@ WARNING = ("msprobe: GRAPH_MODE: TrainOneStepCell (it holds the model) was compi
            "installed the L0 probes; MindSpore reuses a compiled graph without them, so its calls record "
            "nothing (empty dumps). Call debugger.start(model) before the first call of the network (before "
            "the first training step), or build the Cell that is called after start()")
+
+EMPTY_REASON = ("no recorded call between start() and stop() in this step: TrainOneStepCell (it holds the model) "
+                "was compiled before start(model) installed the L0 probes, and MindSpore runs the graph "
+                "compiled without them (call start(model) before the first training step)")
+GRAD_WARNING = ("msprobe: GRAPH_MODE: the jit function after_grad of Net (the model; made by "
+                "mindspore.value_and_grad or mindspore.grad) was compiled before start(model) installed the "
+                "L0 probes; MindSpore reuses a compiled graph without them, so its calls record nothing "
+                "(empty dumps). Call debugger.start(model) before the first call of the network (before the "
+                "first training step), or build the Cell or the gradient function that is called after start()")
+GRAD_EMPTY_REASON = ("no recorded call between start() and stop() in this step: the jit function after_grad of "
+                     "Net (the model; made by mindspore.value_and_grad or mindspore.grad) was compiled before "
+                     "start(model) installed the L0 probes, and MindSpore runs the graph compiled without them "
+                     "(call start(model) before the first training step)")
 
 
 def _run(args):
@@ -78,12 +101,16 @@ def test_start_after_the_graph_was_compiled_is_said(tmp_path):
              # start(model) in step 0, which the list leaves out: the probes are installed then
              ("listed", "start_first", "[1]"),
              # start(model) first called in the listed step, after step 0 compiled the graph
-             ("late_listed", "start_when_dumped", "[1]")]
+             ("late_listed", "start_when_dumped", "[1]"),
+             ("grad_late", "grad_compiled_first", "[]"), ("grad_ok", "grad_start_first", "[]"),
+             # value_and_grad of a Python function calling the model
+             ("gradfn_late", "gradfn_compiled_first", "[]")]
     with ThreadPoolExecutor(2) as pool:
         results = dict(zip([name for name, _, _ in cases], pool.map(
             _run, [(str(script), str(tmp_path / name), order, steps) for name, order, steps in cases])))
     (late_err, late), (ok_err, ok) = results["late"], results["ok"]
     assert len(late) == 2 and all(doc["data"] == {} for doc in late)
+    assert all(doc["empty_reason"] == EMPTY_REASON for doc in late)
     assert late_err.splitlines().count(WARNING) == 1              # said once, at the first start()
     assert len(ok) == 2 and all("Cell.fc.Dense.forward.0" in doc["data"] for doc in ok)
     assert "was compiled before start(model)" not in ok_err
@@ -93,6 +120,16 @@ def test_start_after_the_graph_was_compiled_is_said(tmp_path):
     late_listed_err, late_listed = results["late_listed"]
     assert len(late_listed) == 1 and late_listed[0]["data"] == {}
     assert late_listed_err.splitlines().count(WARNING) == 1
+    grad_late_err, grad_late = results["grad_late"]
+    assert len(grad_late) == 2 and all(doc["data"] == {} for doc in grad_late)
+    assert grad_late_err.splitlines().count(GRAD_WARNING) == 1
+    assert all(doc["empty_reason"] == GRAD_EMPTY_REASON for doc in grad_late)
+    gradfn_late_err, gradfn_late = results["gradfn_late"]
+    assert len(gradfn_late) == 2 and all(doc["data"] == {} for doc in gradfn_late)
+    assert gradfn_late_err.splitlines().count(GRAD_WARNING) == 1
+    grad_ok_err, grad_ok = results["grad_ok"]
+    assert len(grad_ok) == 2 and all("Cell.fc.Dense.backward.0" in doc["data"] for doc in grad_ok)
+    assert "was compiled before start(model)" not in grad_ok_err
 
 
 JIT_WARNING = ("msprobe: the mindspore.jit Cell jit_block (JitBlock) was compiled before start(model) installed "

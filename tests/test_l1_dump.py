@@ -195,6 +195,29 @@ def test_backward_semantics_mul_by_three(make_debugger, dump_dir):
     assert [n for n in dump.data if ".backward" in n] == ["Functional.mul.0.backward"]
 
 
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_batchnorm_backward_has_the_gradients_of_its_inputs(make_debugger, dump_dir, level):
+    """The BatchNorm Primitive writes its moving statistics (``side_effect_mem``): its backward entry
+    still has ``output``, the gradients w.r.t. x, gamma and beta (those MindSpore computes), null for
+    the moving mean and variance."""
+    debugger = make_debugger(task="tensor", level=level)
+    ms.set_seed(1)
+    bn = nn.BatchNorm1d(6)
+    bn.set_train(True)
+    x = Tensor(np.random.RandomState(0).randn(5, 6).astype(np.float32))
+    weight = Tensor(np.random.RandomState(1).randn(5, 6).astype(np.float32))
+    grad_fn = ms.grad(lambda t: (bn(t) * weight).sum(), grad_position=0, weights=bn.trainable_params())
+    debugger.start(bn)
+    dx, (dgamma, dbeta) = grad_fn(x)
+    debugger.stop()
+    debugger.step()
+    dump = msprobe.dump.load(only_step_dir(dump_dir, 0))
+    bwd = dump.data["Primitive.bn_train.BatchNorm.0.backward"]
+    assert len(bwd["output"]) == 5 and bwd["output"][3] is None and bwd["output"][4] is None
+    for leaf, expected in zip(bwd["output"][:3], (dx, dgamma, dbeta)):
+        assert (dump.load_tensor(leaf) == expected.asnumpy()).all()
+
+
 def _edges_net(x, w, t2):
     y = ops.mul(x, w)                      # Functional.mul.0
     a = ops.mul(y, w)                      # mul.1: y has two consumers (mul.1, mul.2)
@@ -516,18 +539,29 @@ def test_patches_only_inside_start_stop(make_debugger):
 def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     """Counted on one MLP training step, statistics mode, start(model): every Tensor.asnumpy /
     Tensor.item / data_ptr call the tool makes happens inside Runtime.flush (one zero-copy read per
-    recorded tensor: 50 on this MLP step when written); hooks themselves make none."""
+    recorded tensor: 50 on this MLP step when written), except the few smallest Parameters start()
+    reads at a step's first window (msprobe.mindspore.step_windows: to tell a forgotten step());
+    hooks themselves make none."""
     from msprobe.engine.runtime import Runtime
+    from msprobe.mindspore import step_windows
 
-    state = {"in_flush": 0, "inside": 0, "outside": 0}
+    state = {"in_flush": 0, "inside": 0, "outside": 0, "at_start": 0}
     orig_asnumpy, orig_item, orig_flush = Tensor.asnumpy, Tensor.item, Runtime._flush_batch
+    orig_window = step_windows.StepWindows.window_starts
     orig_data_ptr = Tensor.data_ptr  # the zero-copy host view of a CPU tensor starts from it
 
     def counted(orig):
         def f(self, *a, **k):
-            state["inside" if state["in_flush"] else "outside"] += 1
+            state["at_start" if state.get("window") else "inside" if state["in_flush"] else "outside"] += 1
             return orig(self, *a, **k)
         return f
+
+    def window_starts(self, *args):
+        state["window"] = True
+        try:
+            return orig_window(self, *args)
+        finally:
+            state["window"] = False
 
     def flush(self):
         state["in_flush"] += 1
@@ -549,6 +583,7 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     monkeypatch.setattr(Tensor, "item", counted(orig_item))
     monkeypatch.setattr(Tensor, "data_ptr", counted(orig_data_ptr))
     monkeypatch.setattr(Runtime, "_flush_batch", flush)  # every flush reads its batch here
+    monkeypatch.setattr(step_windows.StepWindows, "window_starts", window_starts)
     debugger.start(net)
     _, g = grad_fn(x, y)
     opt(g)
@@ -557,7 +592,7 @@ def test_hooks_make_no_host_transfers(make_debugger, dump_dir, monkeypatch):
     monkeypatch.undo()
     data = msprobe.dump.load(only_step_dir(dump_dir, 0)).data
     n_leaves = sum(1 for body in data.values() for _ in leaves(body))
-    assert state["outside"] == 0, state
+    assert state["outside"] == 0 and state["at_start"] <= step_windows._WATCHED, state
     # one read per distinct tensor object in a flush batch: a tensor recorded twice (output of one API,
     # input of the next) is read once, so reads <= leaves
     assert 0 < state["inside"] <= n_leaves, (state, n_leaves)

@@ -123,6 +123,21 @@ def test_a_loop_without_step_is_pointed_out_once(make_debugger, dump_dir, caplog
     assert _steps_present(dump_dir) == ["step0"]
 
 
+@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
+def test_one_forgotten_step_is_pointed_out_at_the_next_window(make_debugger, dump_dir, caplog, level):
+    """A training step whose step() is missing: the next iteration's start() (the step's second
+    window) already sees the optimizer's update (the Parameters are read at the step's first window)."""
+    debugger = make_debugger(task="statistics", level=level)
+    net = build_mlp()
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _windows_per_step(debugger, net, steps=1, windows=1, call_step=True)
+        _windows_per_step(debugger, net, steps=2, windows=1, call_step=False)
+        debugger.step()
+    said = _step_reminders(caplog)
+    assert len(said) == 1 and "Parameters changed between two start() calls of step 1" in said[0], said
+    assert _steps_present(dump_dir) == ["step0", "step1"]
+
+
 def test_gradient_accumulation_windows_are_not_pointed_out(make_debugger, dump_dir, caplog):
     """Several start()/stop() windows in one step without an optimizer update between them (gradient
     accumulation) are legitimate: no reminder."""

@@ -166,7 +166,11 @@ class CallRecorder:
                 if (self.bwd_in or self.bwd_out) and grad_enabled():
                     bwd = naming.api_entry(api, n, naming.BACKWARD)
                     if rt.selector.selects(bwd):
-                        probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out and not inplace)
+                        # gradients w.r.t. the arguments: not of an in-place API (its argument is its
+                        # output); a Primitive writing some arguments (side_effect_mem: BatchNorm's
+                        # moving statistics) has them w.r.t. the others
+                        inputs = self.bwd_out and not (inplace and not api.startswith("Primitive."))
+                        probe = BackwardProbe(rt, bwd, self.bwd_in, inputs)
                         if rt.track_parents:
                             rt.record_parent(bwd, naming.backward_of(self._parent()))
                 if (inplace or mutates) and rt.has_pending:  # read before the change; files may follow

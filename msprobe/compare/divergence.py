@@ -134,7 +134,19 @@ class Finding:
     def reason(self, exact: bool = False) -> str:
         """Why this entry is named, in one sentence (``first-diff``, ``compare`` and ``report`` say
         the same); ``""`` for a NaN/Inf producer."""
-        return self._why(exact) + self._exceeds_text()
+        return self._raised_text() + self._why(exact) + self._exceeds_text()
+
+    def _raised_text(self) -> str:
+        """``"the target run's call raised here (TypeError: ...); "`` when one side's entry has an
+        ``error`` record (a Cell whose forward raised, so it has no output), else ``""``."""
+        for rec in self.records:
+            if rec.get("record") == "error":
+                sides = [(side, rec.get(f"{side}_value")) for side in ("target", "golden")]
+                said = [f"the {side} run's call {value['value'][len('the call '):]}"
+                        if value["value"].startswith("the call ") else f"the {side} run's call: {value['value']}"
+                        for side, value in sides if value is not None]
+                return "; ".join(said) + " (no output); " if said else ""
+        return ""
 
     def _exceeds_text(self) -> str:
         if self.exceeds_at is None:

@@ -71,6 +71,9 @@ def entry_records(entry: str, body) -> list:
         _walk(body, "", out)
     elif isinstance(body, dict):
         for key, value in body.items():
+            if key == "error" and isinstance(value, str):  # a Cell whose forward raised: no output
+                out.append(Record("error", "error", "error", (), (None,) * 4, None, None, value))
+                continue
             head = {"input_args": "input", "input_kwargs": "kwargs"}.get(key, key)
             _walk(value, head, out)
     return out

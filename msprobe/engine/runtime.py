@@ -133,6 +133,14 @@ def _append_lines(appends: list) -> None:
             writer.append(lines)
 
 
+#: what records the inside of compiled graphs (level L1 in GRAPH_MODE records none of it)
+GRAPH_L1_ADVICE = ("(in GRAPH_MODE msprobe records Cells at L0 and mix, kernels at L2): use level L0 or mix, with "
+                   "debugger.start(model) before the first step, for the Cells they run, or L2 for their kernels")
+#: the note of a step at L1 in GRAPH_MODE without a ``Jit`` entry (the network, e.g. Model.train's,
+#: ran as a compiled Cell), also added to an empty step's reason
+GRAPH_L1_NOTE = ("level L1 in GRAPH_MODE: Cells called in GRAPH_MODE (a training Cell, Model.train's network) "
+                 "run as compiled graphs, and the APIs and Primitives inside a compiled graph are not recorded "
+                 + GRAPH_L1_ADVICE)
 #: added to an empty step's reason at L1 when ``start()`` was given no model
 NO_MODEL_REASON = ("; start() was given no model, and at level L1 the Primitives called inside Cells "
                    "(such as those of nn.Dense or nn.ReLU) are recorded only with start(model)")
@@ -211,6 +219,9 @@ class Runtime:
         #: whether the Primitives called inside Cells are hooked (False at L1 when start() was given
         #: no model; set by the service at install, for empty_reason)
         self.primitives_hooked = True
+        #: in GRAPH_MODE at L0/mix: why the probes are missing from a graph compiled before the first
+        #: ``start(model)`` (set by the service at that install, for empty_reason), else None
+        self.precompiled: str | None = None
         self._emitted_stacks: set = set()
         self._fork = _FORKS[0]  # another value in a forked child (forked())
         #: handles of the tool's tensor hooks (Parameters, outputs of recorded calls: capture/backward.py,
@@ -817,6 +828,16 @@ class Runtime:
         self._emitted_stacks.add(sid)
         return journal.stack_frames(sid, self.stacks.rendered[sid])
 
+    def record_raised(self, entry: str, exc: BaseException) -> None:
+        """Queue ``data[entry]["error"] = "the call raised {type}: {first line of its message}"``: the
+        forward call of ``entry`` raised ``exc`` (to the program, unchanged) and has no output."""
+        if not self.records_data or self.failed:
+            return
+        with self._lock:
+            self._pending.append((self.writer, journal.key_line(entry, "error",
+                                                                f"the call raised {_first_line_of(exc)}")))
+            self._started_pending()
+
     def record_parent(self, name: str, parent, token=None) -> None:
         """Add a ``construct.json`` edge (``name`` -> its parent Cell entry or ``None``)."""
         if not self.config.extra_info or self.failed:
@@ -1401,7 +1422,9 @@ class Runtime:
             return (f"none of the {hooked} APIs and Primitives the config's list {list(cfg.api_list)} can "
                     "name (at level L1 only those are hooked) was called between start() and stop()")
         if not calls:
-            return report.EMPTY_REASON + (NO_MODEL_REASON if self._no_model_may_explain() else "")
+            if self.precompiled is not None:
+                return f"{report.EMPTY_REASON}: {self.precompiled}"
+            return report.EMPTY_REASON + self._nothing_ran_cause()
         causes = []
         if self._step_failure is not None:
             causes.append(f"the program's computation failed ({self._step_failure})")
@@ -1418,20 +1441,28 @@ class Runtime:
         return f"{self._calls_that_ran(calls, hooked)}, but " + "; ".join(causes)
 
     def _compiled_only_note(self) -> str | None:
-        """At level L1 in GRAPH_MODE, when compiled calls ran in the step: that each is one entry with
-        nothing inside it, and what records their inside (``dump.json["note"]``, and a WARNING once
-        per run at the end of the step); ``None`` otherwise."""
+        """At level L1 in GRAPH_MODE: when compiled calls ran in the step, that each is one entry with
+        nothing inside it, else that Cells run compiled (:data:`GRAPH_L1_NOTE`), and what records
+        their inside (``dump.json["note"]``, and a WARNING once per run at the end of the step);
+        ``None`` otherwise."""
         if self.config.level != "L1" or not self._graph_mode:
             return None
         jit = sorted(key for key, n in self.counters.items() if key.startswith("Jit.") and n)
         if not jit:
-            return None
+            return GRAPH_L1_NOTE
         functions = ", ".join(f"{key} (the mindspore.jit function {key[len('Jit.'):]})" for key in jit)
         return (f"level L1 in GRAPH_MODE: {functions} ran as one compiled graph per call, each call "
                 "recorded as one entry; the APIs and Primitives inside a compiled graph are not recorded "
-                "(in GRAPH_MODE msprobe "
-                "records Cells at L0 and mix, kernels at L2): use level L0 or mix, with "
-                "debugger.start(model) before the first step, for the Cells they run, or L2 for their kernels")
+                + GRAPH_L1_ADVICE)
+
+    def _nothing_ran_cause(self) -> str:
+        """What an empty step's reason adds when no hooked call ran: at L1 in GRAPH_MODE that the
+        calls inside compiled graphs are not recorded (the step's note, :data:`GRAPH_L1_NOTE`, says
+        what records them), else that ``start()`` was given no model when
+        that may explain it (:data:`NO_MODEL_REASON`), else ``""``."""
+        if self.config.level == "L1" and self._graph_mode:  # the step's note says what records them
+            return "; at level L1 in GRAPH_MODE the calls inside compiled graphs are not recorded (see \"note\")"
+        return NO_MODEL_REASON if self._no_model_may_explain() else ""
 
     def _no_model_may_explain(self) -> bool:
         """Whether a step in which no hooked call ran may be empty because ``start()`` was given no
@@ -1480,13 +1511,15 @@ class Runtime:
 
     def _warn_nothing_selected(self) -> None:
         """One WARNING per run when a ``scope`` bound matched no call of a step in which hooked
-        calls ran (like the one of a ``list`` that names nothing), and one when no hooked call ran
-        at L1 in a step whose ``start()`` was given no model."""
+        calls ran (like the one of a ``list`` that names nothing), and one per cause when no hooked
+        call ran without a model (:meth:`_nothing_ran_cause`; at L1 in GRAPH_MODE the note's WARNING
+        says why)."""
         if not self.step_open:
             return
         if not sum(self.counters.values()):
-            if self._no_model_may_explain() and self.first_time(("empty without a model",)):
-                logger.warning("msprobe: step %d: %s%s", self.step, report.EMPTY_REASON, NO_MODEL_REASON)
+            cause = self._nothing_ran_cause()  # at L1 in GRAPH_MODE the note's WARNING says it
+            if cause and not self._graph_mode and self.first_time(("nothing ran", cause)):
+                logger.warning("msprobe: step %d: %s%s", self.step, report.EMPTY_REASON, cause)
             return
         what = self.selector.unmatched_scope()
         if what is not None and self.first_time(("scope bound matched no call",)):

@@ -319,15 +319,17 @@ class DumpService:
         """First install of the graph probes (the first ``start(model)`` of a dumped rank, dumped
         step or not): a graph compiled before (a Cell holding the model in GRAPH_MODE, a
         ``mindspore.jit`` Cell of it under PyNative) runs without them; say so once, with what to do
-        (:func:`msprobe.capture.cells.precompiled.precompiled_warning`)."""
+        (:func:`msprobe.capture.cells.precompiled.precompiled_warning`), and keep the cause for the
+        empty steps' ``empty_reason`` (:attr:`Runtime.precompiled`)."""
         graph = self._graph
         try:
-            text = precompiled_warning(self.models, graph.graph_mode, graph.jit_cells)
+            text, reason = precompiled_warning(self.models, graph.graph_mode, graph.jit_cells)
         except Exception as exc:  # a hint only: never in the way of the dump
             logger.debug("msprobe: looking for graphs compiled before start() failed: %r", exc)
             return
         if text:
             logger.warning("%s", text)
+        self.runtime.precompiled = reason
 
     def _install_capture(self) -> None:
         """Install what may stay from one dumped step to the next into :attr:`_capture`: API

@@ -6,15 +6,16 @@ start-stop-start-stop-step, gradient accumulation: several forward and backward 
 update). A loop that calls ``start()``/``stop()`` per iteration and never ``step()`` writes every
 iteration into the same step directory, its calls numbered on (``….forward.0``, ``….forward.1``, ...),
 which nothing else points out. What tells the two apart is an optimizer update inside the step: the
-model's Parameters change between two windows of one step. They are read at the start of a step's
-second window and compared at each later window (steps with one window, the usual case, read
-nothing). Without a model there are no Parameters to read: the reminder is then said when one step
-has had :data:`MANY_WINDOWS` windows. Each is a WARNING said at most once per debugger; what is
+model's Parameters change between two windows of one step. A few of them (the smallest) are read at
+the start of a step's first window and compared at each later window, so a single forgotten
+``step()`` is said at the next window. Without a model there are no Parameters to read: the
+reminder is then said when one step has had :data:`MANY_WINDOWS` windows. Each is a WARNING said at most once per debugger; what is
 written is never changed.
 """
 from __future__ import annotations
 
 import logging
+import weakref
 
 import numpy as np
 
@@ -33,7 +34,10 @@ class StepWindows:
     def __init__(self):
         self._step = None
         self._windows = 0
-        self._values = None  # [(Parameter, its bytes)] read at the second window of the step
+        self._values = None  # [(Parameter, its bytes)] read at the first window of the step
+        #: the models and the Parameters read, weakly (choosing them walks the models: ~0.5 ms for a
+        #: small LM, more than reading them), chosen again when a model or a Parameter changes
+        self._watched: tuple = ((), ())
         self.said = False
 
     def reset(self) -> None:
@@ -68,17 +72,27 @@ class StepWindows:
                 self._say(f"start() was called {MANY_WINDOWS} times in step {step} without step(): every "
                           f"window is written into step {step}'s directory, its calls numbered on")
             return
-        if self._windows < 2:
-            return
         wait()  # an asynchronous failure of the user's is met here, not in the reads below
         if self._values is None:
-            self._values = [(p, p.asnumpy().tobytes()) for p in _smallest(models)]
+            self._values = [(p, p.asnumpy().tobytes()) for p in self._parameters(models)]
             return
         changed = [p.name for p, before in self._values if p.asnumpy().tobytes() != before]
         if changed:
             self._say(f"the model's Parameters changed between two start() calls of step {step} "
                       f"({changed[0]}): an optimizer update ran inside the step, and every iteration is "
                       f"written into step {step}'s directory, its calls numbered on")
+
+    def _parameters(self, models) -> list:
+        """The Parameters to read (:func:`_smallest`), those chosen at an earlier step while the
+        models are the same and each of those still exists and is trainable."""
+        roots, chosen = self._watched
+        params = [ref() for ref in chosen]
+        if (len(roots) == len(models) and all(ref() is root for ref, (_, root) in zip(roots, models))
+                and all(p is not None and p.requires_grad for p in params)):
+            return params
+        params = _smallest(models)
+        self._watched = (tuple(weakref.ref(root) for _, root in models), tuple(map(weakref.ref, params)))
+        return params
 
     def _say(self, what: str) -> None:
         self.said = True

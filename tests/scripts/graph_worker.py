@@ -10,8 +10,8 @@ MODE: graph | pynative. TOOL: on | off. DRIVER: ``loop`` (value_and_grad + optim
 even when the compiled ones are built (``msprobe/capture/cells/graph_probes.py``); ``--direct-records``: the
 probes' records made one by one through the runtime (``GraphCellCapture.batched``). ``--half-batches``: every
 second step a batch of 16. ``--no-extra-info``: config ``extra_info`` false. ``--step-list``: the
-config's ``step`` list (JSON). The JSON also has the SHA-256 of each step's gradients (``grads``, loop
-drivers) and of the trained parameters (``parameters``), and says how many drains made their records
+config's ``step`` list (JSON), ``--scope`` its ``scope`` (JSON). The JSON also has the SHA-256 of each
+step's gradients (``grads``, loop drivers) and of the trained parameters (``parameters``), and says how many drains made their records
 from a recipe (``recipe_drains``).
 """
 from __future__ import annotations
@@ -88,6 +88,7 @@ def main():
                     help="every second step a batch of 16 (another input shape: a graph compiled for it)")
     ap.add_argument("--step-list", default="[]",
                     help="the config's step list, as JSON (default: every step)")
+    ap.add_argument("--scope", default="[]", help="the config's scope, as JSON (default: none)")
     ap.add_argument("--resume", type=int, default=0,
                     help="model driver: resume at this step number (MsprobeInitStep)")
     args = ap.parse_args()
@@ -114,9 +115,9 @@ def main():
         from msprobe.mindspore import PrecisionDebugger
         steps = json.loads(args.step_list)
         debugger = PrecisionDebugger(dump_path=args.dump_path, task=args.task, level=args.level, step=steps)
-        if args.data_mode != "all" or args.no_extra_info:
+        if args.data_mode != "all" or args.no_extra_info or args.scope != "[]":
             cfg = {"task": args.task, "dump_path": args.dump_path, "level": args.level, "step": steps,
-                   args.task: {"data_mode": args.data_mode.split(",")}}
+                   args.task: {"data_mode": args.data_mode.split(","), "scope": json.loads(args.scope)}}
             if args.no_extra_info:
                 cfg["extra_info"] = False
             path = os.path.join(args.dump_path + ".json")

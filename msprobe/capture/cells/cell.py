@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import weakref
 
 from msprobe.capture.backward import BackwardProbe, first_grad_input, grad_enabled, watermark
@@ -305,7 +306,12 @@ class CellCapture:
             rt.selector.exit_cell(fwd)
             rt.enter()
             try:
-                if selected and self.fwd_out:
+                raised = _raised_in(sys._getframe(1)) if output is None else None
+                if raised is not None:  # MindSpore calls the hook as the Cell's exception goes on
+                    if selected and self.fwd_out:
+                        rt.record(fwd, "parameters", _own_parameters(cell), "parameters")
+                        rt.record_raised(fwd, raised)
+                elif selected and self.fwd_out:
                     # parameters are inputs of the call: journaled before the output, so a reader
                     # (watch mode) deciding at the output whether the inputs were finite has them
                     params, outs = _own_parameters(cell), as_output_list(output)
@@ -485,6 +491,21 @@ def _recompute_kind(cell):
     name = type(cell).__name__
     if name in ("_RecomputeCell", "_WrapCell") and type(cell).__module__ == "mindspore.common.recompute":
         return "recompute" if name == "_RecomputeCell" else "wrapper"
+    return None
+
+
+def _raised_in(caller):
+    """The exception a Cell's forward raised, when MindSpore calls its forward hook (registered with
+    ``always_call``) from the ``except`` block of ``Cell._run_construct`` (frame ``caller``) as the
+    exception goes on; ``None`` for a forward that returned: the exception being handled, if any,
+    must have come through ``caller`` (a Cell called inside the program's own ``except`` block sees
+    the program's exception, which did not)."""
+    exc = sys.exc_info()[1]
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None:
+        if tb.tb_frame is caller:
+            return exc
+        tb = tb.tb_next
     return None
 
 

@@ -581,17 +581,22 @@ class GraphCellCapture:
         sink.stack(fwd)  # probes run on MindSpore's executor thread: no Python frames
         selected = sink.selector.selects(fwd)
         sink.selector.enter_cell(fwd)
+        # the backward entry is selected as the call begins, as the PyNative Cell hooks select it: a
+        # scope whose last bound is this Cell is still open (it closes as the call returns)
+        backward = (self.bwd_in or self.bwd_out) and sink.selector.selects(naming.backward_of(fwd))
+        if backward:
+            sink.selector.note_backward(prefix)
         if selected and self.fwd_in:
             sink.arrays(fwd, "input_args", arrays, "input")
             sink.data(fwd, "input_kwargs", {}, "kwargs")
         self.stack.append(fwd)
-        self.open[prefix].append((fwd, selected, parent))
+        self.open[prefix].append((fwd, selected, parent, backward))
 
     def _exit(self, sink, prefix: str, cell, arrays) -> None:
         frames = self.open[prefix]
         if not frames:  # no call open: the forward MindSpore recomputes in the backward for
             return      # Cell.recompute() re-runs the output probe (not the input probe): no call
-        fwd, selected, parent = frames.pop()
+        fwd, selected, parent, backward = frames.pop()
         if self.stack and self.stack[-1] == fwd:
             self.stack.pop()
         rt = self.rt
@@ -603,13 +608,10 @@ class GraphCellCapture:
                 sink.parameters(fwd, id(cell), leaves)
             else:
                 sink.data(fwd, "parameters", self.param_values.get(id(cell), {}), "parameters")
-        if self.bwd_in or self.bwd_out:
-            bwd = naming.backward_of(fwd)
-            if sink.selector.selects(bwd):
-                sink.selector.note_backward(prefix)
-                # a region's backward runs inside its forward call (the grad function is compiled)
-                self.done[prefix].append((bwd, parent if parent is None or parent == self.region
-                                          else naming.backward_of(parent)))
+        if backward:
+            # a region's backward runs inside its forward call (the grad function is compiled)
+            self.done[prefix].append((naming.backward_of(fwd), parent if parent is None or parent == self.region
+                                      else naming.backward_of(parent)))
 
     def _output_grads(self, sink, prefix: str, arrays) -> None:
         """bprop of the output probe: gradients w.r.t. the Cell's outputs (backward ``input``)."""
