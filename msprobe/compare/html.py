@@ -93,8 +93,8 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
             if entry.target is not None:
                 results[entry.target] = entry
         differing = []
-        first_div = divergence.first_divergence(comparison, bitwise=differing)
-        agreed = divergence.agreement(comparison.mode, bool(differing))
+        first_div, one_sided = divergence.agreement_of(divergence.first_divergence(comparison, bitwise=differing))
+        agreed = divergence.agreement(comparison.mode, bool(differing)) + (f"; {one_sided}" if one_sided else "")
     nan = divergence.nan_producers(directory, step, rank, side)
     ids = {name: f"e{i}" for i, name in enumerate(side.names)}
     nodes = {}
