@@ -337,6 +337,14 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
             partial = list(dict.fromkeys(n for a in agreed for n in (a.note, a.one_sided) if n))
             for note in level_notes(target, golden, step, rank) + partial:
                 click.echo(f"  note: {note}")
+        if diverged and agreed:  # the steps before (or beside) a difference that agree
+            by_text = {}
+            for a in agreed:
+                by_text.setdefault(a.text, []).append(f"step {a.step} {a.rank}" if a.step is not None else a.rank)
+            for text, where in by_text.items():
+                click.echo(f"{', '.join(where)}: {text}")
+            for note in dict.fromkeys(a.one_sided for a in agreed if a.one_sided):
+                click.echo(f"  note: {note}")
         for f in diverged:
             _print_finding(f, f.label(), exact, all_frames)
         if unpaired:  # under the runs' agreement, or after the findings
@@ -398,6 +406,8 @@ def show(dump, entry, step, rank, all_frames):
         frames = load_stacks(item.path).get(forward_of(entry) or entry, [])
         if frames:
             _print_stack("stack", frames, all_frames, "  ")
+        elif side.header.get("mode") == "GRAPH_MODE":
+            click.echo("stack: none: this step ran in GRAPH_MODE, and compiled graphs record no Python stack")
         else:
             click.echo("stack: none recorded")
         return

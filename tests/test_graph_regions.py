@@ -111,6 +111,8 @@ def test_first_diff_graph_mode_against_pynative_agrees_with_a_note(tmp_path):
         assert "golden dump ran in GRAPH_MODE" in out and "first difference (" not in out, out
         assert "note: " in out and "on one side only, not compared" in out, out
         assert "Cell.head.Dense.backward.0.output.0" not in out, out   # a note, not a list
+        shown = CliRunner().invoke(main, ["show", graph, "Cell.head.Dense.forward.0", "--step", "0"]).output
+        assert "stack: none: this step ran in GRAPH_MODE, and compiled graphs record no Python stack" in shown
 
 
 def test_l1_in_graph_mode_says_what_its_jit_entry_holds(tmp_path):

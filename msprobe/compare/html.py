@@ -119,6 +119,10 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                        "gain": _fmt(entry.gain) if entry and entry.gain is not None else "",
                        "stack": frame_lines(frames), "source": source_line(frames),
                        "nonfinite": any(r["bad"] for r in records)}
+    if first_div is not None and first_div.entry in nodes:
+        # the entry named where the runs part is badged so, not with its gain verdict (a difference
+        # traced to where it starts, or one whose inputs already differ, can be "carried" there)
+        nodes[first_div.entry]["named"] = first_div.label()
     roots = []
     for name in side.names:
         # a parameter-gradient entry sits under the Cell call it belongs to
