@@ -122,7 +122,6 @@ def blocks(output_kind: str, input_kinds) -> bool:
     return bool(input_kinds)
 
 
-
 class Watch:
     """Run-wide watch state.
 
@@ -485,7 +484,7 @@ class WatchWriter:
             state[1] = state[1] or bool(bad)
             return None
         bad = watch.input_kinds(report.leaves(piece.value), non_finite)
-        if non_finite and not bad and watch.scalar_input(piece.value):
+        if non_finite and not blocks("nan", bad) and watch.scalar_input(piece.value):
             state[3] = True
         if bad:
             # a NaN/Inf reached an input first: made by code the level does not record. A value
