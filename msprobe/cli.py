@@ -147,6 +147,8 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
         where = f"step {item['step']} {item['rank']}" if item["step"] is not None else item["rank"]
         first = _first_difference_text(item["first_difference"], item["agreement"])
         click.echo(f"{where} ({item['mode']}): {counts}; {first}")
+        if item["one_sided"]:
+            click.echo(f"  note: {item['one_sided']}")
         click.echo(f"  {item['csv']}")
     if result["unpaired_steps"]:
         click.echo(f"note: {result['unpaired_steps']}")
@@ -166,8 +168,6 @@ def _first_difference_text(found: Optional[dict], agreement: Optional[str] = Non
         why.append("its inputs already differ")
     if found["kind"] == "unmatched":
         why.append("present on one side only")
-    if found["kind"] == "one_sided":
-        why.append(found["reason"])
     if found["kind"] == "precision":
         why.append("the runs differ in precision" + (" (target {}, golden {})".format(*found["dtypes"])
                                                      if found.get("dtypes") else ""))
@@ -208,12 +208,8 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
     reason = f.reason(exact)
     if reason:
         click.echo(f"  {reason}")
-    if f.note and f.kind not in ("unmatched", "one_sided"):  # their reason holds the note
+    if f.note and f.kind != "unmatched":  # its reason holds the note
         click.echo(f"  note: {f.note}")
-    for what, names in (("entries", f.one_sided), ("records", f.one_sided_records)):
-        if names:
-            more = f", ... ({len(names) - ONE_SIDED_SHOWN} more; --json lists all)" if len(names) > ONE_SIDED_SHOWN else ""
-            click.echo(f"  {what} on one side only: {', '.join(names[:ONE_SIDED_SHOWN])}{more}")
     click.echo(f"  Cell path: {' > '.join(f.cell_path) if f.cell_path else _no_cell_path(f.entry)}")
     for rec in f.records:
         t, g = rec.get("target"), rec.get("golden")
@@ -238,9 +234,6 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
         if stack:
             _print_stack(f"  {name} stack", stack, all_frames, "    ")
 
-
-#: names of the entries (and records) present on one side only that ``first-diff`` prints per step/rank
-ONE_SIDED_SHOWN = 5
 
 #: frames outside MindSpore shown per stack (the innermost included) unless ``--all-frames``
 STACK_FRAMES_SHOWN = 6
@@ -312,11 +305,11 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     stacks and the numbers. Also the first NaN/Inf producer (inputs finite, output not) of each
     dump. Without GOLDEN only the NaN/Inf producer of TARGET is searched.
 
-    Entries (or records) present on one side only are listed, never named as the first
-    difference; when no matched entry differs, the step says so and why they are on one side only.
+    Entries (or records) present on one side only because the dumps' modes differ (GRAPH_MODE
+    against PyNative) are never named as the first difference: a note says what and why.
 
     Exit 0: the runs agree, or differ in precision only (no producer); 1: a first difference (a
-    producer) was found, or entries are present on one side only; 2: bad input.
+    producer) was found; 2: bad input.
     """
     from msprobe.compare import first_divergence, level_notes, nan_producer
     from msprobe.compare.inputs import unpaired_steps
@@ -341,8 +334,16 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
             texts = list(dict.fromkeys(a.text for a in agreed))
             for a in agreed if len(texts) > 1 else agreed[:1]:
                 click.echo(f"step {a.step} {a.rank}: {a.text}" if len(texts) > 1 else a.text)
-            partial = list(dict.fromkeys(a.note for a in agreed if a.note))
+            partial = list(dict.fromkeys(n for a in agreed for n in (a.note, a.one_sided) if n))
             for note in level_notes(target, golden, step, rank) + partial:
+                click.echo(f"  note: {note}")
+        if diverged and agreed:  # the steps before (or beside) a difference that agree
+            by_text = {}
+            for a in agreed:
+                by_text.setdefault(a.text, []).append(f"step {a.step} {a.rank}" if a.step is not None else a.rank)
+            for text, where in by_text.items():
+                click.echo(f"{', '.join(where)}: {text}")
+            for note in dict.fromkeys(a.one_sided for a in agreed if a.one_sided):
                 click.echo(f"  note: {note}")
         for f in diverged:
             _print_finding(f, f.label(), exact, all_frames)
@@ -405,6 +406,8 @@ def show(dump, entry, step, rank, all_frames):
         frames = load_stacks(item.path).get(forward_of(entry) or entry, [])
         if frames:
             _print_stack("stack", frames, all_frames, "  ")
+        elif side.header.get("mode") == "GRAPH_MODE":
+            click.echo("stack: none: this step ran in GRAPH_MODE, and compiled graphs record no Python stack")
         else:
             click.echo("stack: none recorded")
         return

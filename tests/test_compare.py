@@ -257,7 +257,8 @@ def test_first_divergence_inside_a_cell_names_the_innermost_call(dumps):
     assert found.cell_path == ["Cell.scale.Scale.forward.0"]
     proc = cli("first-diff", dumps["factor"], dumps["base"], check_code=1)
     assert proc.stdout.splitlines()[0].startswith("first difference (step ") and "Mint.mul.0.forward" in proc.stdout
-    assert proc.stdout.splitlines()[1] == "  inputs agree, outputs do not (forward)", proc.stdout  # why
+    assert proc.stdout.splitlines()[1] == ("  tensor inputs agree, a scalar argument differs (input.1: value 2.5 "
+                                           "vs 2.0), outputs do not (forward)"), proc.stdout  # why
     assert "Cell path: Cell.scale.Scale.forward.0" in proc.stdout
     # the stack printed shows the user's frames: the Cell-call machinery between them is folded
     target_stack = proc.stdout.split("target stack")[1].split("golden stack")[0].splitlines()[1:]

@@ -106,3 +106,34 @@ def test_inputs_are_said_to_agree_only_when_equal():
     assert found.reason() == "inputs differ within tolerance, outputs do not agree (forward)"
     found.records[0] = dict(rec, bitwise_equal=True)
     assert found.reason() == "inputs agree, outputs do not (forward)"
+
+
+def _grad_dump(root, name, bias_max, weight_max=1.3e-3):
+    """A one-entry L0 dump: the parameter gradients of a Dense Cell (weight Norm 5e-3, bias ~1e-10)."""
+    import json
+
+    def leaf(shape, top, low, mean, norm):
+        return [{"type": "mindspore.Tensor", "dtype": "Float32", "shape": shape, "Max": top, "Min": low,
+                 "Mean": mean, "Norm": norm}]
+
+    directory = os.path.join(str(root), name, "step0", "rank0")
+    os.makedirs(directory)
+    grads = {"bias": leaf([16], bias_max, -5.09e-11, -2.3e-12, 9.66e-11),
+             "weight": leaf([16, 16], weight_max, -1.08e-3, -1.6e-9, 5.22e-3)}
+    with open(os.path.join(directory, "dump.json"), "w") as f:
+        json.dump({"task": "statistics", "level": "L0", "framework": "mindspore", "dump_data_dir": None,
+                   "schema": "msprobe-mindspore/2", "data": {"Cell.k.Dense.parameters_grad.0": grads}}, f)
+    return os.path.join(str(root), name)
+
+
+def test_a_near_zero_parameter_gradient_is_judged_against_its_entrys_scale(tmp_path):
+    """Same precision on both sides (GRAPH_MODE against PyNative sums in another order): a bias
+    gradient of ~1e-10 next to a weight gradient of Norm 5e-3 differing by 5e-12 is rounding noise at
+    the entry's scale, not a difference; one differing at the weight gradient's scale still is."""
+    golden = _grad_dump(tmp_path, "golden", 4.00e-11)
+    assert first_divergence(_grad_dump(tmp_path, "noise", 4.55e-11), golden) == []
+    out = cli("first-diff", str(tmp_path / "noise"), golden, check_code=0).stdout
+    assert "agree within tolerance" in out, out
+    (found,) = first_divergence(_grad_dump(tmp_path, "real", 4.00e-11, weight_max=1.4e-3), golden)
+    assert found.entry == "Cell.k.Dense.parameters_grad.0"
+    assert [r["record"] for r in found.records if r["result"] != "pass"] == ["weight"]

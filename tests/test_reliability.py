@@ -175,6 +175,33 @@ def test_rankless_run_moves_dead_process_dirs_aside(tmp_path, caplog):
     assert any(n.startswith(os.path.basename(dead_dir) + ".previous-") for n in names)
 
 
+def _steps(dump_path, steps):
+    debugger = PrecisionDebugger(dump_path=dump_path, level="L1", task="statistics")
+    for step in range(steps):
+        debugger.start(rank_id=0)
+        ops.relu(Tensor(np.full((3,), float(step), np.float32)))
+        debugger.stop()
+        debugger.step()
+    debugger.close()
+
+
+def test_a_rerun_of_many_steps_says_the_moves_in_two_lines(tmp_path, caplog):
+    """A rerun into the same dump_path moves one directory per step aside: the first move is said at
+    once, and one line at the end of the run counts them, naming the first and where they are."""
+    dump_path = str(tmp_path / "dump")
+    _steps(dump_path, 6)
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _steps(dump_path, 6)
+    said = [r.getMessage() for r in caplog.records if "earlier run" in r.getMessage()]
+    first = os.path.join(dump_path, "step0", "rank0")
+    (aside,) = [n for n in os.listdir(os.path.join(dump_path, "step0")) if n != "rank0"]
+    assert len(said) == 2 and said[0].startswith(f"msprobe: {first} already holds a dump"), said
+    assert said[1] == (f"msprobe: this run moved 6 directories an earlier run left aside, each to "
+                       f"{{name}}.previous-{{time}} beside it (the first: {first} to "
+                       f"{os.path.join(dump_path, 'step0', aside)}; under {dump_path})")
+    assert all(len(os.listdir(os.path.join(dump_path, f"step{s}"))) == 2 for s in range(6))
+
+
 def test_second_run_moves_earlier_dump_aside(tmp_path, caplog):
     dump_path = str(tmp_path / "dump")
     _one_step(dump_path, 1.0, rank_id=0)

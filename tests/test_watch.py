@@ -278,6 +278,38 @@ def test_magnitude_bound_triggers(tmp_path):
     assert "First anomaly producer (watch mode)" in html and "First NaN/Inf producer" not in html
 
 
+class ShiftedLog(nn.Cell):
+    """``log(fc(x) - shift)`` with ``shift`` a tensor argument: beyond ``max_abs`` in the anomaly's
+    step, so ``Tensor.__sub__`` passes a value beyond the bound on and ``log`` makes the NaN."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 1, weight_init="ones", bias_init="ones")
+
+    def construct(self, x, shift):
+        return ops.log(self.fc(x) - shift).sum()
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_a_nan_made_from_an_input_beyond_max_abs_names_its_recorded_producer(tmp_path, caplog, level):
+    debugger, dump_path = _debugger(tmp_path, level, {"max_abs": 50})
+    net = ShiftedLog()
+    grad_fn = ms.value_and_grad(net, None, net.trainable_params())
+    x = Tensor(np.ones((2, 4), np.float32))
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        for step in range(4):
+            debugger.start(net)
+            grad_fn(x, Tensor(100.0 if step == 2 else 0.0, ms.float32))
+            debugger.stop()
+            debugger.step()
+    _, found = _anomaly(dump_path, 2)
+    producer = "Functional.log.0.forward"
+    assert (found["producer"], found["kind"], found["first_producer"]) == (producer, "nan", producer)
+    assert "not recorded" not in found["trigger"]
+    (message,) = [r.getMessage() for r in caplog.records if "watch found" in r.getMessage()]
+    assert f"NaN first produced by {producer}" in message and "unrecorded" not in message
+
+
 def test_sigterm_writes_the_history(tmp_path):
     """The flight recorder writes the open step's history when the process receives SIGTERM."""
     import signal

@@ -15,7 +15,7 @@ import logging
 import os
 from typing import List, NamedTuple, Optional, Sequence, Union
 
-from msprobe.compare.divergence import DivergenceFinder, Finding, agreement, level_note, nan_producers
+from msprobe.compare.divergence import DivergenceFinder, Finding, agreement, agreement_of, level_note, nan_producers
 from msprobe.compare.divergence import first_divergence as _first_divergence
 from msprobe.compare.engine import StepComparison, columns, entry_values, levels_compared_in_part
 from msprobe.compare.inputs import InputError, pair, rank_number, resolve, unpaired_steps
@@ -83,6 +83,9 @@ class Agreement(NamedTuple):
     rank: str
     text: str
     note: Optional[str]
+    #: entries or records on one side only by the nature of the dumps' modes (GRAPH_MODE against
+    #: PyNative), not compared: :func:`msprobe.compare.divergence.one_sided_note`, or None
+    one_sided: Optional[str] = None
 
 
 def first_divergence(target: str, golden: str, exact: bool = False, bitwise: Optional[list] = None,
@@ -95,11 +98,12 @@ def first_divergence(target: str, golden: str, exact: bool = False, bitwise: Opt
     found = []
     for c in comparisons(target, golden, **options):
         differing = []
-        f = _first_divergence(c, exact, differing)
+        f, one_sided = agreement_of(_first_divergence(c, exact, differing))
         if f is not None:
             found.append(f)
         elif agreed is not None:
-            agreed.append(Agreement(c.step, c.rank, agreement(c.mode, bool(differing)), c.partial_note))
+            agreed.append(Agreement(c.step, c.rank, agreement(c.mode, bool(differing)), c.partial_note,
+                                    one_sided))
         if bitwise is not None:
             bitwise.extend(differing)
     return found
@@ -162,9 +166,10 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
                 writer.write(entry_values(entry, c.mode, stacks))
         finally:
             writer.close()
-        found = finder.result(c)
+        found, one_sided = agreement_of(finder.result(c))
         summary["results"].append({
             "agreement": agreement(c.mode, finder.differs_bitwise()) if found is None else None,
+            "one_sided": one_sided,
             "step": c.step, "rank": c.rank, "mode": c.mode, "target_dir": c.target.directory,
             "golden_dir": c.golden.directory, "csv": writer.csv_path, "xlsx": writer.xlsx_path,
             "records": writer.counts, "entries_by_match": matches, "entries_by_gain_verdict": verdicts,

@@ -160,11 +160,15 @@ class Finding:
 
     def _why(self, exact: bool) -> str:
         if self.kind == "divergence":
+            arguments = [rec for rec in self.records if flow_of(rec.get("record", "")) == "in"
+                         and rec.get("target_value") is not None and rec.get("result") != J.PASS]
+            tensors = "tensor inputs" if arguments else "inputs"
+            also = f", {arguments_text(arguments)}" if arguments else ""
             if exact or self.exceeds_at or all(rec.get("bitwise_equal") for rec in self.records  # tensors
                                                if flow_of(rec.get("record", "")) == "in"
                                                and rec.get("target_value") is None):
-                return f"inputs agree{' bitwise' if self.exceeds_at else ''}, outputs do not ({self.direction})"
-            return f"inputs differ within tolerance, outputs do not agree ({self.direction})"
+                return f"{tensors} agree{' bitwise' if self.exceeds_at else ''}{also}, outputs do not ({self.direction})"
+            return f"{tensors} differ within tolerance{also}, outputs do not agree ({self.direction})"
         if self.kind == "input":
             # none of its own: a backward entry whose forward call's inputs differ
             which = ", ".join(self.differing_inputs(exact)) or "those of its forward call"
@@ -211,12 +215,27 @@ def one_sided_text(entries: int, records: int, note: Optional[str]) -> str:
     """The sentence of a comparison whose matched pairs all agree but which holds ``entries`` entries
     and ``records`` records of matched entries present on one side only; ``note``: the set-up
     difference of the dumps that explains them (:func:`_setup_difference`), or ``None``."""
-    parts = [f"{n} {one if n == 1 else many}" for n, one, many in
-             ((entries, "entry", "entries"), (records, "record of a matched entry", "records of matched entries"))
-             if n]
-    return (f"no matched entry differs beyond the tolerance; {' and '.join(parts)} "
+    return (f"no matched entry differs beyond the tolerance; {_one_sided_counts(entries, records)} "
             f"{'is' if entries + records == 1 else 'are'} present on one side only and not compared ("
             + (note or "the runs executed different calls") + ")")
+
+
+def arguments_text(records: List[dict]) -> str:
+    """``a scalar argument differs (input.1: value 1 vs 2)`` for the differing non-tensor input
+    records (:func:`_record_dict`) of a finding: numbers are scalar arguments, others (a string)
+    arguments."""
+    numbers = all(isinstance((rec.get("target_value") or {}).get("value"), (int, float)) for rec in records)
+    what = "a scalar argument differs" if numbers else "an argument differs"
+    if len(records) > 1:
+        what = "scalar arguments differ" if numbers else "arguments differ"
+    return f"{what} ({', '.join(rec['record'] + ': ' + difference_text(rec) for rec in records)})"
+
+
+def _one_sided_counts(entries: int, records: int) -> str:
+    """``"3 entries and 1 record of a matched entry"``: what is present on one side only."""
+    return " and ".join(f"{n} {one if n == 1 else many}" for n, one, many in
+                        ((entries, "entry", "entries"), (records, "record of a matched entry",
+                                                         "records of matched entries")) if n)
 
 
 def difference_text(rec: dict) -> str:
@@ -258,6 +277,12 @@ def shown_cell_path(entry: str, construct: dict) -> List[str]:
         if own in construct:
             return cell_path(own, construct) + [own]
     return cell_path(entry, construct)
+
+
+def _argument_differs(records) -> bool:
+    """Whether a scalar or string argument (an input record that is not a tensor) differs."""
+    return any(r.flow == "in" and not r.is_tensor and r.target is not None and r.golden is not None
+               and r.result != J.PASS for r in records)
 
 
 def _agrees(judged: J.Judged, exact: bool) -> bool:
@@ -313,7 +338,8 @@ def first_divergence(comparison: StepComparison, exact: bool = False,
                      bitwise: Optional[List[StepComparison]] = None) -> Optional[Finding]:
     """The first difference of one compared step/rank (see the module docstring), None when every
     entry agrees. ``bitwise``: a list to which ``comparison`` is appended when it agrees within
-    tolerance (None is returned, ``exact=False``) but some entry differs bitwise.
+    tolerance (None or a ``one_sided`` finding is returned, ``exact=False``) but some entry differs
+    bitwise.
 
     Forward entries are searched first, then backward ones. In each, an entry present on one side
     only (``kind="unmatched"``) that runs before the first difference is named instead: the runs
@@ -325,7 +351,7 @@ def first_divergence(comparison: StepComparison, exact: bool = False,
     for entry in comparison.entries():
         finder.add(entry)
     found = finder.result(comparison)
-    if found is None and bitwise is not None and finder.differs_bitwise():
+    if (found is None or found.kind == "one_sided") and bitwise is not None and finder.differs_bitwise():
         bitwise.append(comparison)
     return found
 
@@ -417,6 +443,10 @@ class DivergenceFinder:
         if fed and not entry.precision_limited and any(r.result != J.PASS for r in entry.records):
             self._failing.append((self._seq[id(entry)], entry.target))
         inputs_agree = entry.inputs_exact if exact else entry.inputs_agree
+        if inputs_agree and self.first_input is not None and _argument_differs(paired):
+            # a scalar argument that differs is a value from outside the dump, as differing data
+            # are: an earlier entry whose inputs already differ comes first
+            inputs_agree = False
         if inputs_agree and any(not _agrees(r, exact) for r in paired if r.flow == "out"):
             if exact or entry.verdict != CARRIED:
                 self.found[way].append(entry)
@@ -595,9 +625,8 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
     t, g = comparison.target.header, comparison.golden.header
     if t.get("mode") != g.get("mode"):  # dump.json says "mode": "GRAPH_MODE"; PyNative writes no field
         graph, other = ("target", "golden") if t.get("mode") else ("golden", "target")
-        return (f"the {graph} dump ran in GRAPH_MODE and the {other} one under PyNative: in compiled graphs "
-                "msprobe records no gradient w.r.t. a Cell's inputs (backward output), and at mix the "
-                "training step MindSpore compiles is one Jit entry with no API entry inside it")
+        return (f"the {graph} dump ran in GRAPH_MODE and the {other} one under PyNative: "
+                + mode_difference((t if t.get("mode") else g).get("level")))
     if levels_compared_in_part(t, g):
         return level_note(t, g)
     if {t.get("level"), g.get("level")} == {"L0", "L1"}:
@@ -620,6 +649,36 @@ def _setup_difference(comparison: StepComparison) -> Optional[str]:
             return (f"the {side} dump holds only part of its step ({header['partial']}) and shares no entry "
                     f"with the other dump")
     return None
+
+
+def mode_difference(level: Optional[str]) -> str:
+    """What a GRAPH_MODE dump at ``level`` does not record that a PyNative one does (only what
+    holds at that level): at L0 and mix no gradient w.r.t. a Cell's inputs, at mix and L1 the
+    compiled training step is one Jit entry with no API entry inside it."""
+    parts = []
+    if level in ("L0", "mix", None):
+        parts.append("msprobe records no gradient w.r.t. a Cell's inputs (backward output)")
+    if level in ("mix", "L1", None):
+        parts.append("the training step MindSpore compiles is one Jit entry with no API entry inside it")
+    return "in compiled graphs " + ", and ".join(parts)
+
+
+def one_sided_note(found: Finding) -> str:
+    """The note of a step/rank whose matched pairs all agree but which holds entries or records on
+    one side only by the nature of the two dumps' modes (a :class:`Finding` of kind ``one_sided``):
+    what is on one side only, counted, and why (:attr:`Finding.note`)."""
+    return (f"{_one_sided_counts(len(found.one_sided), len(found.one_sided_records))} on one side only, "
+            "not compared ("
+            + (found.note or "the runs executed different calls") + ")")
+
+
+def agreement_of(found: Optional[Finding]) -> Tuple[Optional[Finding], Optional[str]]:
+    """``(finding, note)``: a finding of kind ``one_sided`` is no difference (the dumps capture
+    differently, every matched pair agrees): ``(None, its one_sided_note)``; any other is
+    ``(found, None)``."""
+    if found is not None and found.kind == "one_sided":
+        return None, one_sided_note(found)
+    return found, None
 
 
 def level_note(target_header: dict, golden_header: dict) -> str:

@@ -333,8 +333,8 @@ def _entry_result(t_name, g_name, how, judged, thresholds, upstream: Optional[In
     of the lower precision the two runs differ in (:attr:`StepComparison.lower_precision`), or None;
     ``paired_only``: records without a counterpart take no part in the verdict (the dumps capture
     differently, :attr:`StepComparison.modes_differ`)."""
-    if lower is not None and how != UNMATCHED:
-        J.judge_near_zero(judged, lower)
+    if how != UNMATCHED and (lower is not None or (t_name is not None and naming.is_param_grad(t_name))):
+        J.judge_near_zero(judged, lower, thresholds)
     result = J.worst(r.result for r in judged) if judged else (J.UNMATCHED if how == UNMATCHED
                                                                 else J.PASS)
     if how == UNMATCHED:

@@ -93,8 +93,8 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
             if entry.target is not None:
                 results[entry.target] = entry
         differing = []
-        first_div = divergence.first_divergence(comparison, bitwise=differing)
-        agreed = divergence.agreement(comparison.mode, bool(differing))
+        first_div, one_sided = divergence.agreement_of(divergence.first_divergence(comparison, bitwise=differing))
+        agreed = divergence.agreement(comparison.mode, bool(differing)) + (f"; {one_sided}" if one_sided else "")
     nan = divergence.nan_producers(directory, step, rank, side)
     ids = {name: f"e{i}" for i, name in enumerate(side.names)}
     nodes = {}
@@ -119,6 +119,10 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                        "gain": _fmt(entry.gain) if entry and entry.gain is not None else "",
                        "stack": frame_lines(frames), "source": source_line(frames),
                        "nonfinite": any(r["bad"] for r in records)}
+    if first_div is not None and first_div.entry in nodes:
+        # the entry named where the runs part is badged so, not with its gain verdict (a difference
+        # traced to where it starts, or one whose inputs already differ, can be "carried" there)
+        nodes[first_div.entry]["named"] = first_div.label()
     roots = []
     for name in side.names:
         # a parameter-gradient entry sits under the Cell call it belongs to

@@ -278,39 +278,47 @@ def _tensor_metrics(a: np.ndarray, b: np.ndarray, group: Group, out: Judged) -> 
     out.result = result
 
 
-def judge_near_zero(records: list, lower: Group) -> None:
+def judge_near_zero(records: list, lower: Optional[Group], thresholds=None) -> None:
     """Re-judge, in place, the failing tensor records of one entry whose magnitude is negligible
-    against the entry's scale, when the two runs differ in precision.
+    against the entry's scale: when the two runs differ in precision (any entry), or for a
+    parameter-gradient entry (``lower`` None: each record with its own dtypes' group).
 
     A statistic of a tensor that is mathematically (near) zero, e.g. the gradient of a bias that a
     softmax makes irrelevant, is rounding noise of what produced it: its relative error against itself
-    is meaningless. Such a record (both sides' Norm at most ``lower.error`` times the scale) is judged
-    with the absolute tolerance the lower precision allows at that scale: its largest statistic
-    difference divided by the scale, rated with ``lower``'s thresholds. The scale is the largest Norm
+    is meaningless. Such a record (both sides' Norm at most the group's ``error`` threshold times the
+    scale) is judged with the absolute tolerance the group allows at that scale: its largest statistic
+    difference divided by the scale, rated with the group's thresholds. The scale is the largest Norm
     of the entry's tensor records on either side (its inputs, or for a parameter-gradient entry the
-    other gradients of the same Cell). Statistics mode only; a record is never judged worse.
+    other gradients of the same Cell, which a different summation order in the two runs, e.g.
+    GRAPH_MODE and PyNative, rounds at their scale). Statistics mode only; a record is never judged
+    worse.
 
     Args:
         records: the :class:`Judged` records of one entry (inputs and outputs; non-tensors are skipped).
-        lower: the thresholds group of the lower precision the two runs differ in.
+        lower: the thresholds group of the lower precision the two runs differ in, or None: each
+            record is judged with ``thresholds.group`` of its two dtypes.
+        thresholds: the :class:`~msprobe.compare.thresholds.Thresholds` (needed when ``lower`` is None).
     """
     scale = max((abs(v) for r in records if r.is_tensor and r.target is not None and r.golden is not None
                  for v in (r.target.stats[3], r.golden.stats[3]) if v is not None and math.isfinite(v)),
                 default=0.0)
-    if not scale or lower.error == 0.0:
+    if not scale:
         return
     for r in records:
         if (r.result not in (WARNING, ERROR) or not r.is_tensor or not math.isfinite(r.error)
                 or "Max diff" not in r.metrics or "Cosine" in r.metrics):  # statistics mode only
             continue
+        group = lower if lower is not None else thresholds.group(r.target.dtype, r.golden.dtype)
+        if group.error == 0.0:
+            continue
         norms = (r.target.stats[3], r.golden.stats[3])
-        if any(n is None or not math.isfinite(n) or abs(n) > lower.error * scale for n in norms):
+        if any(n is None or not math.isfinite(n) or abs(n) > group.error * scale for n in norms):
             continue
         diffs = [abs(a - b) for a, b in zip(r.target.stats, r.golden.stats) if a is not None and b is not None]
         error = max(diffs, default=0.0) / scale
-        result = _rate(error, lower)
+        result = _rate(error, group)
         if _RANK[result] < _RANK[r.result]:
             r.result, r.error = result, error
             r.messages = [m for m in r.messages if not m.startswith("largest scaled statistic error")]
-            r.messages.append(f"near zero against the entry's scale {scale:.3g}: judged with {lower.name}'s "
+            r.messages.append(f"near zero against the entry's scale {scale:.3g}: judged with {group.name}'s "
                               f"absolute tolerance there (largest statistic difference / scale = {error:.3g})")

@@ -62,22 +62,50 @@ def step_directory(dump_path: str, step: int, rank: int | None) -> str:
     return os.path.join(dump_path, f"step{step}", rank_dir_name(rank))
 
 
-def clear_for(directory: str, rank: int | None) -> None:
+class Moves:
+    """What one run moved aside (:func:`move_aside`): the first move is said at once in a WARNING,
+    later ones at INFO only, and :meth:`summary` counts them all in one line at the end of the run
+    (a rerun into the same ``dump_path`` moves one directory per step)."""
+
+    def __init__(self):
+        self.count = 0
+        self.first: tuple | None = None   # (directory, its new name)
+
+    def moved(self, directory: str, target: str) -> bool:
+        """Count a move; True when it is the run's first (said in a WARNING)."""
+        self.count += 1
+        if self.first is None:
+            self.first = (directory, target)
+            return True
+        return False
+
+    def summary(self) -> str | None:
+        """One line when the run moved more than one directory aside, else None."""
+        if self.count < 2:
+            return None
+        directory, target = self.first
+        return (f"msprobe: this run moved {self.count} directories an earlier run left aside, each to "
+                f"{{name}}.previous-{{time}} beside it (the first: {directory} to {target}; "
+                f"under {os.path.dirname(os.path.dirname(directory))})")
+
+
+def clear_for(directory: str, rank: int | None, moves: Moves | None = None) -> None:
     """Make room for a step directory this run is about to write (or rename a step to): an earlier
     run's ``directory`` is moved aside (:func:`move_aside`); while the rank is unknown, so are the
     ``proc{pid}`` siblings of processes that no longer run (each run has a new pid, so their names
     never collide: they are earlier runs of a process without a rank, moved aside so readers do not
     mix runs). A ``proc{pid}`` of a process that runs (another process, or a reused pid) is left.
+    ``moves``: the run's :class:`Moves` (only its first move is a WARNING), or None (each is).
 
     Raises:
         OSError: a rename failed.
     """
-    move_aside(directory)
+    move_aside(directory, moves=moves)
     if rank is None:
-        _move_aside_dead_procs(os.path.dirname(directory), directory)
+        _move_aside_dead_procs(os.path.dirname(directory), directory, moves)
 
 
-def _move_aside_dead_procs(step_dir: str, writes: str) -> None:
+def _move_aside_dead_procs(step_dir: str, writes: str, moves: Moves | None) -> None:
     try:
         names = os.listdir(step_dir)
     except OSError:
@@ -85,7 +113,7 @@ def _move_aside_dead_procs(step_dir: str, writes: str) -> None:
     for name in names:
         m = _PROC_DIR.match(name)
         if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
-            move_aside(os.path.join(step_dir, name), writes, f"process {m.group(1)} no longer runs")
+            move_aside(os.path.join(step_dir, name), writes, f"process {m.group(1)} no longer runs", moves)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -98,14 +126,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def move_aside(directory: str, writes: str | None = None, why: str = "") -> str | None:
+def move_aside(directory: str, writes: str | None = None, why: str = "", moves: Moves | None = None) -> str | None:
     """Never overwrite silently: a non-empty ``directory`` left by an earlier run is renamed to
     ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (``-{k}`` appended when that exists too), with a
     WARNING naming both paths and ``writes``, the directory this run writes (default ``directory``
     itself), so readers (``iter_step_dirs``, compare tools) find the newest run. When ``writes`` is
     another directory (a sibling ``proc{pid}`` of a process that no longer runs, ``why`` saying so),
     the WARNING says that nothing would have been overwritten: it is moved so that readers of the
-    step directory do not mix it with this run.
+    step directory do not mix it with this run. With ``moves`` (the run's :class:`Moves`), only the
+    run's first move is a WARNING; later ones are logged at INFO and counted.
 
     Returns:
         The new name, ``None`` when there was nothing to move.
@@ -123,11 +152,12 @@ def move_aside(directory: str, writes: str | None = None, why: str = "") -> str 
     while os.path.exists(target):
         target, n = f"{directory}.previous-{stamp}-{n}", n + 1
     os.rename(directory, target)
+    say = logger.warning if moves is None or moves.moved(directory, target) else logger.info
     if writes is None or writes == directory:
-        logger.warning("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
+        say("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
                        "run writes %s", directory, target, directory)
     else:
-        logger.warning("msprobe: %s holds a dump from an earlier run (%s); nothing of it would be "
+        say("msprobe: %s holds a dump from an earlier run (%s); nothing of it would be "
                        "overwritten, but it was moved to %s so that readers of %s do not mix it with this run "
                        "(this run writes %s)", directory, why or "another process",
                        target, os.path.dirname(directory), writes)

@@ -166,6 +166,9 @@ class Runtime:
         self.finished = False
         #: numbers of the steps a step directory was opened for in this run (unreached_steps)
         self.opened_steps: set = set()
+        #: the directories of earlier runs this run moved aside (the first one is said at once,
+        #: all of them counted at the end: :meth:`msprobe.engine.layout.Moves.summary`)
+        self.moves = layout.Moves()
         #: ``(first, last)`` forward passes of the root model recorded per started section, or None
         self.token_range = None
         self.forward_passes = 0  # root-model forward passes since start() (token_range)
@@ -527,7 +530,7 @@ class Runtime:
             directory = self.step_directory(name)
             try:
                 if self.watch is None:  # watch mode makes room only when it writes (_new_writer)
-                    layout.clear_for(directory, self.rank)
+                    layout.clear_for(directory, self.rank, self.moves)
                 extras = self._tree_extras[name] = StepExtras()
                 writer = self.trees[name] = self._new_writer(directory, extras)
             except OSError as exc:
@@ -562,7 +565,7 @@ class Runtime:
             try:
                 self.extras = StepExtras()
                 if self.watch is None:  # watch mode makes room only when it writes (_new_writer)
-                    layout.clear_for(directory, self.rank)
+                    layout.clear_for(directory, self.rank, self.moves)
                 self.writer = self._new_writer(directory, self.extras)
             except OSError as exc:
                 self.disk_failure(exc, directory)
@@ -596,7 +599,7 @@ class Runtime:
             def make_room(path):  # an earlier run's directory is moved aside only when written
                 if path not in rooms:
                     rooms.add(path)
-                    layout.clear_for(path, self.rank)
+                    layout.clear_for(path, self.rank, self.moves)
 
             def make_watch_writer(path):
                 make_room(path)
@@ -624,10 +627,10 @@ class Runtime:
         self.rank = rank
         target = self.step_directory()
         try:
-            layout.clear_for(target, rank)
+            layout.clear_for(target, rank, self.moves)
             self.writer.relocate(target)
             for name, writer in self.trees.items():
-                layout.clear_for(self.step_directory(name), rank)
+                layout.clear_for(self.step_directory(name), rank, self.moves)
                 writer.relocate(self.step_directory(name))
         except OSError as exc:
             self.disk_failure(exc)

@@ -6,7 +6,8 @@ A producer is the first record, in execution order, whose inputs hold no anomaly
 does (forward: ``input_args``/``input_kwargs``/``parameters`` -> ``output``; backward: ``input``, the
 gradient w.r.t. the call's outputs, and its forward call's inputs -> ``output``, the gradient w.r.t.
 its inputs). An input anomaly is a watched NaN/Inf, or with ``max_abs`` a value beyond the bound: a
-call passing such a value on is a propagator. At mix level the API inside a Cell finishes before the
+call passing such a value on is a propagator (of a NaN/Inf output only when an input is NaN/Inf:
+:func:`blocks`). At mix level the API inside a Cell finishes before the
 Cell, so the innermost producer comes first.
 
 Objects:
@@ -111,6 +112,16 @@ def _beyond(leaf: dict, bound: float) -> bool:
 _WHAT = {"nan": "NaN", "inf": "Inf", "max_abs": "a value beyond max_abs", "norm_jump": "a Norm jump beyond norm_jump"}
 
 
+def blocks(output_kind: str, input_kinds) -> bool:
+    """Whether inputs holding ``input_kinds`` make a call whose output holds ``output_kind`` a
+    propagator. A NaN/Inf output is passed on only from a NaN/Inf input (a finite input beyond
+    ``max_abs``, e.g. ``log`` of a large negative value, makes the NaN there); a value beyond
+    ``max_abs`` or a Norm jump is passed on from any input anomaly (NaN/Inf or beyond the bound)."""
+    if output_kind in _NON_FINITE:
+        return any(kind in _NON_FINITE for kind in input_kinds)
+    return bool(input_kinds)
+
+
 class Watch:
     """Run-wide watch state.
 
@@ -170,19 +181,21 @@ class Watch:
                     seen[1] += 1
         return found
 
-    def input_kind(self, leaves, non_finite: bool) -> str | None:
-        """What makes these input leaves hold an anomaly (``"nan"``, ``"inf"``, ``"max_abs"``), or
-        None: a call whose input already holds one passes it on (a propagator, never a producer)."""
+    def input_kinds(self, leaves, non_finite: bool) -> frozenset:
+        """The anomaly kinds these input leaves hold (``"nan"``, ``"inf"``, ``"max_abs"``; empty when
+        none): a call whose input already holds one passes it on (:func:`blocks` says for which
+        output kinds it is then a propagator, never a producer)."""
         settings = self.settings
         bound = settings.max_abs
+        found = set()
         for leaf in leaves:
             if non_finite:
                 kind = _non_finite_kind(leaf, settings.anomaly)
                 if input_role(True, kind is None) == PASSED_ON:
-                    return kind
+                    found.add(kind)
             if bound is not None and _beyond(leaf, bound):
-                return "max_abs"
-        return None
+                found.add("max_abs")
+        return frozenset(found)
 
     def scalar_input(self, value) -> bool:
         """Whether a Python number among the arguments in ``value`` (an input piece's value) is a
@@ -459,34 +472,36 @@ class WatchWriter:
         (:func:`msprobe.format.naming.upstream_names`: a backward entry's forward call) do."""
         name, key = piece.entry, piece.key
         state = self._entries.get(name)
-        if state is None:  # [input bad, output bad, output's kind, a scalar argument non-finite]
-            state = self._entries[name] = [False, False, None, False]
+        if state is None:  # [input kinds, output bad, output's kind, a scalar argument non-finite]
+            state = self._entries[name] = [frozenset(), False, None, False]
         watch = self.watch
         if key == "output":
             base = name if piece.index is None else f"{name}[{piece.index}]"
             bad = watch.output_kind(base, list(report.leaves(piece.value)), non_finite)
-            if bad and not state[0] and not state[1] and not self._fed_bad(name):
+            if bad and not state[1] and not blocks(bad, state[0]) and not self._fed(name, bad):
                 state[1], state[2] = True, bad
                 return name
             state[1] = state[1] or bool(bad)
             return None
-        bad = watch.input_kind(report.leaves(piece.value), non_finite)
-        if non_finite and not bad and watch.scalar_input(piece.value):
+        bad = watch.input_kinds(report.leaves(piece.value), non_finite)
+        if non_finite and not blocks("nan", bad) and watch.scalar_input(piece.value):
             state[3] = True
         if bad:
             # a NaN/Inf reached an input first: made by code the level does not record. A value
             # beyond max_abs first seen in an input (the step's data, e.g. token ids) is no anomaly:
             # the bound applies where a recorded call makes the value
-            if not state[0] and self._first_bad_input is None and bad in _NON_FINITE:
-                self._first_bad_input = (name, bad)
-            state[0] = True
+            made = [kind for kind in _NON_FINITE if kind in bad]
+            if made and self._first_bad_input is None and not blocks(made[0], state[0]):
+                self._first_bad_input = (name, made[0])
+            state[0] = state[0] | bad
         return None
 
-    def _fed_bad(self, name: str) -> bool:
-        """Whether an entry that also feeds ``name`` (its forward call) had an anomaly in its inputs."""
+    def _fed(self, name: str, kind: str) -> bool:
+        """Whether an entry that also feeds ``name`` (its forward call) had inputs that make
+        ``name``'s output anomaly of ``kind`` passed on (:func:`blocks`)."""
         for other in naming.upstream_names(name):
             state = self._entries.get(other)
-            if state is not None and state[0]:
+            if state is not None and blocks(kind, state[0]):
                 return True
         return False
 

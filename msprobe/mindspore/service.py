@@ -610,6 +610,9 @@ class DumpService:
         if self._graph:
             self._graph.close()
         self.runtime.close_writer()
+        moved = self.runtime.moves.summary()
+        if moved and self.runtime.first_time(("moved aside",)):
+            logger.warning(moved)
         self._param_hooks.remove()  # after the step is written: a backward until then is recorded
         self.runtime.close_timer()
         self._process_state.restore()
