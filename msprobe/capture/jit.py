@@ -107,7 +107,7 @@ def install_jit_capture(recorder=None, inside=None, pause=None) -> HandleSet:
 
     handles = HandleSet()
     handles.add(patch_attribute(_JitExecutor, "__call__", __call__))
-    if PIJitCaptureContext is not None:
+    if PIJitCaptureContext is not None and rt is not None:  # nothing recorded: bytecode jit as without the tool
         handles.add(_run_bytecode_jit_as_pynative(rt))
     return handles
 
