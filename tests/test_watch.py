@@ -816,6 +816,24 @@ def test_the_trigger_message_says_what_was_written(tmp_path, capsys, caplog):
         assert len(msprobe.dump.load(d).data) == count
 
 
+def test_an_anomaly_found_at_stop_says_what_the_step_recorded(tmp_path, caplog):
+    """Found when ``stop()`` writes the step (nothing flushed before it: no optimizer update in the
+    step): the message gives the entries recorded until ``stop()``, exactly what the step's
+    ``dump.json`` holds, not "so far"."""
+    debugger, dump_path = _debugger(tmp_path, "mix", {"history": 10})
+    ms.set_seed(0)
+    net = Net()
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _train_with_grad(net, debugger, 2, before=lambda step: _forward_nan(net, step == 1))
+    debugger.service.close()
+    (message,) = [r.getMessage() for r in caplog.records if "watch found" in r.getMessage()]
+    anomaly_dir, _ = _anomaly(dump_path, 1)
+    count = len(msprobe.dump.load(anomaly_dir).data)
+    assert (f"step1/{os.path.basename(anomaly_dir)} (step 1, the anomaly's step: {count} entries, recorded "
+            "until stop() (its files are complete at step()))") in message
+    assert "so far" not in message
+
+
 def test_a_history_of_one_steps_entries_keeps_that_step_whole(tmp_path):
     """``history`` counts what ``dump.json`` holds: as many entries as a step has keep the step before
     the anomaly's whole (names with no data, such as a backward entry's construct edge made before its

@@ -621,7 +621,7 @@ class Runtime:
 
             return WatchWriter(self.watch, self.step, directory, self.rank, make_watch_writer,
                                extras, on_raise=self._watch_raise, level=self.config.level,
-                               make_room=make_room)
+                               make_room=make_room, recording=lambda: self.active)
         return make_writer(directory)
 
     def refresh_rank(self) -> None:
