@@ -244,6 +244,18 @@ def test_invalid_watch_settings_name_the_field(tmp_path, watch, field):
     assert info.value.field == field
 
 
+def test_a_bound_given_inside_anomaly_is_said_to_belong_to_watch(tmp_path):
+    path = os.path.join(str(tmp_path), "c.json")
+    with open(path, "w") as f:
+        json.dump({"task": "statistics", "dump_path": str(tmp_path), "level": "L1",
+                   "watch": {"anomaly": {"nan": True, "inf": True, "max_abs": 50}}}, f)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.field == "watch.anomaly"
+    assert "('max_abs' is a key of 'watch' itself, not of 'anomaly', e.g. \"watch\": {\"anomaly\": " \
+           "[\"nan\", \"inf\"], \"max_abs\": ...}); allowed: a non-empty list of 'nan', 'inf'" in str(info.value)
+
+
 def test_watch_needs_statistics_at_a_hooked_level(tmp_path):
     path = os.path.join(str(tmp_path), "c.json")
     for extra in ({"task": "tensor", "level": "L1"}, {"task": "statistics", "level": "L2"}):
