@@ -100,8 +100,7 @@ def test_a_training_step_in_a_jit_function_at_l0_is_said(make_debugger, dump_dir
     @ms.jit
     def train_step(x, y):
         loss, grads = grad_fn(x, y)
-        opt(grads)
-        return loss
+        return ops.depend(loss, opt(grads))
 
     x = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4) / 8)
     y = Tensor(np.ones((2, 2), np.float32))
