@@ -90,7 +90,8 @@ def test_jit_compiled_before_start_is_a_jit_entry_and_listed(make_debugger, dump
 
 def test_a_training_step_in_a_jit_function_at_l0_is_said(make_debugger, dump_dir, caplog):
     """PyNative, L0: value_and_grad and the optimizer inside one jit function run compiled, the Cells
-    with the tool's hooks off; one WARNING names the function, each empty step's reason too."""
+    with the tool's hooks off; one WARNING names the function, each empty step's reason and
+    coverage.json too."""
     ms.set_seed(1)
     net = nn.SequentialCell(nn.Dense(4, 3), nn.ReLU(), nn.Dense(3, 2))
     loss_net = nn.WithLossCell(net, nn.MSELoss())
@@ -116,7 +117,9 @@ def test_a_training_step_in_a_jit_function_at_l0_is_said(make_debugger, dump_dir
                     "called inside it are not recorded (level mix records each call as one "
                     "Jit.train_step.{n} entry; level L2 records its kernels)"]
     for step in (0, 1):
-        _, dump = load_step(dump_dir, step)
+        d, dump = load_step(dump_dir, step)
+        assert read_report(d, "coverage.json") == {"jit_functions_not_recorded": [
+            {"function": "train_step", "note": said[0][len("msprobe: "):]}]}
         assert dump.data == {}
         assert dump.header["empty_reason"] == ("no recorded call between start() and stop() in this step: "
                                                + said[0][len("msprobe: "):])

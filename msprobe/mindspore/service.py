@@ -371,10 +371,13 @@ class DumpService:
 
     def note_unrecorded_jit(self, function: str) -> None:
         """At L0 a ``mindspore.jit`` function (``function``: its ``__name__``) ran while recording: the
-        Cells it calls run compiled and are not recorded. Said once per function in a WARNING, and
-        kept for the step's ``empty_reason`` (:attr:`Runtime.unrecorded_jit`)."""
+        Cells it calls run compiled and are not recorded. Said once per function in a WARNING, listed
+        in the step's ``coverage.json["jit_functions_not_recorded"]`` and kept for its ``empty_reason``
+        (:attr:`Runtime.unrecorded_jit`)."""
         if function not in self.runtime.unrecorded_jit:
             self.runtime.unrecorded_jit.append(function)
+            self.runtime.add_note("jit_functions_not_recorded",
+                                  [{"function": function, "note": unrecorded_jit_text([function])}])
         if function not in self._said_unrecorded_jit:
             self._said_unrecorded_jit.add(function)
             logger.warning("msprobe: %s", unrecorded_jit_text([function]))
