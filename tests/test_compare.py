@@ -517,6 +517,23 @@ def test_a_dump_path_with_subtrees_against_one_without(dumps, tmp_path):
         assert found.entry == "Functional.gelu.0.forward"
 
 
+def test_steps_present_in_neither_side_are_named_as_steps(dumps, tmp_path):
+    """``--step`` naming steps that the two dumps do not both hold: the error says "step 3" /
+    "steps 3, 4", not a Python list."""
+    import shutil
+
+    from msprobe.compare.inputs import InputError, pair
+
+    for side in ("a", "b"):
+        for step in (0, 1):
+            shutil.copytree(os.path.join(dumps["tanh"], "step0"), str(tmp_path / side / f"step{step}"))
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for steps, subject in (([3], "step 3 is not"), ([4, 3], "none of steps 3, 4 is")):
+        with pytest.raises(InputError) as raised:
+            pair(a, b, steps)
+        assert str(raised.value) == f"nothing to compare: {subject} present in both {a} and {b}"
+
+
 def test_debug_level_dumps(tmp_path):
     from mindspore import Tensor
     from msprobe.mindspore import PrecisionDebugger

@@ -1,8 +1,11 @@
 """jit at L1 (seed, 动态图场景 notes): an ast-jit function is one Jit entry (forward and backward);
-a bytecode-jit function's body is dumped API by API; MindSpore's objects are restored at stop()."""
+a bytecode-jit function's body is dumped API by API; MindSpore's objects are restored at stop().
+At L0 a jit function running a whole training step is said (WARNING, the empty step's reason)."""
+import logging
+
 import numpy as np
 import mindspore as ms
-from mindspore import ops, Tensor
+from mindspore import nn, ops, Tensor
 
 import msprobe.dump
 from conftest import load_step
@@ -83,3 +86,40 @@ def test_jit_compiled_before_start_is_a_jit_entry_and_listed(make_debugger, dump
     regions = read_report(d, "coverage.json")["compiled_regions"]
     assert [r["entry"] for r in regions] == ["Jit.scaled_relu.0.forward"]
     assert "not captured" in regions[0]["note"]
+
+
+def test_a_training_step_in_a_jit_function_at_l0_is_said(make_debugger, dump_dir, caplog):
+    """PyNative, L0: value_and_grad and the optimizer inside one jit function run compiled, the Cells
+    with the tool's hooks off; one WARNING names the function, each empty step's reason and
+    coverage.json too."""
+    ms.set_seed(1)
+    net = nn.SequentialCell(nn.Dense(4, 3), nn.ReLU(), nn.Dense(3, 2))
+    loss_net = nn.WithLossCell(net, nn.MSELoss())
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    grad_fn = ms.value_and_grad(loss_net, None, opt.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        return ops.depend(loss, opt(grads))
+
+    x = Tensor(np.arange(8, dtype=np.float32).reshape(2, 4) / 8)
+    y = Tensor(np.ones((2, 2), np.float32))
+    debugger = make_debugger(task="statistics", level="L0")
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        for _ in range(2):
+            debugger.start(net)
+            train_step(x, y)
+            debugger.stop()
+            debugger.step()
+    said = [r.getMessage() for r in caplog.records if "train_step" in r.getMessage()]
+    assert said == ["msprobe: level L0: the mindspore.jit function train_step ran compiled, so the Cells "
+                    "called inside it are not recorded (level mix records each call as one "
+                    "Jit.train_step.{n} entry; level L2 records its kernels)"]
+    for step in (0, 1):
+        d, dump = load_step(dump_dir, step)
+        assert read_report(d, "coverage.json") == {"jit_functions_not_recorded": [
+            {"function": "train_step", "note": said[0][len("msprobe: "):]}]}
+        assert dump.data == {}
+        assert dump.header["empty_reason"] == ("no recorded call between start() and stop() in this step: "
+                                               + said[0][len("msprobe: "):])

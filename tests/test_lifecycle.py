@@ -119,7 +119,8 @@ def test_a_loop_without_step_is_pointed_out_once(make_debugger, dump_dir, caplog
         debugger.step()
     said = _step_reminders(caplog)
     assert len(said) == 1, said
-    assert "Parameters changed between two start() calls of step 0" in said[0]
+    assert "Parameters changed between two start() calls of step 0 (4 of the 4 smallest ones compared changed: " in said[0]
+    assert "every iteration until the next step() is written into step 0's directory" in said[0]
     assert _steps_present(dump_dir) == ["step0"]
 
 

@@ -244,6 +244,18 @@ def test_invalid_watch_settings_name_the_field(tmp_path, watch, field):
     assert info.value.field == field
 
 
+def test_a_bound_given_inside_anomaly_is_said_to_belong_to_watch(tmp_path):
+    path = os.path.join(str(tmp_path), "c.json")
+    with open(path, "w") as f:
+        json.dump({"task": "statistics", "dump_path": str(tmp_path), "level": "L1",
+                   "watch": {"anomaly": {"nan": True, "inf": True, "max_abs": 50}}}, f)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.field == "watch.anomaly"
+    assert "('max_abs' is a key of 'watch' itself, not of 'anomaly', e.g. \"watch\": {\"anomaly\": " \
+           "[\"nan\", \"inf\"], \"max_abs\": ...}); allowed: a non-empty list of 'nan', 'inf'" in str(info.value)
+
+
 def test_watch_needs_statistics_at_a_hooked_level(tmp_path):
     path = os.path.join(str(tmp_path), "c.json")
     for extra in ({"task": "tensor", "level": "L1"}, {"task": "statistics", "level": "L2"}):
@@ -814,6 +826,24 @@ def test_the_trigger_message_says_what_was_written(tmp_path, capsys, caplog):
     for step, count in ((1, 3), (2, per_step)):  # what the message says is what is on disk
         (d,) = glob.glob(os.path.join(dump_path, f"step{step}", "*"))
         assert len(msprobe.dump.load(d).data) == count
+
+
+def test_an_anomaly_found_at_stop_says_what_the_step_recorded(tmp_path, caplog):
+    """Found when ``stop()`` writes the step (nothing flushed before it: no optimizer update in the
+    step): the message gives the entries recorded until ``stop()``, exactly what the step's
+    ``dump.json`` holds, not "so far"."""
+    debugger, dump_path = _debugger(tmp_path, "mix", {"history": 10})
+    ms.set_seed(0)
+    net = Net()
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        _train_with_grad(net, debugger, 2, before=lambda step: _forward_nan(net, step == 1))
+    debugger.service.close()
+    (message,) = [r.getMessage() for r in caplog.records if "watch found" in r.getMessage()]
+    anomaly_dir, _ = _anomaly(dump_path, 1)
+    count = len(msprobe.dump.load(anomaly_dir).data)
+    assert (f"step1/{os.path.basename(anomaly_dir)} (step 1, the anomaly's step: {count} entries, recorded "
+            "until stop() (its files are complete at step()))") in message
+    assert "so far" not in message
 
 
 def test_a_history_of_one_steps_entries_keeps_that_step_whole(tmp_path):

@@ -72,9 +72,10 @@ def install_jit_capture(recorder=None, inside=None, pause=None) -> HandleSet:
             region has returned and before its output is recorded: in GRAPH_MODE the Cells probed
             inside it are recorded with it as their ``construct.json`` parent (in watch mode there
             and then, before its output).
-        pause: ``None``, or a callable without arguments returning the context manager in which
-            every compiled call runs (and compiles): the tool's Cell hooks off
-            (:meth:`msprobe.capture.cells.cell.CellCapture.paused`).
+        pause: ``None``, or a callable returning the context manager in which every compiled call
+            runs (and compiles): the tool's Cell hooks off
+            (:meth:`msprobe.capture.cells.cell.CellCapture.paused`). Its argument is the ``jit``
+            function's ``__name__`` (str), or ``None`` for a Cell's compiled ``construct``.
     """
     original = _JitExecutor.__call__
     rt = recorder.rt if recorder is not None else None
@@ -102,7 +103,7 @@ def install_jit_capture(recorder=None, inside=None, pause=None) -> HandleSet:
         def __call__(self, *args, **kwargs):
             if not _may_call_cells(self.obj):
                 return recorded(self, *args, **kwargs)
-            with pause():
+            with pause(_region_name(self) if self.obj is None else None):
                 return recorded(self, *args, **kwargs)
 
     handles = HandleSet()

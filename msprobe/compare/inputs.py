@@ -116,10 +116,26 @@ def pair(target: str, golden: str, steps: Optional[Sequence[int]] = None,
         for p in _pair_ranks(step, t_items, g_items, ranks):
             out.append(p._replace(rank=f"{tree}_{p.rank}") if tree else p)
     if not out:
-        raise InputError(f"nothing to compare: no step{'' if steps is None else ' of ' + str(list(steps))}"
-                         f"{'' if ranks is None else ' and rank of ' + str(list(ranks))} is present "
-                         f"in both {target} and {golden}")
+        raise InputError(f"nothing to compare: {_asked_steps(steps, ranks)} present in both {target} "
+                         f"and {golden}")
     return out
+
+
+def _numbers(word: str, values) -> str:
+    """``"step 3"`` / ``"steps 3, 4"`` for ``word`` and the numbers ``values`` (sorted)."""
+    values = sorted(values)
+    return f"{word}{'' if len(values) == 1 else 's'} {', '.join(map(str, values))}"
+
+
+def _asked_steps(steps, ranks) -> str:
+    """The subject of "... present in both" for the steps and ranks asked for (``None``: any), with
+    its verb: ``"no step is"``, ``"step 3 is not"``, ``"none of steps 3, 4 with rank 0 is"``."""
+    rank = "" if ranks is None else " with " + _numbers("rank", ranks)
+    if steps is None:
+        return f"no step{rank} is"
+    if len(set(steps)) == 1:
+        return f"{_numbers('step', set(steps))}{rank} is not"
+    return f"none of {_numbers('step', set(steps))}{rank} is"
 
 
 def unpaired_steps(target: str, golden: str, steps: Optional[Sequence[int]] = None) -> Optional[str]:

@@ -330,7 +330,8 @@ def _watch_settings(value: object, kind: str) -> Optional[WatchSettings]:
         if isinstance(kinds, str):
             kinds = [kinds]
         if not isinstance(kinds, list) or not kinds:
-            raise ConfigError("watch.anomaly", value["anomaly"], ALLOWED["watch.anomaly"], kind=kind)
+            raise ConfigError("watch.anomaly", value["anomaly"], ALLOWED["watch.anomaly"],
+                              _misplaced_bounds(kinds), kind=kind)
         for position, item in enumerate(kinds):
             _choice(item, WATCH_KINDS, (f"watch.anomaly[{position}]", kind), ALLOWED["watch.anomaly"])
         out["anomaly"] = tuple(dict.fromkeys(kinds))
@@ -352,6 +353,17 @@ def _watch_settings(value: object, kind: str) -> Optional[WatchSettings]:
             raise ConfigError(f"watch.{key}", bound, ALLOWED[f"watch.{key}"], kind=kind)
         out[key] = float(bound)
     return WatchSettings(**out)
+
+
+def _misplaced_bounds(kinds) -> Optional[str]:
+    """For a ``watch.anomaly`` given as an object: which of its keys (``max_abs``, ``norm_jump``)
+    belong to ``watch`` itself, said in the error; ``None`` otherwise."""
+    keys = [key for key in ("max_abs", "norm_jump") if isinstance(kinds, dict) and key in kinds]
+    if not keys:
+        return None
+    named = " and ".join(f"'{key}'" for key in keys)
+    return (f"{named} {'is a key' if len(keys) == 1 else 'are keys'} of 'watch' itself, not of 'anomaly', "
+            f"e.g. \"watch\": {{\"anomaly\": [\"nan\", \"inf\"], \"{keys[0]}\": ...}}")
 
 
 class DumpConfig(pydantic.BaseModel):

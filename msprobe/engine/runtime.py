@@ -134,6 +134,17 @@ def _append_lines(appends: list) -> None:
 
 
 #: what records the inside of compiled graphs (level L1 in GRAPH_MODE records none of it)
+def unrecorded_jit_text(functions: list) -> str:
+    """What level L0 misses of the ``mindspore.jit`` functions ``functions`` (their ``__name__``, str)
+    that ran while recording, and what records them: for the WARNING and an empty step's
+    ``empty_reason``."""
+    names = ", ".join(functions)
+    entries = " / ".join(f"Jit.{name}.{{n}}" for name in functions)
+    which = "function" if len(functions) == 1 else "functions"
+    return (f"level L0: the mindspore.jit {which} {names} ran compiled, so the Cells called inside it are "
+            f"not recorded (level mix records each call as one {entries} entry; level L2 records its kernels)")
+
+
 GRAPH_L1_ADVICE = ("(in GRAPH_MODE msprobe records Cells at L0 and mix, kernels at L2): use level L0 or mix, with "
                    "debugger.start(model) before the first step, for the Cells they run, or L2 for their kernels")
 #: the note of a step at L1 in GRAPH_MODE without a ``Jit`` entry (the network, e.g. Model.train's,
@@ -225,6 +236,9 @@ class Runtime:
         #: in GRAPH_MODE at L0/mix: why the probes are missing from a graph compiled before the first
         #: ``start(model)`` (set by the service at that install, for empty_reason), else None
         self.precompiled: str | None = None
+        #: at L0: the ``mindspore.jit`` functions that ran (their Cells unrecorded) in the open step
+        #: (noted by the service, for empty_reason)
+        self.unrecorded_jit: list = []
         self._emitted_stacks: set = set()
         self._fork = _FORKS[0]  # another value in a forked child (forked())
         #: handles of the tool's tensor hooks (Parameters, outputs of recorded calls: capture/backward.py,
@@ -607,7 +621,7 @@ class Runtime:
 
             return WatchWriter(self.watch, self.step, directory, self.rank, make_watch_writer,
                                extras, on_raise=self._watch_raise, level=self.config.level,
-                               make_room=make_room)
+                               make_room=make_room, recording=lambda: self.active)
         return make_writer(directory)
 
     def refresh_rank(self) -> None:
@@ -1427,6 +1441,8 @@ class Runtime:
         if not calls:
             if self.precompiled is not None:
                 return f"{report.EMPTY_REASON}: {self.precompiled}"
+            if self.unrecorded_jit:
+                return f"{report.EMPTY_REASON}: {unrecorded_jit_text(self.unrecorded_jit)}"
             return report.EMPTY_REASON + self._nothing_ran_cause()
         causes = []
         if self._step_failure is not None:
@@ -1561,6 +1577,7 @@ class Runtime:
         self.selector.reset()
         self._step_failure = None
         self._asked = 0
+        self.unrecorded_jit = []
         self._tls = threading.local()
 
     def _release_deferred(self) -> None:

@@ -294,8 +294,10 @@ class WatchWriter:
     """
 
     def __init__(self, watch: Watch, step: int, directory: str, rank, make_writer, extras: StepExtras,
-                 on_raise=None, level: str = "L1", make_room=None):
+                 on_raise=None, level: str = "L1", make_room=None, recording=None):
         self.on_raise = on_raise
+        #: callable without arguments: whether the step is still recording (before its stop())
+        self._recording = recording if recording is not None else (lambda: True)
         self._make_room = make_room
         self._level = level
         self.watch = watch
@@ -554,6 +556,9 @@ class WatchWriter:
         """What the written history holds of this step (``count`` entries so far)."""
         if not write_current:
             return f"step {self.step}, which ended abnormally: {count} entries"
+        if not self._recording():  # found at stop(): what the step recorded until then
+            return (f"step {self.step}, the anomaly's step: {count} entries, recorded until stop() "
+                    "(its files are complete at step())")
         return (f"step {self.step}, the anomaly's step: {count} entries so far, the rest added as "
                 "it runs (its files are complete at step())")
 

@@ -52,7 +52,7 @@ from msprobe.engine.config import ConfigError
 from msprobe.engine.gc_window import widen_gen0
 from msprobe.engine.handles import AttributePatches, Handle, HandleSet, patch_attribute
 from msprobe.engine.messages import announce
-from msprobe.engine.runtime import Runtime
+from msprobe.engine.runtime import Runtime, unrecorded_jit_text
 from msprobe.mindspore.step_windows import StepWindows
 
 logger = logging.getLogger("msprobe")
@@ -91,6 +91,7 @@ class DumpService:
         self._api_targets = None
         self._api_aliases = None  # other public names of the listed functions (F.cast, ...)
         self._said_list_hooks_nothing = False  # the WARNING of an L1 list that names no API, said once
+        self._said_unrecorded_jit: set = set()  # jit functions run at L0, said once each
         self._checked_precompiled = False  # graphs compiled before the probes, looked for once
         self._custom: dict = {}
         self._api_patches: AttributePatches | None = None  # built once, applied at each start()
@@ -367,6 +368,19 @@ class DumpService:
             self._guard = guard_patches(self.runtime, inplace_targets(wrapped))
         self._guard.apply()
         capture.add(Handle(self._guard.undo, "in-place guard"))
+
+    def note_unrecorded_jit(self, function: str) -> None:
+        """At L0 a ``mindspore.jit`` function (``function``: its ``__name__``) ran while recording: the
+        Cells it calls run compiled and are not recorded. Said once per function in a WARNING, listed
+        in the step's ``coverage.json["jit_functions_not_recorded"]`` and kept for its ``empty_reason``
+        (:attr:`Runtime.unrecorded_jit`)."""
+        if function not in self.runtime.unrecorded_jit:
+            self.runtime.unrecorded_jit.append(function)
+            self.runtime.add_note("jit_functions_not_recorded",
+                                  [{"function": function, "note": unrecorded_jit_text([function])}])
+        if function not in self._said_unrecorded_jit:
+            self._said_unrecorded_jit.add(function)
+            logger.warning("msprobe: %s", unrecorded_jit_text([function]))
 
     def _jit_pause(self):
         """What compiled calls run in where PyNative Cell hooks are installed (L0, mix):
@@ -769,11 +783,16 @@ def _inside_compiled_call(ref):
 
 def _paused_cells(ref):
     """The context a ``mindspore.jit`` call runs in: the service's Cell hooks off
-    (:meth:`msprobe.capture.cells.cell.CellCapture.paused`). ``ref``: a weak reference to the service
-    (the patch lives in MindSpore's class)."""
-    def paused():
+    (:meth:`msprobe.capture.cells.cell.CellCapture.paused`); at L0 a recorded call of a ``jit``
+    function is noted (:meth:`MindsporeService.note_unrecorded_jit`). ``ref``: a weak reference to the
+    service (the patch lives in MindSpore's class)."""
+    def paused(function):
         service = ref()
-        return service._cells.paused() if service is not None else contextlib.nullcontext()
+        if service is None:
+            return contextlib.nullcontext()
+        if function is not None and service.config.level == "L0" and service.runtime.capturing():
+            service.note_unrecorded_jit(function)
+        return service._cells.paused()
     return paused
 
 

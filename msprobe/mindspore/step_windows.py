@@ -79,7 +79,8 @@ class StepWindows:
         changed = [p.name for p, before in self._values if p.asnumpy().tobytes() != before]
         if changed:
             self._say(f"the model's Parameters changed between two start() calls of step {step} "
-                      f"({changed[0]}): an optimizer update ran inside the step, and every iteration is "
+                      f"({len(changed)} of the {len(self._values)} smallest ones compared changed: {', '.join(changed)}): an "
+                      "optimizer update ran inside the step, and every iteration until the next step() is "
                       f"written into step {step}'s directory, its calls numbered on")
 
     def _parameters(self, models) -> list:
