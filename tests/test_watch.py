@@ -1135,8 +1135,10 @@ def test_watch_says_once_that_a_loss_outside_the_model_is_not_watched(tmp_path, 
     else:  # the last call watched returns the logits
         assert re.search(r"the last forward call it watched in step 0, Primitive\.\S+, returns no single "
                          r"value \(output \[2, 2\]\)", said[0]), said[0]
-    # at L0 the model's own construct is not recorded either, and the line says so
+    # at L0 the model's own construct is not recorded either, and the line says so; only there is
+    # another level advice (at L1/mix a loss computed by functions is watched already)
     assert ("not the operations of its own construct" in said[0]) == (level == "L0")
+    assert ("use level L1/mix" in said[0]) == (level == "L0"), said[0]
     assert os.listdir(dump_path) == [n for n in os.listdir(dump_path) if n.startswith("watch_heartbeat")]
 
     for name, model in (("with_loss", nn.WithLossCell(net, loss_fn)), ("own", _NetAndLoss(net, loss_fn))):
