@@ -135,10 +135,11 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
 
     Writes compare_result_{rank}_{timestamp}.csv per step/rank pair (with _step{N} when several
     steps are compared) and compare_summary_{timestamp}.json into OUT_DIR. Steps present on one
-    side only are not compared; a note (and the summary's unpaired_steps) names them. Exit 0 when
-    written.
+    side only are not compared; a note names them, and the summary's unpaired_steps lists their
+    numbers per side ({"target_only": [...], "golden_only": [...]}). Exit 0 when written.
     """
     from msprobe.compare import compare_to_files
+    from msprobe.compare.inputs import unpaired_steps
 
     result = compare_to_files(target, golden, out_dir, xlsx=xlsx, stack=stack, mode=mode, step=step,
                               rank=rank, mapping=mapping, thresholds=thresholds, ignore=ignore)
@@ -150,8 +151,9 @@ def compare(target, golden, out_dir, mode, step, rank, mapping, thresholds, igno
         if item["one_sided"]:
             click.echo(f"  note: {item['one_sided']}")
         click.echo(f"  {item['csv']}")
-    if result["unpaired_steps"]:
-        click.echo(f"note: {result['unpaired_steps']}")
+    unpaired = unpaired_steps(target, golden, step)
+    if unpaired:
+        click.echo(f"note: {unpaired}")
     click.echo(f"summary: {result['summary']}")
 
 
@@ -312,7 +314,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     producer) was found; 2: bad input.
     """
     from msprobe.compare import first_divergence, level_notes, nan_producer
-    from msprobe.compare.inputs import unpaired_steps
+    from msprobe.compare.inputs import find_unpaired
     from msprobe.compare.output import json_safe
 
     diverged, agreed = [], []
@@ -322,13 +324,16 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
         nans["golden"] = nan_producer(golden, step, rank)
-    unpaired = unpaired_steps(target, golden, step) if golden is not None else None
-    if as_json:
+    found_unpaired = find_unpaired(target, golden, step) if golden is not None else None
+    unpaired = found_unpaired.text() if found_unpaired is not None else None
+    if as_json:  # unpaired_steps: the step numbers per side (null without a golden dump)
+        steps_alone = None if found_unpaired is None else found_unpaired.to_dict()
         click.echo(json.dumps(json_safe({"divergences": [f.to_dict() for f in diverged],
                                          "agreements": [a._asdict() for a in agreed],
                                          "nan_producers": {k: [f.to_dict() for f in v]
                                                            for k, v in nans.items()},
-                                         "unpaired_steps": unpaired}), indent=2))
+                                         "unpaired_steps": steps_alone}),
+                                indent=2))
     else:
         if golden is not None and not diverged:
             texts = list(dict.fromkeys(a.text for a in agreed))

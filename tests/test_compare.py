@@ -349,15 +349,46 @@ def test_steps_on_one_side_only_are_named(tmp_path):
 
     a, b = make_dump(tmp_path, "a", steps=2), make_dump(tmp_path, "b", steps=3, approximate="tanh")
     out = cli("first-diff", a, b, "--json")
-    assert json.loads(out.stdout)["unpaired_steps"] == "only steps 0, 1 are compared: step 2 is in the golden dump only"
+    assert json.loads(out.stdout)["unpaired_steps"] == {"target_only": [], "golden_only": [2]}
     shutil.copytree(os.path.join(a, "step1"), str(tmp_path / "a1" / "step1"))
     out = cli("first-diff", str(tmp_path / "a1"), a, check_code=0).stdout.splitlines()
     assert out[:2] == ["the runs agree bitwise (every statistic recorded is equal)",
                        "  note: only step 1 is compared: step 0 is in the golden dump only"], out
-    assert json.loads(cli("first-diff", a, a, "--json").stdout)["unpaired_steps"] is None
+    assert json.loads(cli("first-diff", a, a, "--json").stdout)["unpaired_steps"] == {
+        "target_only": [], "golden_only": []}
     html = tmp_path / "r.html"
     cli("report", b, "--golden", a, "-o", str(html), check_code=0)
     assert "step 2 is in the target dump only" in html.read_text(encoding="utf-8")
+
+
+def test_result_files_are_named_by_rank_first(tmp_path):
+    """``compare_result_{rank}[_{tree}][_step{N}]_{timestamp}.csv`` (README): the target's rank
+    directory comes first, as in the reference tool's per-rank names, also for the pynative/ and
+    graph/ subtrees of a dump_path; the summary lists the steps left out per side and per subtree."""
+    import shutil
+
+    a, b = make_dump(tmp_path, "a", steps=2), make_dump(tmp_path, "b", steps=3)
+    for side, src in (("target", b), ("golden", a)):
+        for tree in ("pynative", "graph"):
+            shutil.copytree(src, str(tmp_path / side / tree))
+    (rank,) = os.listdir(os.path.join(b, "step0"))
+    out = tmp_path / "out"
+    cli("compare", "-tp", str(tmp_path / "target"), "-gp", str(tmp_path / "golden"), "-o", str(out),
+        check_code=0)
+    names = sorted(os.path.basename(p) for p in glob.glob(str(out / "*.csv")))
+    found = [re.fullmatch(rf"compare_result_{rank}_(pynative|graph)_step([01])_\d{{14}}\.csv", n) for n in names]
+    assert all(found) and sorted(m.groups() for m in found) == [
+        ("graph", "0"), ("graph", "1"), ("pynative", "0"), ("pynative", "1")], names
+    (summary_path,) = glob.glob(str(out / "compare_summary_*.json"))
+    per_side = {"target_only": [2], "golden_only": []}
+    assert json.load(open(summary_path))["unpaired_steps"] == {
+        **per_side, "by_tree": {"graph": per_side, "pynative": per_side}}
+    one = tmp_path / "one"   # one step: no step in the name
+    cli("compare", "-tp", str(tmp_path / "target"), "-gp", str(tmp_path / "golden"), "-o", str(one),
+        "--step", "0", check_code=0)
+    names = sorted(os.path.basename(p) for p in glob.glob(str(one / "*.csv")))
+    assert [re.sub(r"\d{14}", "T", n) for n in names] == [f"compare_result_{rank}_graph_T.csv",
+                                                          f"compare_result_{rank}_pynative_T.csv"], names
 
 
 def test_compare_names_the_steps_it_leaves_out(tmp_path):
@@ -369,13 +400,14 @@ def test_compare_names_the_steps_it_leaves_out(tmp_path):
     proc = cli("compare", "-tp", b, "-gp", a, "-o", str(out), check_code=0)
     assert f"note: {note}" in proc.stdout.splitlines(), proc.stdout
     (summary_path,) = glob.glob(str(out / "compare_summary_*.json"))
-    assert json.load(open(summary_path))["unpaired_steps"] == note
-    assert json.loads(cli("first-diff", b, a, "--json").stdout)["unpaired_steps"] == note
+    steps = {"target_only": [2], "golden_only": []}   # step numbers per side, for scripts
+    assert json.load(open(summary_path))["unpaired_steps"] == steps
+    assert json.loads(cli("first-diff", b, a, "--json").stdout)["unpaired_steps"] == steps
     same = tmp_path / "same"
     proc = cli("compare", "-tp", a, "-gp", a, "-o", str(same), check_code=0)
     assert "note:" not in proc.stdout
     (summary_path,) = glob.glob(str(same / "compare_summary_*.json"))
-    assert json.load(open(summary_path))["unpaired_steps"] is None
+    assert json.load(open(summary_path))["unpaired_steps"] == {"target_only": [], "golden_only": []}
 
 
 def test_ignored_records_are_left_out_on_both_sides(dumps):

@@ -52,6 +52,42 @@ def test_ast_jit_is_one_entry_with_backward(tmp_path):
     assert np.array_equal(gw.asnumpy(), np.array([2.0, 0.0, 6.0], np.float32))
 
 
+class JitDense(nn.Cell):
+    """A Cell whose ``construct`` is compiled (``@ms.jit``): recorded as ``Jit.JitDense.{n}``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 2, weight_init="ones")
+
+    @ms.jit
+    def construct(self, x):
+        return self.fc(x)
+
+
+def test_jit_entry_stack_starts_at_the_users_call(tmp_path):
+    """A Jit entry's stack starts, like an API's, at the line that called the compiled function or
+    Cell: MindSpore's jit wrapper (and its Cell call) are left out, at L1 and mix."""
+    import os
+
+    x = Tensor(np.array([[1.0, -2.0, 3.0]], np.float32))
+    here = os.path.abspath(__file__)
+    for level in ("L1", "mix"):
+        net = JitDense()
+        path = str(tmp_path / level)
+        debugger = PrecisionDebugger(dump_path=path, level=level)
+        debugger.start(net)
+        scaled_relu(x)
+        net(x)
+        debugger.stop()
+        debugger.step()
+        debugger.close()
+        stacks = msprobe.dump.load_stacks(_only_dir(path))
+        for entry, source in (("Jit.scaled_relu.0.forward", "scaled_relu(x)"), ("Jit.JitDense.0.forward", "net(x)")):
+            innermost = stacks[entry][0]
+            assert innermost.startswith(f"File {here}, line ") and innermost.endswith(f"\n {source}"), (
+                level, entry, stacks[entry][:2])
+
+
 def test_bytecode_jit_body_is_dumped_per_api_and_restored(tmp_path):
     enter, exit_ = jit_capture.PIJitCaptureContext.__enter__, jit_capture.PIJitCaptureContext.__exit__
     x = Tensor(np.array([1.0, -2.0, 3.0], np.float32))

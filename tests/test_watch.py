@@ -162,6 +162,48 @@ def test_a_clean_rerun_leaves_the_earlier_runs_anomaly_dump_in_place(tmp_path, c
     assert not glob.glob(os.path.join(dump_path, "*", "*.previous-*"))
 
 
+def test_a_rerun_moves_the_earlier_runs_heartbeats_aside(tmp_path, caplog):
+    """A rerun into the same dump_path leaves one heartbeat of a live process there, its own: the
+    earlier run's heartbeat of the same name (a rerun in this process) and the heartbeat of an
+    earlier process without a rank that no longer runs are moved aside as the first watched step
+    opens, said in the run's one WARNING about moves and counted in its closing line."""
+    import subprocess
+    import sys
+
+    first, dump_path = _debugger(tmp_path, "L1", {})
+    ms.set_seed(0)
+    _train(Net(), first, 2)
+    first.service.close()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_beat = os.path.join(dump_path, f"watch_heartbeat.proc{int(dead.stdout)}.json")
+    with open(dead_beat, "w") as f:
+        f.write('{"steps_watched": 99}')
+    again, _ = _debugger(tmp_path, "L1", {})
+    ours = os.path.join(dump_path, f"watch_heartbeat.proc{os.getpid()}.json")
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        again.start(Net())  # the first watched step opens: nothing of the earlier runs is left beside it
+        assert not os.path.exists(ours) and not os.path.exists(dead_beat)
+        again.stop()
+        again.step()
+        _train(Net(), again, 2)
+        again.service.close()
+    assert glob.glob(os.path.join(dump_path, "watch_heartbeat.*.json")) == [ours]
+    with open(ours) as f:
+        assert json.load(f)["steps_watched"] == 3
+    aside = sorted(n for n in os.listdir(dump_path) if ".previous-" in n)
+    assert len(aside) == 2, aside
+    old = [n for n in aside if n.startswith(os.path.basename(ours))]
+    with open(os.path.join(dump_path, old[0])) as f:
+        assert json.load(f)["steps_watched"] == 2        # the first run's, kept
+    said = [r.getMessage() for r in caplog.records if "earlier run" in r.getMessage()]
+    assert len(said) == 2, said
+    assert said[0] == (f"msprobe: {ours} is the watch heartbeat of an earlier run; it was moved to "
+                       f"{os.path.join(dump_path, old[0])} and this run writes {ours}")
+    assert said[1].startswith("msprobe: this run moved 2 files an earlier run left aside, each to "
+                              "{name}.previous-{time} beside it"), said[1]
+
+
 def test_raise_stops_training_after_the_files_are_complete(tmp_path):
     debugger, dump_path = _debugger(tmp_path, "L1", {"on_anomaly": "raise"})
     ms.set_seed(0)
@@ -1093,8 +1135,10 @@ def test_watch_says_once_that_a_loss_outside_the_model_is_not_watched(tmp_path, 
     else:  # the last call watched returns the logits
         assert re.search(r"the last forward call it watched in step 0, Primitive\.\S+, returns no single "
                          r"value \(output \[2, 2\]\)", said[0]), said[0]
-    # at L0 the model's own construct is not recorded either, and the line says so
+    # at L0 the model's own construct is not recorded either, and the line says so; only there is
+    # another level advice (at L1/mix a loss computed by functions is watched already)
     assert ("not the operations of its own construct" in said[0]) == (level == "L0")
+    assert ("use level L1/mix" in said[0]) == (level == "L0"), said[0]
     assert os.listdir(dump_path) == [n for n in os.listdir(dump_path) if n.startswith("watch_heartbeat")]
 
     for name, model in (("with_loss", nn.WithLossCell(net, loss_fn)), ("own", _NetAndLoss(net, loss_fn))):

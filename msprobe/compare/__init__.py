@@ -18,7 +18,7 @@ from typing import List, NamedTuple, Optional, Sequence, Union
 from msprobe.compare.divergence import DivergenceFinder, Finding, agreement, agreement_of, level_note, nan_producers
 from msprobe.compare.divergence import first_divergence as _first_divergence
 from msprobe.compare.engine import StepComparison, columns, entry_values, levels_compared_in_part
-from msprobe.compare.inputs import InputError, pair, rank_number, resolve, unpaired_steps
+from msprobe.compare.inputs import InputError, find_unpaired, pair, rank_number, resolve
 from msprobe.compare.judge import MODES
 from msprobe.compare.matching import load_mapping
 from msprobe.compare.output import ResultWriter, json_safe, result_name, write_summary
@@ -54,7 +54,7 @@ def comparisons(target: str, golden: str, *, mode: Optional[str] = None,
     unused, compared = list(ignore), 0
     try:
         for p in pair(target, golden, step, rank):
-            c = StepComparison(p.target, p.golden, mode, names, limits, p.step, p.rank, tuple(ignore))
+            c = StepComparison(p.target, p.golden, mode, names, limits, p.step, p.label, tuple(ignore))
             unused, compared = [u for u in unused if u in c.unused_ignore], compared + 1
             yield c
     finally:  # also when the caller stops early (a report reads the first pair only)
@@ -140,20 +140,24 @@ def nan_producer(dump: str, step: Optional[Sequence[int]] = None,
 
 def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = False,
                      stack: bool = False, **options) -> dict:
-    """Write ``compare_result_{rank}_{timestamp}.csv`` (``.xlsx`` with ``xlsx``) per paired
-    step/rank and ``compare_summary_{timestamp}.json`` into ``out_dir``; returns the summary.
+    """Write ``compare_result_{rank}_{timestamp}.csv`` (``.xlsx`` with ``xlsx``; the name in full as
+    :func:`msprobe.compare.output.result_name` gives it) per paired step/rank and
+    ``compare_summary_{timestamp}.json`` into ``out_dir``; returns the summary.
     ``stack`` adds the target's stack per row (``NPU_Stack_Info``). The summary's ``unpaired_steps``
-    names the steps present in one input only, which are not compared
-    (:func:`msprobe.compare.inputs.unpaired_steps`; None when every step is on both sides)."""
+    lists the steps present in one input only, which are not compared: ``{"target_only": [3],
+    "golden_only": []}`` (:meth:`msprobe.compare.inputs.UnpairedSteps.to_dict`; empty lists when
+    every step is on both sides)."""
     os.makedirs(out_dir, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d%H%M%S")
     pairs = pair(target, golden, options.get("step"), options.get("rank"))
     several = len({p.step for p in pairs}) > 1
+    bases = {(p.step, p.label): os.path.join(out_dir, result_name(p.rank, stamp, p.step if several else None,
+                                                                  p.tree))
+             for p in pairs}
     summary = {"target": os.path.abspath(target), "golden": os.path.abspath(golden),
-               "unpaired_steps": unpaired_steps(target, golden, options.get("step")), "results": []}
+               "unpaired_steps": find_unpaired(target, golden, options.get("step")).to_dict(), "results": []}
     for c in comparisons(target, golden, **options):
-        base = os.path.join(out_dir, result_name(c.rank, stamp, c.step, several))
-        writer = ResultWriter(base, columns(c.mode, stack), xlsx)
+        writer = ResultWriter(bases[c.step, c.rank], columns(c.mode, stack), xlsx)
         matches, verdicts = {}, {}
         # first-diff's rule, in this pass
         finder = DivergenceFinder.of(c)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from msprobe.dump import ANOMALIES, JOURNAL, SUBTREES
 from msprobe.dump import iter_step_dirs
@@ -33,9 +33,15 @@ class StepRank(NamedTuple):
 
 class PairedDirs(NamedTuple):
     step: Optional[int]
-    rank: str                # label used in file names: the target's rank directory name
+    rank: str                # the target's rank directory name: rank0, rank, proc1234
     target: str
     golden: str
+    tree: str = ""           # "pynative" / "graph": the subtree both directories are in
+
+    @property
+    def label(self) -> str:
+        """How results name the pair's rank: ``rank0``, ``pynative_rank0`` in a subtree."""
+        return f"{self.tree}_{self.rank}" if self.tree else self.rank
 
 
 def _is_rank_dir(path: str) -> bool:
@@ -114,7 +120,7 @@ def pair(target: str, golden: str, steps: Optional[Sequence[int]] = None,
         if not t_items or not g_items:
             continue
         for p in _pair_ranks(step, t_items, g_items, ranks):
-            out.append(p._replace(rank=f"{tree}_{p.rank}") if tree else p)
+            out.append(p._replace(tree=tree))
     if not out:
         raise InputError(f"nothing to compare: {_asked_steps(steps, ranks)} present in both {target} "
                          f"and {golden}")
@@ -138,31 +144,76 @@ def _asked_steps(steps, ranks) -> str:
     return f"none of {_numbers('step', set(steps))}{rank} is"
 
 
-def unpaired_steps(target: str, golden: str, steps: Optional[Sequence[int]] = None) -> Optional[str]:
-    """A note naming the steps present in one of two inputs only, which :func:`pair` leaves out:
-    ``"only steps 0, 1, 2 are compared: step 3 is in the golden dump only"``; None when every step
-    (of ``steps``, when given) is on both sides, or when the inputs are two single directories.
+class UnpairedSteps(NamedTuple):
+    """The steps of two inputs that :func:`pair` leaves out because one input holds them only
+    (:func:`find_unpaired`). Each step is a ``(tree, step)`` pair, ``tree`` ``""`` for the steps at a
+    ``dump_path``'s top, ``"pynative"``/``"graph"`` for those of its subtrees; sorted."""
+
+    target_only: Tuple[Tuple[str, int], ...] = ()
+    golden_only: Tuple[Tuple[str, int], ...] = ()
+    both: Tuple[Tuple[str, int], ...] = ()     # the steps compared
+
+    def text(self) -> Optional[str]:
+        """The note the console shows: ``"only steps 0, 1, 2 are compared: step 3 is in the golden
+        dump only"``; None when no step is on one side only."""
+        alone = [(name, keys) for name, keys in (("target", self.target_only), ("golden", self.golden_only))
+                 if keys]
+        if not alone:
+            return None
+
+        def named(keys):
+            return f"step{'s' * (len(keys) > 1)} " + ", ".join(f"{n} ({tree}/)" if tree else str(n)
+                                                            for tree, n in keys)
+
+        said = [f"{named(keys)} {'are' if len(keys) > 1 else 'is'} in the {name} dump only" for name, keys in alone]
+        both = self.both
+        head = f"only {named(both)} {'are' if len(both) > 1 else 'is'} compared" if both else "no step is compared"
+        return f"{head}: {'; '.join(said)}"
+
+    def to_dict(self) -> dict:
+        """What the JSON outputs (``compare``'s summary, ``first-diff --json``) hold as
+        ``unpaired_steps``: ``{"target_only": [3], "golden_only": []}``, step numbers in ascending
+        order (empty lists when every step is on both sides); when the inputs hold ``pynative/``
+        and ``graph/`` subtrees, these lists name a step left out in any subtree, and ``by_tree``
+        gives them per subtree: ``{"graph": {"target_only": [3], "golden_only": []}, ...}``."""
+        out = {"target_only": sorted({n for _, n in self.target_only}),
+               "golden_only": sorted({n for _, n in self.golden_only})}
+        trees = sorted({tree for tree, _ in self.target_only + self.golden_only + self.both if tree})
+        if trees:
+            out["by_tree"] = {tree: {side: [n for t, n in keys if t == tree]
+                                     for side, keys in (("target_only", self.target_only),
+                                                        ("golden_only", self.golden_only))}
+                              for tree in trees}
+        return out
+
+
+def find_unpaired(target: str, golden: str, steps: Optional[Sequence[int]] = None) -> UnpairedSteps:
+    """The steps present in one of two inputs only (of ``steps``, when given), which :func:`pair`
+    leaves out; none when the inputs are two single directories (compared whatever their steps).
 
     Raises:
         InputError: as :func:`pair`.
     """
     sides = _match_trees(resolve(target), resolve(golden), target, golden)
     if all(len(items) == 1 for items in sides):
-        return None
+        return UnpairedSteps()
     found = [{(i.tree, i.step) for i in items if i.step is not None and (steps is None or i.step in steps)}
              for items in sides]
-    alone = [(name, sorted(found[k] - found[1 - k])) for k, name in enumerate(("target", "golden"))]
-    alone = [(name, keys) for name, keys in alone if keys]
-    if not alone:
-        return None
+    return UnpairedSteps(tuple(sorted(found[0] - found[1])), tuple(sorted(found[1] - found[0])),
+                         tuple(sorted(found[0] & found[1])))
 
-    def named(keys):
-        return f"step{'s' * (len(keys) > 1)} " + ", ".join(f"{n} ({tree}/)" if tree else str(n) for tree, n in keys)
 
-    both = sorted(found[0] & found[1])
-    said = [f"{named(keys)} {'are' if len(keys) > 1 else 'is'} in the {name} dump only" for name, keys in alone]
-    head = f"only {named(both)} {'are' if len(both) > 1 else 'is'} compared" if both else "no step is compared"
-    return f"{head}: {'; '.join(said)}"
+def unpaired_steps(target: str, golden: str, steps: Optional[Sequence[int]] = None) -> Optional[str]:
+    """A note naming the steps present in one of two inputs only, which :func:`pair` leaves out:
+    ``"only steps 0, 1, 2 are compared: step 3 is in the golden dump only"``; None when every step
+    (of ``steps``, when given) is on both sides, or when the inputs are two single directories
+    (:meth:`UnpairedSteps.text` of :func:`find_unpaired`; :meth:`UnpairedSteps.to_dict` gives the
+    step numbers).
+
+    Raises:
+        InputError: as :func:`pair`.
+    """
+    return find_unpaired(target, golden, steps).text()
 
 
 def _match_trees(t_all: List[StepRank], g_all: List[StepRank], target: str, golden: str):

@@ -1,4 +1,5 @@
-"""Writing compare results: ``compare_result_{rank}_{timestamp}.csv`` (rows streamed), optional
+"""Writing compare results: ``compare_result_{rank}_{timestamp}.csv`` (rows streamed; the name in full:
+:func:`result_name`), optional
 ``.xlsx`` (openpyxl, write-only mode) and ``compare_summary_{timestamp}.json``."""
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ def _cell(value):
     return value
 
 
-def result_name(rank: str, timestamp: str, step: Optional[int], several_steps: bool) -> str:
-    """``compare_result_{rank}_{timestamp}``, with ``_step{N}`` before the timestamp when several
-    steps are compared."""
-    middle = f"{rank}_step{step}" if several_steps and step is not None else rank
-    return f"compare_result_{middle}_{timestamp}"
+def result_name(rank: str, timestamp: str, step: Optional[int] = None, tree: str = "") -> str:
+    """``compare_result_{rank}[_{tree}][_step{step}]_{timestamp}``: ``rank`` the target's rank
+    directory name (``rank0``, ``proc1234``), as the reference tool begins its per-rank result names
+    (``compare_result_rank0_``); ``tree`` (``pynative``/``graph``) for a pair in a subtree; ``step``
+    given when several steps are compared (None: left out)."""
+    parts = [rank] + ([tree] if tree else []) + ([f"step{step}"] if step is not None else [])
+    return "compare_result_" + "_".join(parts + [timestamp])
 
 
 class ResultWriter:

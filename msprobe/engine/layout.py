@@ -6,7 +6,8 @@
   (the runtime renames it to ``rank{R}`` then: records made before ``init()`` exist).
 * A directory an earlier run left is never overwritten: :func:`move_aside` renames it to
   ``{directory}.previous-{YYYYmmdd-HHMMSS}``; ``proc{pid}`` directories of processes that no longer
-  run are earlier runs too (:func:`clear_for`).
+  run are earlier runs too (:func:`clear_for`); so are the files at the top of ``dump_path`` that one
+  process of a run writes (watch mode's heartbeat, :func:`clear_file_for`).
 
 The functions here hold no state: the :class:`msprobe.engine.runtime.Runtime` keeps the rank of the
 open step and the ``start(rank_id=...)`` override.
@@ -65,28 +66,35 @@ def step_directory(dump_path: str, step: int, rank: int | None) -> str:
 class Moves:
     """What one run moved aside (:func:`move_aside`): the first move is said at once in a WARNING,
     later ones at INFO only, and :meth:`summary` counts them all in one line at the end of the run
-    (a rerun into the same ``dump_path`` moves one directory per step)."""
+    (a rerun into the same ``dump_path`` moves one directory per step, and in watch mode the
+    earlier run's heartbeat file)."""
 
     def __init__(self):
         self.count = 0
-        self.first: tuple | None = None   # (directory, its new name)
+        self.files = 0                    # of ``count``: files (watch heartbeats), not directories
+        self.first: tuple | None = None   # (path, its new name, whether it is a file)
 
-    def moved(self, directory: str, target: str) -> bool:
-        """Count a move; True when it is the run's first (said in a WARNING)."""
+    def moved(self, path: str, target: str, is_file: bool = False) -> bool:
+        """Count a move (of a file when ``is_file``); True when it is the run's first (said in a
+        WARNING)."""
         self.count += 1
+        self.files += is_file
         if self.first is None:
-            self.first = (directory, target)
+            self.first = (path, target, is_file)
             return True
         return False
 
     def summary(self) -> str | None:
-        """One line when the run moved more than one directory aside, else None."""
+        """One line when the run moved more than one directory or file aside, else None."""
         if self.count < 2:
             return None
-        directory, target = self.first
-        return (f"msprobe: this run moved {self.count} directories an earlier run left aside, each to "
-                f"{{name}}.previous-{{time}} beside it (the first: {directory} to {target}; "
-                f"under {os.path.dirname(os.path.dirname(directory))})")
+        path, target, is_file = self.first
+        dirs = self.count - self.files
+        what = " and ".join(f"{n} {word if n == 1 else word_s}" for n, word, word_s in
+                            ((dirs, "directory", "directories"), (self.files, "file", "files")) if n)
+        return (f"msprobe: this run moved {what} an earlier run left aside, each to "
+                f"{{name}}.previous-{{time}} beside it (the first: {path} to {target}; "
+                f"under {os.path.dirname(path) if is_file else os.path.dirname(os.path.dirname(path))})")
 
 
 def clear_for(directory: str, rank: int | None, moves: Moves | None = None) -> None:
@@ -105,15 +113,29 @@ def clear_for(directory: str, rank: int | None, moves: Moves | None = None) -> N
         _move_aside_dead_procs(os.path.dirname(directory), directory, moves)
 
 
-def _move_aside_dead_procs(step_dir: str, writes: str, moves: Moves | None) -> None:
+def clear_file_for(path: str, proc_name: re.Pattern, what: str, moves: Moves | None = None) -> None:
+    """:func:`clear_for` for a file this run is about to write (a watch heartbeat at the top of
+    ``dump_path``): an earlier run's file at ``path`` is moved aside, and so are the files beside it
+    whose name matches ``proc_name`` (group 1: a pid) of processes that no longer run. ``what``
+    names the file in the WARNING (``"the watch heartbeat"``).
+
+    Raises:
+        OSError: a rename failed.
+    """
+    move_aside(path, moves=moves, what=what)
+    _move_aside_dead_procs(os.path.dirname(path), path, moves, proc_name, what)
+
+
+def _move_aside_dead_procs(parent: str, writes: str, moves: Moves | None, proc_name: re.Pattern = _PROC_DIR,
+                           what: str | None = None) -> None:
     try:
-        names = os.listdir(step_dir)
+        names = os.listdir(parent)
     except OSError:
         return
     for name in names:
-        m = _PROC_DIR.match(name)
+        m = proc_name.match(name)
         if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
-            move_aside(os.path.join(step_dir, name), writes, f"process {m.group(1)} no longer runs", moves)
+            move_aside(os.path.join(parent, name), writes, f"process {m.group(1)} no longer runs", moves, what)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -126,7 +148,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def move_aside(directory: str, writes: str | None = None, why: str = "", moves: Moves | None = None) -> str | None:
+def move_aside(directory: str, writes: str | None = None, why: str = "", moves: Moves | None = None,
+               what: str | None = None) -> str | None:
     """Never overwrite silently: a non-empty ``directory`` left by an earlier run is renamed to
     ``{directory}.previous-{YYYYmmdd-HHMMSS}`` (``-{k}`` appended when that exists too), with a
     WARNING naming both paths and ``writes``, the directory this run writes (default ``directory``
@@ -134,31 +157,39 @@ def move_aside(directory: str, writes: str | None = None, why: str = "", moves: 
     another directory (a sibling ``proc{pid}`` of a process that no longer runs, ``why`` saying so),
     the WARNING says that nothing would have been overwritten: it is moved so that readers of the
     step directory do not mix it with this run. With ``moves`` (the run's :class:`Moves`), only the
-    run's first move is a WARNING; later ones are logged at INFO and counted.
+    run's first move is a WARNING; later ones are logged at INFO and counted. With ``what`` (e.g.
+    ``"the watch heartbeat"``), ``directory`` is a file so named in the WARNING, moved when it exists.
 
     Returns:
-        The new name, ``None`` when there was nothing to move.
+        The new name, ``None`` when there was nothing to move (also when another process moved it
+        first).
 
     Raises:
         OSError: the rename failed.
     """
-    try:
-        if not os.listdir(directory):
+    if what is None:
+        try:
+            if not os.listdir(directory):
+                return None
+        except (FileNotFoundError, NotADirectoryError):
             return None
-    except (FileNotFoundError, NotADirectoryError):
+    elif not os.path.isfile(directory):
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target, n = f"{directory}.previous-{stamp}", 1
     while os.path.exists(target):
         target, n = f"{directory}.previous-{stamp}-{n}", n + 1
-    os.rename(directory, target)
-    say = logger.warning if moves is None or moves.moved(directory, target) else logger.info
+    try:
+        os.rename(directory, target)
+    except FileNotFoundError:  # another process (rank) of this run moved it first
+        return None
+    say = logger.warning if moves is None or moves.moved(directory, target, what is not None) else logger.info
+    held = "holds a dump from an earlier run" if what is None else f"is {what} of an earlier run"
     if writes is None or writes == directory:
-        say("msprobe: %s already holds a dump from an earlier run; it was moved to %s and this "
-                       "run writes %s", directory, target, directory)
+        say("msprobe: %s %s; it was moved to %s and this run writes %s", directory,
+            "already " + held if what is None else held, target, directory)
     else:
-        say("msprobe: %s holds a dump from an earlier run (%s); nothing of it would be "
-                       "overwritten, but it was moved to %s so that readers of %s do not mix it with this run "
-                       "(this run writes %s)", directory, why or "another process",
-                       target, os.path.dirname(directory), writes)
+        say("msprobe: %s %s (%s); nothing of it would be overwritten, but it was moved to %s so that "
+            "readers of %s do not mix it with this run (this run writes %s)", directory, held,
+            why or "another process", target, os.path.dirname(directory), writes)
     return target

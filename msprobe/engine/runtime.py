@@ -256,7 +256,8 @@ class Runtime:
         #: set by the first failed write (disk full, file too large, ...): dumping is off for good
         self.failed = False
         #: watch mode (README "Watch mode"): run-wide history and anomaly state, or None
-        self.watch = Watch(config.watch, config.dump_path, config.level) if config.watch is not None else None
+        self.watch = (Watch(config.watch, config.dump_path, config.level, self.moves)
+                      if config.watch is not None else None)
         self._watch_names = self.watch is not None and config.watch.save_tensors
 
     # ------------------------------------------------------------------ state queries

@@ -8,7 +8,9 @@ Rendering (line numbers, source lines, leaving out frames inside the msprobe pac
 frame shown is the user's call site) happens once per distinct stack. A Cell's stack is read inside
 MindSpore's ``Cell.__call__`` (its forward pre-hook); those innermost frames of MindSpore's Cell call
 (``mindspore/nn/cell.py`` up to ``Cell.__call__``, with what it calls inside the ``mindspore`` package)
-are left out too, so a Cell's stack starts, like an API's, at the line that called it.
+are left out too, so a Cell's stack starts, like an API's, at the line that called it. So are, for a
+``Jit.{function}.{n}`` entry, the innermost frames of MindSpore's ``jit`` wrapper (its module's
+``staging_specialize``, then, for a Cell's compiled ``construct``, MindSpore's Cell call).
 """
 from __future__ import annotations
 
@@ -83,13 +85,35 @@ class StackTable:
         lines = []
         frames = [(code, lasti) for code, lasti in zip(codes, offsets)
                   if not code.co_filename.startswith(_PACKAGE_DIR)]
-        for code, lasti in frames[_cell_call_frames(frames):]:
+        for code, lasti in frames[_mindspore_call_frames(frames):]:
             if len(lines) == self.max_depth:
                 break
             line = _line_of(code, lasti)
             source = linecache.getline(code.co_filename, line).strip()
             lines.append(f"File {code.co_filename}, line {line}, in {code.co_name}, \n {source}")
         return lines
+
+
+def _mindspore_call_frames(frames: list) -> int:
+    """How many innermost ``(code, lasti)`` of ``frames`` are MindSpore's own machinery of the call
+    recorded: the frames of MindSpore's ``jit`` module (the wrapper of a compiled function or
+    ``construct``, which calls the executor the tool records at), then MindSpore's call of a Cell
+    (:func:`_cell_call_frames`: a Cell whose ``construct`` is compiled)."""
+    jit_py = _jit_module_file()
+    k = 0
+    while k < len(frames) and frames[k][0].co_filename == jit_py:
+        k += 1
+    return k + _cell_call_frames(frames[k:])
+
+
+def _jit_module_file() -> str | None:
+    """The file of MindSpore's module holding ``jit`` and its executor (``mindspore/graph/api.py``;
+    ``mindspore/common/api.py`` in older layouts), None before MindSpore is imported."""
+    for name in ("mindspore.graph.api", "mindspore.common.api"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "_JitExecutor"):
+            return getattr(module, "__file__", None)
+    return None
 
 
 def _cell_call_frames(frames: list) -> int:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 
 from msprobe.read import report
@@ -49,6 +50,7 @@ from msprobe.format.producer import PASSED_ON, SCALAR, SCALAR_NOTE, input_role
 logger = logging.getLogger("msprobe")
 
 HEARTBEAT = "watch_heartbeat.{who}.json"
+_PROC_HEARTBEAT = re.compile(r"^watch_heartbeat\.proc(\d+)\.json$")
 
 
 def _slots(value):
@@ -130,11 +132,14 @@ class Watch:
         dump_path: the configured ``dump_path`` (heartbeat files are written there).
         level: the dump level; at ``L0``/``L1``/``mix`` whether the watched calls compute the loss
             is told once (:mod:`msprobe.engine.watch_loss`).
+        moves: the run's :class:`msprobe.engine.layout.Moves` (an earlier run's heartbeat moved
+            aside is counted with its step directories), or None.
     """
 
-    def __init__(self, settings, dump_path: str, level: str | None = None):
+    def __init__(self, settings, dump_path: str, level: str | None = None, moves=None):
         self.settings = settings
         self.dump_path = dump_path
+        self.moves = moves
         #: says once when the watched calls of the first step do not compute the loss, or None
         self.loss_check = LossCheck(level) if level in WATCHED else None
         #: the lines kept: the open step whole, the last ``history`` entries before it (``len``: those)
@@ -230,16 +235,29 @@ class Watch:
                 "steps_watched": self.steps, "records_seen": self.records, "time": time.time(),
                 "anomaly": self.triggered}
         try:
+            self.heartbeat_file(rank).write(journal.encode_json(body, False))
+        except OSError as exc:
+            logger.warning("msprobe: watch heartbeat not written: %r", exc)
+
+    def heartbeat_file(self, rank) -> "HeartbeatFile":
+        """The heartbeat file of ``rank`` (``None``: this process, ``proc{pid}``). At its first use
+        in the run (the first watched step's opening, before the file is written) what an earlier
+        run left is moved aside as its step directories are (:func:`msprobe.engine.layout.clear_file_for`):
+        a heartbeat of the same name, and those of processes without a rank that no longer run, so
+        the only heartbeat of a live process in ``dump_path`` is this run's.
+
+        Raises:
+            OSError: ``dump_path`` cannot be made, or a rename failed.
+        """
+        path = os.path.join(self.dump_path, HEARTBEAT.format(who=layout.rank_dir_name(rank)))
+        beat = self._heartbeats.get(path)
+        if beat is None:
             if not self._heartbeat_dir:
                 os.makedirs(self.dump_path, exist_ok=True)
                 self._heartbeat_dir = True
-            path = os.path.join(self.dump_path, HEARTBEAT.format(who=layout.rank_dir_name(rank)))
-            beat = self._heartbeats.get(path)
-            if beat is None:
-                beat = self._heartbeats[path] = HeartbeatFile(path)
-            beat.write(journal.encode_json(body, False))
-        except OSError as exc:
-            logger.warning("msprobe: watch heartbeat not written: %r", exc)
+            layout.clear_file_for(path, _PROC_HEARTBEAT, "the watch heartbeat", self.moves)
+            beat = self._heartbeats[path] = HeartbeatFile(path)
+        return beat
 
 
 class HeartbeatFile:
@@ -316,6 +334,10 @@ class WatchWriter:
         #: (entry, kind): the first entry whose *input* held an anomaly, in this step
         self._first_bad_input = None
         watch.open_writers[directory] = self
+        try:  # an earlier run's heartbeat is moved aside as the step opens, not when it ends
+            watch.heartbeat_file(rank)
+        except OSError:
+            pass  # heartbeat() tries again when the step ends, and says why it failed
 
     # ------------------------------------------------------------------ StepWriter interface
     def append(self, records: list) -> None:

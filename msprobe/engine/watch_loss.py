@@ -69,8 +69,9 @@ class LossCheck:
             shown = ", ".join(str(s) for s in shapes) or "no tensor"
             seen = (f"the last forward call it watched in step {step}, {entry}, returns no single value "
                     f"(output {shown}), so the loss is computed by code it does not watch")
+        # at L1/mix a loss computed by functions is watched already: another level is advice at L0 only
+        functions = ", or use level L1/mix for a loss computed by functions," if self.level == "L0" else ""
         announce(f"msprobe watch mode watches {WATCHED[self.level]}; {seen}: a loss Cell outside the model "
                  "(such as nn.SoftmaxCrossEntropyWithLogits applied to its output) is not watched, and its "
                  "NaN/Inf goes unreported: give start() a Cell that computes the loss (e.g. "
-                 "nn.WithLossCell(net, loss_fn)), or use level L1/mix for a loss computed by functions, "
-                 "to watch it too")
+                 f"nn.WithLossCell(net, loss_fn)){functions} to watch it too")
