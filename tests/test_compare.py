@@ -805,3 +805,30 @@ def test_show_and_first_diff_fold_a_stack_by_one_rule(dumps):
     head_all, every_show = stack_lines(cli("show", dumps["factor"], entry, "--all-frames",
                                            check_code=0).stdout, "\nstack")
     assert every_diff == every_show == frames and f"all {len(frames)} frames" in head_all
+
+
+def test_two_compares_into_one_directory_in_the_same_second_keep_both(tmp_path, monkeypatch):
+    """The timestamp names a compare's files; a second compare into the same directory within the
+    same second takes ``{timestamp}_1``: no compare overwrites another's results."""
+    import datetime as real_datetime
+
+    import msprobe.compare as compare
+
+    a, b = make_dump(tmp_path, "a", steps=1), make_dump(tmp_path, "b", steps=1)
+    fixed = real_datetime.datetime(2026, 1, 2, 3, 4, 5)
+
+    class Frozen(real_datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return fixed
+
+    monkeypatch.setattr(compare.datetime, "datetime", Frozen)
+    out = str(tmp_path / "out")
+    first = compare.compare_to_files(b, a, out)
+    second = compare.compare_to_files(b, a, out)
+    assert os.path.basename(first["summary"]) == "compare_summary_20260102030405.json"
+    assert os.path.basename(second["summary"]) == "compare_summary_20260102030405_1.json"
+    csvs = [r["csv"] for r in first["results"] + second["results"]]
+    assert len(set(csvs)) == 2 and all(os.path.getsize(p) > 0 for p in csvs), csvs
+    for s in (first, second):
+        assert json.load(open(s["summary"]))["results"][0]["csv"] in csvs

@@ -138,6 +138,23 @@ def nan_producer(dump: str, step: Optional[Sequence[int]] = None,
     return out
 
 
+def _reserve_stamp(out_dir: str) -> str:
+    """The timestamp (``%Y%m%d%H%M%S``) of this compare's files, unique in ``out_dir``: its
+    ``compare_summary_{stamp}.json`` is created empty here, atomically (``O_EXCL``), so a second compare
+    into the same directory within the same second takes ``{stamp}_1`` (then ``_2``, ...) and neither
+    overwrites the other's files. Raises ``OSError`` when ``out_dir`` cannot be written."""
+    base = datetime.datetime.now().strftime("%Y%m%d%H%M%S")
+    for n in range(10000):
+        stamp = base if n == 0 else f"{base}_{n}"
+        try:
+            os.close(os.open(os.path.join(out_dir, f"compare_summary_{stamp}.json"),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return stamp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{out_dir}: 10000 compare summaries of {base} exist already")
+
+
 def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = False,
                      stack: bool = False, **options) -> dict:
     """Write ``compare_result_{rank}_{timestamp}.csv`` (``.xlsx`` with ``xlsx``; the name in full as
@@ -148,7 +165,7 @@ def compare_to_files(target: str, golden: str, out_dir: str, *, xlsx: bool = Fal
     "golden_only": []}`` (:meth:`msprobe.compare.inputs.UnpairedSteps.to_dict`; empty lists when
     every step is on both sides)."""
     os.makedirs(out_dir, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d%H%M%S")
+    stamp = _reserve_stamp(out_dir)
     pairs = pair(target, golden, options.get("step"), options.get("rank"))
     several = len({p.step for p in pairs}) > 1
     bases = {(p.step, p.label): os.path.join(out_dir, result_name(p.rank, stamp, p.step if several else None,
