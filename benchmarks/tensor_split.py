@@ -21,6 +21,8 @@ every other round, so a drift of the machine's load hits them alike). Per step, 
 written, as it did before it waited only for the chunks that may read the memory about to change),
 ``drain-writes`` (:meth:`FileQueue.drain` writes chunks beside the writer thread, as it did before it
 only waited for that thread),
+``nosave`` (the tensor task's per-call path with no ``.npy`` named or written: what the step costs
+the training thread without the files, against the statistics task's compiled path),
 ``slots<N>`` (a flush every ``N`` pending tensors instead of ``runtime.FLUSH_SLOTS``: the writer thread
 starts earlier in the step); ``+`` joins them (``drain-writes+slots128``).
 
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3, help="steps per variant and round")
     p.add_argument("--dir", help="parent directory of the dump (default: the system's temporary directory)")
     p.add_argument("--keep", action="store_true", help="leave the dump (deleting it slows the next run's files)")
-    p.add_argument("--variants", default="", help="comma-separated: wait-all, drain-writes, slots<N>, "
+    p.add_argument("--variants", default="", help="comma-separated: wait-all, drain-writes, nosave, slots<N>, "
                                                  "joined by + (drain-writes+slots128)")
     args = p.parse_args(argv)
 
@@ -161,6 +163,11 @@ def main(argv=None) -> int:
         for name, original in (("protect", protect), ("drain", drain)):  # the meter wraps the dispatchers
             setattr(queue_class, f"_{name}_impl", chosen.get(name, original))
         runtime.FLUSH_SLOTS = next((int(part[5:]) for part in parts if part.startswith("slots")), flush_slots)
+        rt = dbg.service.runtime
+        if "nosave" in parts:
+            rt._saves = lambda entry: False  # noqa: E731 - no entry names a file
+        else:
+            rt.__dict__.pop("_saves", None)
     variants = ["off", "on"] + [v for v in args.variants.split(",") if v]
     step = overhead.step_runner(net, batches, train_step, dbg)
     for _ in range(3):

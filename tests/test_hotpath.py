@@ -14,7 +14,7 @@ import pytest
 from mindspore import Parameter, Tensor, ops
 
 from msprobe.engine import flush, stacks, writer
-from msprobe.format import journal
+from msprobe.format import journal, naming
 from msprobe.format.journal import encode_json
 from msprobe.tensors import hotpath, records, stats
 from conftest import build_mlp, mlp_batch, only_step_dir, run_steps
@@ -73,6 +73,81 @@ def test_describe_matches_python():
         c_desc, c_slots = _c_describe(value)
         assert _plain(c_desc) == _plain(py_desc), value
         assert [_plain(s) for s in c_slots] == [_plain(s) for s in py_slots]
+
+
+def _python_named(value, entry, category, index=()):
+    """:class:`records.Describer` naming each tensor as the runtime's general path names it."""
+    describer = records.Describer(lambda path: naming.data_file_name(entry, category, index + path), lambda t: t)
+    return describer.describe(value), describer.slots
+
+
+LONG_ENTRY = "Cell." + "very_long_module_name." * 12 + "Dense.forward.0"  # past 255 bytes with its suffix
+
+
+@pytest.mark.parametrize("entry", ["Functional.linear.0.forward", LONG_ENTRY, "Cell.été.0.forward"],
+                         ids=["plain", "long", "non-ascii"])
+def test_describe_names_files_as_python_names_them(entry):
+    """describe() with an item name as prefix gives each tensor the .npy name of naming.data_file_name,
+    in C (lists, tuples, dicts with any keys) and through the Python fallback (namedtuples, arrays)."""
+    assert len(naming.data_file_name(LONG_ENTRY, "input", (0,)).encode()) <= naming.MAX_FILE_NAME_BYTES
+    for value in _values():
+        py_desc, py_slots = _python_named(value, entry, "input", (2,))
+        slots: list = []
+        c_desc = ext.describe(value, lambda t: t, slots, records.describe_other,
+                              naming.file_prefix(entry, "input", (2,)))
+        assert _plain(c_desc) == _plain(py_desc), value
+        assert [_plain(s) for s in slots] == [_plain(s) for s in py_slots]
+    named = [s.data_name for s in _python_named(_values(), entry, "output")[1]]
+    assert len(named) > 10 and all(name and name.endswith(".npy") for name in named)
+    if entry is LONG_ENTRY:
+        assert all(len(name.encode()) <= naming.MAX_FILE_NAME_BYTES for name in named)
+        assert named[0] != naming.item_name(entry, "output", 0) + ".npy"  # shortened
+
+
+def test_item_lines_name_files_as_record_item_names_them():
+    """item_lines(..., named=True): each gradient item's tensors are named as Runtime.record_item names
+    them (data_file_name(entry, key, (index,) + path)); without ``named`` nothing is named."""
+    f32 = Tensor(np.ones((2, 2), np.float32))
+    entry = "Functional.linear.0.backward"
+    items = [("input", 0, 3, f32), ("input", 2, 3, (f32, [f32])), ("output", 0, 1, Point(f32, None)),
+             ("", 1, 2, f32)]
+    for named in (True, False):
+        slots: list = []
+        lines = ext.item_lines(entry, items, lambda t: t, slots, records.describe_other, named)
+        expected, expected_slots = [], []
+        for key, index, size, value in items:
+            describer = records.Describer(
+                (lambda path, k=key, i=index: naming.data_file_name(entry, k, (i,) + path)) if named
+                else (lambda path: None), lambda t: t)
+            expected.append(journal.item_line(entry, key, index, size, describer.describe(value)))
+            expected_slots += describer.slots
+        assert _plain(lines) == _plain(expected)
+        assert [_plain(s) for s in slots] == [_plain(s) for s in expected_slots]
+        assert all(bool(s.data_name) == named for s in slots) and len(slots) == 5
+
+
+@pytest.mark.parametrize("budget", [None, 1000], ids=["no budget", "tensor_budget_mb"])
+def test_tensor_task_gradients_take_the_compiled_line_path(tmp_path, monkeypatch, make_debugger, budget):
+    """An L1 tensor dump without a tensor budget queues each backward node's gradients in one C call
+    (Runtime.record_item is not called, the files are there); with a budget, which counts every
+    saved tensor, each item takes record_item."""
+    from msprobe.engine import runtime
+
+    calls = []
+    original = runtime.Runtime.record_item
+    monkeypatch.setattr(runtime.Runtime, "record_item", lambda self, *a: calls.append(a) or original(self, *a))
+    section = {} if budget is None else {"tensor_budget_mb": budget}
+    dump = str(tmp_path / "dump")
+    run_steps(build_mlp(), make_debugger(dump_path=dump, level="L1", task="tensor", section=section),
+              steps=1, batch=mlp_batch())
+    step_dir = only_step_dir(dump, 0)
+    with open(os.path.join(step_dir, "dump.json"), encoding="utf-8") as f:
+        data = json.load(f)["data"]
+    backward = [leaf for name, entry in data.items() if name.endswith(".backward")
+                for leaf in entry.get("input", []) + entry.get("output", []) if isinstance(leaf, dict)]
+    assert backward and all(os.path.isfile(os.path.join(step_dir, "dump_tensor_data", leaf["data_name"]))
+                            for leaf in backward)
+    assert (len(calls) == 0) == (budget is None), len(calls)
 
 
 def test_describe_raises_what_python_raises():
@@ -309,7 +384,8 @@ def test_stack_key_matches_python():
 
 @pytest.mark.parametrize("fields", [{"level": "L1"}, {"level": "mix"},
                                     {"level": "L1", "section": {"tensor_list": ["relu"]}},
-                                    {"level": "L0", "task": "tensor"}], ids=["L1", "mix", "list", "tensor"])
+                                    {"level": "L0", "task": "tensor"}, {"level": "L1", "task": "tensor"}],
+                         ids=["L1", "mix", "list", "tensor", "L1 tensor"])
 def test_dump_files_identical_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields):
     """The same training steps dumped with the compiled path and with the Python path only."""
     outputs = _dumps_with_and_without_extension(tmp_path, monkeypatch, make_debugger, fields)

@@ -704,13 +704,19 @@ class Runtime:
         """:meth:`record_item` for several items of one backward entry at once, ``items`` a list of
         ``(key, index, size, value)`` in recording order (what one autograd node hook receives):
         the same journal lines in the same order, described in C and queued together (one lock,
-        one batch-size check). Values that name ``.npy`` files (tensor task, ``tensor_list``, watch
-        mode saving tensors), a late token, a closed dump, no extension, or a value that cannot be
-        described this way take :meth:`record_item` one by one, which decides each case."""
+        one batch-size check); so are the tensor task's, their ``.npy`` files named in C as
+        :meth:`record_item` names them, while no ``tensor_budget_mb`` counts them. ``tensor_list``,
+        watch mode saving tensors, a tensor budget, a late token, a closed dump, no extension, or a
+        value that cannot be described this way take :meth:`record_item` one by one, which decides
+        each case."""
         ext, lines, slots = hotpath.ext, None, []
-        if token is not None and token == self.step_token and self._queues_plain_lines():
+        if token is not None and token == self.step_token:
+            named = self._names_plain_lines()
             try:  # journal.item_line of each item, its value described, in one C call
-                lines = ext.item_lines(entry, items, self.snapshot, slots, describe_other)
+                if named:
+                    lines = ext.item_lines(entry, items, self.snapshot, slots, describe_other, True)
+                elif self._queues_plain_lines():
+                    lines = ext.item_lines(entry, items, self.snapshot, slots, describe_other)
             except Exception:  # the general path decides (the user's failed operation, or the tool's)
                 lines = None
         if lines is None:
@@ -737,6 +743,15 @@ class Runtime:
         return not (hotpath.ext is None or not self.records_data or self.failed or self.save_tensors
                     or self.config.tensor_list or self._watch_names
                     or _FORKS[0] != self._fork)  # (forked(), inline)
+
+    def _names_plain_lines(self) -> bool:
+        """Whether a gradient's line may be described in C with its ``.npy`` files named there
+        (:meth:`record_items`): the tensor task without ``tensor_budget_mb`` (every tensor is
+        saved: nothing to count or decide per value), no ``tensor_list`` or watch mode naming files,
+        and what :meth:`_queues_plain_lines` asks besides the files."""
+        return (self.save_tensors and self.budget.limit is None and hotpath.ext is not None
+                and self.records_data and not self.failed and not self.config.tensor_list
+                and not self._watch_names and _FORKS[0] == self._fork)
 
     def queue_param_grad(self, entry: str, pname: str, grad) -> bool:
         """:meth:`record_param_grad` in one step for a plain statistics dump (no ``.npy`` file: no
@@ -793,27 +808,27 @@ class Runtime:
             empty = {} if type(value) is dict else []
             self._queue(make_line(*args, [empty] if as_list else empty), (), writer)
             return
+        ext, prefix, name_for = hotpath.ext, None, _no_file
         if self._saves(entry):
             if fixed_name:
                 name = naming.data_file_name(entry, category, index)
                 name_for = lambda path: name  # noqa: E731 - one tensor, one fixed file name
+            elif ext is not None:  # named in C, as data_file_name names them
+                prefix = naming.file_prefix(entry, category, index)
             else:
                 name_for = lambda path: naming.data_file_name(entry, category, index + path)  # noqa: E731
-        else:
-            name_for = _no_file
-        ext = hotpath.ext
         describer = Describer(name_for, self.snapshot) if ext is None or name_for is not _no_file else None
         slots = [] if describer is None else describer.slots
         try:
             if describer is None:  # the same walk in C (tensors/hotpath.py)
-                described = ext.describe(value, self.snapshot, slots, describe_other)
+                described = ext.describe(value, self.snapshot, slots, describe_other, prefix)
             else:
                 described = describer.describe(value)
         except Exception as exc:
             if not self.claim_user_failure(exc, value, compiled=describer is None):
                 raise  # the tool's own failure: the capture code reports it
             return
-        if name_for is not _no_file and self.budget.limit is not None:
+        if (prefix is not None or name_for is not _no_file) and self.budget.limit is not None:
             self.budget.spend(slots)
         self._queue(make_line(*args, [described] if as_list else described), slots, writer)
 

@@ -177,7 +177,19 @@ def data_file_name(entry: str, category: str, index_path: tuple) -> str:
     A name over :data:`MAX_FILE_NAME_BYTES` keeps its first 200 characters plus a SHA-1 suffix, so it
     stays unique and loadable; ``dump.json`` keeps the entry's full name next to ``data_name``.
     """
-    name = item_name(entry, *([category] if category else []), *index_path) + ".npy"
+    return shorten_file_name(item_name(entry, *([category] if category else []), *index_path) + ".npy")
+
+
+def file_prefix(entry: str, category: str, index_path: tuple = ()) -> str:
+    """The item name that :func:`data_file_name` of ``(entry, category, index_path + path)`` extends
+    with ``path``: the ``.npy`` name of a tensor at ``path`` inside a value is
+    ``shorten_file_name(item_name(prefix, *path) + ".npy")``."""
+    return item_name(entry, *([category] if category else []), *index_path)
+
+
+def shorten_file_name(name: str) -> str:
+    """``name`` (a ``.npy`` file name) itself, or, when longer than :data:`MAX_FILE_NAME_BYTES` bytes in
+    UTF-8, its first 200 characters plus a SHA-1 suffix (unique and loadable)."""
     if len(name.encode()) <= MAX_FILE_NAME_BYTES:
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()

@@ -6,10 +6,13 @@
  *
  * Python API (configured once by msprobe.tensors.hotpath through setup()):
  *   TensorSlot(tensor, data_name, dtype, shape, type_name)   the pending slot type (records.py)
- *   describe(value, snapshot, slots, fallback) -> record structure
+ *   describe(value, snapshot, slots, fallback, prefix=None) -> record structure
  *       exact None/bool/int/float/str, Tensor, exact list/tuple/dict, MindSpore dtype objects (after
- *       setup_calls()) here; anything else is fallback(value, depth, slots, snapshot). A Tensor becomes a TensorSlot appended to `slots`, its tensor
- *       snapshot(t) when it is a Parameter, no file name.
+ *       setup_calls()) here; anything else is fallback(value, depth, slots, snapshot[, prefix]). A Tensor becomes a TensorSlot appended to `slots`, its tensor
+ *       snapshot(t) when it is a Parameter; no file name without `prefix` (str: the item name of
+ *       `value`), else "<item name>.npy", the item name of a list/tuple item "<prefix>.<index>", of a
+ *       dict value "<prefix>.<str(key)>", a name over 255 UTF-8 bytes shortened by
+ *       msprobe.format.naming.shorten_file_name (naming.data_file_name's rule).
  *   fill(slots, md5=False) -> None
  *       leaves of CPU tensors read in place (native dtype, at least one element, no file name;
  *       a non-contiguous one is read through its strides by the kernel's scan_strided, which gives
@@ -247,7 +250,29 @@ static PyObject *scalar_leaf(PyObject *name, PyObject *v) {
     return d;
 }
 
-static PyObject *tensor_slot(PyObject *t, PyObject *snapshot, PyObject *slots) {
+/* The .npy file name of the value whose item name is `prefix` (describe()'s naming): prefix + ".npy",
+ * or, past MAX_FILE_NAME bytes, what ShortenFunc (msprobe.format.naming.shorten_file_name) makes of it.
+ * A new reference, NULL on an error. */
+#define MAX_FILE_NAME 255
+static PyObject *ShortenFunc;
+static PyObject *file_name(PyObject *prefix) {
+    PyObject *name = PyUnicode_FromFormat("%U.npy", prefix);
+    if (name == NULL) return NULL;
+    Py_ssize_t size;
+    if (PyUnicode_AsUTF8AndSize(name, &size) == NULL) { Py_DECREF(name); return NULL; }
+    if (size <= MAX_FILE_NAME) return name;
+    if (ShortenFunc == NULL) {
+        PyObject *naming = PyImport_ImportModule("msprobe.format.naming");
+        if (naming != NULL) ShortenFunc = PyObject_GetAttrString(naming, "shorten_file_name");
+        Py_XDECREF(naming);
+        if (ShortenFunc == NULL) { Py_DECREF(name); return NULL; }
+    }
+    Py_SETREF(name, PyObject_CallOneArg(ShortenFunc, name));
+    return name;
+}
+
+/* `prefix`: the item name of the tensor (its .npy file is named after it), or NULL: no file */
+static PyObject *tensor_slot(PyObject *t, PyObject *snapshot, PyObject *slots, PyObject *prefix) {
     int exact = (PyObject *)Py_TYPE(t) == TensorType;
     PyObject *held;
     if (!exact) {
@@ -270,30 +295,44 @@ static PyObject *tensor_slot(PyObject *t, PyObject *snapshot, PyObject *slots) {
     PyObject *shape = PyObject_GetAttr(t, exact ? S_a_shape : S_shape), *list = NULL;
     if (shape != NULL) { list = PySequence_List(shape); Py_DECREF(shape); }
     if (list == NULL) { Py_DECREF(held); Py_DECREF(name); return NULL; }
-    Slot *s = slot_make(held, Py_None, name, list, S_tensor_type);
-    Py_DECREF(held); Py_DECREF(name); Py_DECREF(list);
+    PyObject *data_name = prefix == NULL ? (Py_INCREF(Py_None), Py_None) : file_name(prefix);
+    Slot *s = data_name == NULL ? NULL : slot_make(held, data_name, name, list, S_tensor_type);
+    Py_DECREF(held); Py_DECREF(name); Py_DECREF(list); Py_XDECREF(data_name);
     if (s == NULL) return NULL;
     if (PyList_Append(slots, (PyObject *)s) < 0) { Py_DECREF(s); return NULL; }
     return (PyObject *)s;
 }
 
-static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyObject *slots, PyObject *fallback);
+static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyObject *slots, PyObject *fallback,
+                               PyObject *prefix);
+
+/* the item name of `key` inside `prefix` ("prefix.key"), or NULL without an exception when `prefix` is
+ * NULL (no file names); NULL with an exception on an error */
+static PyObject *child_name(PyObject *prefix, PyObject *key) {
+    return prefix == NULL ? NULL : PyUnicode_FromFormat("%U.%U", prefix, key);
+}
 
 static PyObject *describe_items(PyObject *seq, int depth, PyObject *snapshot, PyObject *slots,
-                                PyObject *fallback) {
+                                PyObject *fallback, PyObject *prefix) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *d = describe_value(items[i], depth + 1, snapshot, slots, fallback);
+        PyObject *name = prefix == NULL ? NULL : PyUnicode_FromFormat("%U.%zd", prefix, i);
+        PyObject *d = prefix != NULL && name == NULL ? NULL
+                      : describe_value(items[i], depth + 1, snapshot, slots, fallback, name);
+        Py_XDECREF(name);
         if (d == NULL) { Py_DECREF(out); return NULL; }
         PyList_SET_ITEM(out, i, d);
     }
     return out;
 }
 
-static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyObject *slots, PyObject *fallback) {
+/* `prefix`: the item name of `v` when its tensors get .npy files (named after their item names), or
+ * NULL; with a prefix, what is not described here goes to fallback(v, depth, slots, snapshot, prefix) */
+static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyObject *slots, PyObject *fallback,
+                               PyObject *prefix) {
     PyTypeObject *tp = Py_TYPE(v);
     if (v == Py_None) Py_RETURN_NONE;
     /* exact builtins first: no Tensor is one of them */
@@ -308,7 +347,7 @@ static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyOb
             if (Py_EnterRecursiveCall(" in msprobe describe")) return NULL;
             /* a list may change while described (fallback code, other threads): walk a copy */
             PyObject *seq = tp == &PyList_Type ? PyList_AsTuple(v) : (Py_INCREF(v), v);
-            d = seq ? describe_items(seq, depth, snapshot, slots, fallback) : NULL;
+            d = seq ? describe_items(seq, depth, snapshot, slots, fallback, prefix) : NULL;
             Py_XDECREF(seq);
             Py_LeaveRecursiveCall();
             return d;
@@ -320,9 +359,11 @@ static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyOb
         while (PyDict_Next(v, &pos, &key, &item)) {
             Py_INCREF(key); Py_INCREF(item);
             PyObject *k = PyUnicode_CheckExact(key) ? (Py_INCREF(key), key) : PyObject_Str(key);
-            PyObject *d = k ? describe_value(item, depth + 1, snapshot, slots, fallback) : NULL;
+            PyObject *name = k ? child_name(prefix, k) : NULL;
+            PyObject *d = k && (prefix == NULL || name != NULL)
+                          ? describe_value(item, depth + 1, snapshot, slots, fallback, name) : NULL;
             int bad = d == NULL || PyDict_SetItem(out, k, d) < 0;
-            Py_XDECREF(k); Py_XDECREF(d); Py_DECREF(key); Py_DECREF(item);
+            Py_XDECREF(k); Py_XDECREF(name); Py_XDECREF(d); Py_DECREF(key); Py_DECREF(item);
             if (bad) { Py_LeaveRecursiveCall(); Py_DECREF(out); return NULL; }
         }
         Py_LeaveRecursiveCall();
@@ -330,7 +371,7 @@ static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyOb
     }
     int t = is_instance(v, TensorType);
     if (t < 0) return NULL;
-    if (t) return tensor_slot(v, snapshot, slots);
+    if (t) return tensor_slot(v, snapshot, slots, prefix);
     if (DtypeBase != NULL) {  /* a MindSpore dtype (Cast's argument): {"type": "mindspore.dtype", "value": str} */
         int is_dtype = is_instance(v, DtypeBase);
         if (is_dtype < 0) return NULL;
@@ -344,7 +385,7 @@ static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyOb
     }
     PyObject *d = PyLong_FromLong(depth), *r = NULL;
     if (d != NULL) {
-        r = PyObject_CallFunctionObjArgs(fallback, v, d, slots, snapshot, NULL);
+        r = PyObject_CallFunctionObjArgs(fallback, v, d, slots, snapshot, prefix, NULL);
         Py_DECREF(d);
     }
     return r;
@@ -352,15 +393,15 @@ static PyObject *describe_value(PyObject *v, int depth, PyObject *snapshot, PyOb
 
 static PyObject *describe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4 || !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "describe(value, snapshot, slots: list, fallback)");
+    if ((nargs != 4 && nargs != 5) || !PyList_Check(args[2]) || (nargs == 5 && !PyUnicode_Check(args[4]) && args[4] != Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "describe(value, snapshot, slots: list, fallback, prefix: str | None = None)");
         return NULL;
     }
     if (TensorType == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "msprobe.tensors._hotpath.setup() was not called");
         return NULL;
     }
-    return describe_value(args[0], 0, args[1], args[2], args[3]);
+    return describe_value(args[0], 0, args[1], args[2], args[3], nargs == 5 && args[4] != Py_None ? args[4] : NULL);
 }
 
 /* ------------------------------------------------------------------ fill (flush) */
@@ -2100,8 +2141,8 @@ static PyObject *record_call(Recorder *r, PyObject *api, PyObject *original, PyO
     /* what describing hands a Parameter: itself, read below, when the runtime reads Parameters at once */
     PyObject *keep = now > 0 ? r->unchanged : snapshot;
     if (slots != NULL && now >= 0) {
-        a = PyTuple_GET_SIZE(args) ? describe_value(args, 0, keep, slots, r->fallback) : PyList_New(0);
-        if (a != NULL) k = PyDict_GET_SIZE(kwargs) ? describe_value(kwargs, 0, keep, slots, r->fallback) : PyDict_New();
+        a = PyTuple_GET_SIZE(args) ? describe_value(args, 0, keep, slots, r->fallback, NULL) : PyList_New(0);
+        if (a != NULL) k = PyDict_GET_SIZE(kwargs) ? describe_value(kwargs, 0, keep, slots, r->fallback, NULL) : PyDict_New();
         if (k != NULL && now > 0 && settle_parameters(slots, 0, snapshot, r->md5) < 0) Py_CLEAR(k);
     }
     if (k == NULL) {
@@ -2178,11 +2219,11 @@ call:
             Py_ssize_t before = PyList_GET_SIZE(slots);
             PyObject *list = NULL;
             if (plain != PLAIN_SEQUENCE) {  /* a Tensor or a scalar: the list of it */
-                PyObject *d = describe_value(out, 1, keep, slots, r->fallback);
+                PyObject *d = describe_value(out, 1, keep, slots, r->fallback, NULL);
                 if (d != NULL && (list = PyList_New(1)) != NULL) PyList_SET_ITEM(list, 0, d);
                 else Py_XDECREF(d);
             } else {  /* a list or tuple is its own output list */
-                list = describe_value(out, 0, keep, slots, r->fallback);
+                list = describe_value(out, 0, keep, slots, r->fallback, NULL);
             }
             if (list != NULL && now > 0 && settle_parameters(slots, before, snapshot, r->md5) < 0) Py_CLEAR(list);
             if (list == NULL) {  /* the Python tail describes it again and decides about the failure */
@@ -2625,12 +2666,20 @@ static PyObject *observe_plain(PyObject *self, PyObject *const *a, Py_ssize_t na
     return done < 0 ? NULL : Py_NewRef(done ? Py_True : Py_False);
 }
 
-/* item_lines(entry, items, snapshot, slots, fallback) -> [journal.item_line(entry, key, index, size,
- * describe(value))] for the (key, index, size, value) tuples of `items` (Runtime.record_items) */
+/* item_lines(entry, items, snapshot, slots, fallback, named=False) -> [journal.item_line(entry, key,
+ * index, size, describe(value))] for the (key, index, size, value) tuples of `items`
+ * (Runtime.record_items); `named`: the tensors of each value get .npy files named after the item
+ * name "entry.key.index" (describe()'s prefix) */
 static PyObject *item_lines(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 5 || !PyList_Check(a[1]) || !PyList_Check(a[3])) {
-        PyErr_SetString(PyExc_TypeError, "item_lines(entry, items: list, snapshot, slots: list, fallback)");
+    if ((nargs != 5 && nargs != 6) || !PyList_Check(a[1]) || !PyList_Check(a[3])) {
+        PyErr_SetString(PyExc_TypeError, "item_lines(entry, items: list, snapshot, slots: list, fallback, named=False)");
+        return NULL;
+    }
+    int named = nargs == 6 ? PyObject_IsTrue(a[5]) : 0;
+    if (named < 0) return NULL;
+    if (named && !PyUnicode_Check(a[0])) {
+        PyErr_SetString(PyExc_TypeError, "item_lines: a named entry must be a str");
         return NULL;
     }
     PyObject *items = a[1], *lines = PyList_New(0);
@@ -2641,7 +2690,16 @@ static PyObject *item_lines(PyObject *self, PyObject *const *a, Py_ssize_t nargs
             Py_CLEAR(lines);
             break;
         }
-        PyObject *v = describe_value(PyTuple_GET_ITEM(item, 3), 0, a[2], a[3], a[4]), *line = NULL;
+        PyObject *prefix = NULL, *v = NULL, *line = NULL;
+        PyObject *key = PyTuple_GET_ITEM(item, 0), *index = PyTuple_GET_ITEM(item, 1);
+        int bare = named ? PyObject_Not(key) : 0;  /* an empty key names no category (naming.data_file_name) */
+        if (bare < 0 || (named && (prefix = bare ? PyUnicode_FromFormat("%U.%S", a[0], index)
+                                                 : PyUnicode_FromFormat("%U.%S.%S", a[0], key, index)) == NULL)) {
+            Py_CLEAR(lines);
+            break;
+        }
+        v = describe_value(PyTuple_GET_ITEM(item, 3), 0, a[2], a[3], a[4], prefix);
+        Py_XDECREF(prefix);
         if (v != NULL && (line = dict2(S_e, a[0], S_k, PyTuple_GET_ITEM(item, 0))) != NULL &&
             (PyDict_SetItem(line, S_i, PyTuple_GET_ITEM(item, 1)) < 0 || PyDict_SetItem(line, S_n, PyTuple_GET_ITEM(item, 2)) < 0 ||
              PyDict_SetItem(line, S_v, v) < 0))
@@ -2669,7 +2727,7 @@ static PyMethodDef methods[] = {
      "stack_key(skip, limit) -> tuple (id(code), f_lasti, ...) of the calling frames,\n"
      "innermost first, after skipping `skip` frames above the caller's, at most `limit` frames."},
     {"describe", (PyCFunction)(void (*)(void))describe, METH_FASTCALL,
-     "describe(value, snapshot, slots, fallback) -> record structure (see the module docstring)."},
+     "describe(value, snapshot, slots, fallback, prefix=None) -> record structure (see the module docstring)."},
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
      "fill(slots, md5=False) -> None: leaves of plain CPU tensors (module docstring)."},
     {"fill_parameters", (PyCFunction)(void (*)(void))fill_parameters, METH_FASTCALL,
@@ -2708,8 +2766,9 @@ static PyMethodDef methods[] = {
      "itself, with the same hooks (GradHook, handing Runtime.record_items the same items); False, nothing\n"
      "done, for any other call."},
     {"item_lines", (PyCFunction)(void (*)(void))item_lines, METH_FASTCALL,
-     "item_lines(entry, items, snapshot, slots, fallback) -> [journal item line]: journal.item_line(entry,\n"
-     "key, index, size, describe(value, snapshot, slots, fallback)) for each (key, index, size, value)."},
+     "item_lines(entry, items, snapshot, slots, fallback, named=False) -> [journal item line]:\n"
+     "journal.item_line(entry, key, index, size, describe(value, snapshot, slots, fallback[, prefix])) for each\n"
+     "(key, index, size, value); named: prefix \"entry.key.index\" (its tensors' .npy file names)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,10 +3,13 @@
 Three steps of every recorded call run there when the extension is built, and in the Python code
 they stand for otherwise; both give the same records (``tests/test_hotpath.py`` runs both):
 
-* ``describe`` — :meth:`msprobe.tensors.records.Describer.describe` for a value whose tensors get
-  no ``.npy`` file: ``None``, exact ``bool``/``int``/``float``/``str``, Tensors, exact lists, tuples
-  and dicts are walked in C; anything else (namedtuples, numpy values, slices, dtypes, subclasses)
-  goes to the Python describer (MindSpore dtype objects are described in C too).
+* ``describe`` — :meth:`msprobe.tensors.records.Describer.describe`: ``None``, exact
+  ``bool``/``int``/``float``/``str``, Tensors, exact lists, tuples and dicts are walked in C; anything
+  else (namedtuples, numpy values, slices, dtypes, subclasses) goes to the Python describer
+  (MindSpore dtype objects are described in C too). Without a prefix no tensor gets a ``.npy`` file;
+  with one (the value's item name, :func:`msprobe.format.naming.file_prefix`) each tensor is named as
+  :func:`msprobe.format.naming.data_file_name` names it (the tensor task's general path,
+  ``Runtime._describe_and_queue``).
 * ``fill`` — the common case of :func:`msprobe.engine.flush.materialize`: a CPU tensor of a
   dtype numpy holds, or the C-contiguous host snapshot of a Parameter, at least one element, no file,
   no counts, read in place (a non-contiguous tensor copied in C order, as the Python flush does) and
@@ -32,7 +35,9 @@ they stand for otherwise; both give the same records (``tests/test_hotpath.py`` 
   one autograd node from positional Tensor arguments, or an argument returned itself: the same hooks,
   as compiled ``GradHook`` objects that hand ``Runtime.record_items`` the items the Python closures
   hand it; any other call is left to the Python code. ``item_lines`` — the journal item lines of one
-  node's gradients (:func:`msprobe.format.journal.item_line` of each described value) in one call.
+  node's gradients (:func:`msprobe.format.journal.item_line` of each described value) in one call,
+  for the tensor task (no ``tensor_budget_mb``) with their ``.npy`` files named as
+  ``Runtime.record_item`` names them.
 * The compiled recorder (``Recorder``), while the runtime reads Parameters at once (synchronous CPU
   launch, ``Runtime._parameters_now``), takes the statistics of a call's Parameters when it describes
   them, as ``fill_parameters`` does for a Cell's, instead of host-copying them for the flush (the same

@@ -22,6 +22,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common import dtype as mstype
 
+from msprobe.format.naming import item_name, shorten_file_name
 from msprobe.tensors import hotpath
 from msprobe.tensors.stats import dtype_name
 
@@ -124,13 +125,27 @@ class Describer:
         return None
 
 
-def describe_other(value, depth: int, slots: list, snapshot):
+def describe_other(value, depth: int, slots: list, snapshot, prefix: str | None = None):
     """What the compiled describer (:mod:`msprobe.tensors.hotpath`) hands back: ``value`` at nesting
-    ``depth`` described by :class:`Describer` with no ``.npy`` names, its tensors appended to
-    ``slots``."""
-    describer = Describer(_no_name, snapshot)
+    ``depth`` described by :class:`Describer`, its tensors appended to ``slots``; with ``prefix``
+    (``str``, the item name of ``value``) each tensor at ``path`` inside it is named
+    ``shorten_file_name(item_name(prefix, *path) + ".npy")``, without it no tensor gets a file."""
+    describer = Describer(_no_name if prefix is None else _Names(prefix), snapshot)
     describer.slots = slots
     return describer.describe(value, (), depth)
+
+
+class _Names:
+    """``name_for`` of :class:`Describer` for the tensors inside the value whose item name is
+    ``prefix`` (the rule of :func:`msprobe.format.naming.data_file_name`)."""
+
+    __slots__ = ("prefix",)
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __call__(self, path: tuple) -> str:
+        return shorten_file_name(item_name(self.prefix, *path) + ".npy")
 
 
 def _no_name(path):
