@@ -1009,3 +1009,62 @@ def test_a_cell_whose_forward_raised_says_so(tmp_path, level):
     if level == "L0":  # at mix the MatMul inside it comes first (an API call that raised has no output)
         assert "Cell.b.Dense.forward.0" in out.splitlines()[0]
         assert "the target run's call raised TypeError: For 'MatMul'" in out.splitlines()[1]
+
+
+# ------------------------------------------------- a Cell whose calls take different backward paths
+class Switch(nn.Cell):
+    """Two outputs when ``pair`` (several autograd nodes), else one output made by one node."""
+
+    def construct(self, x, pair=False):
+        if pair:
+            return x * 2.0, x * 3.0
+        return x * 2.0
+
+
+class SwitchNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 3)
+        self.sw = Switch()
+
+    def construct(self, x):
+        h = self.fc(x)
+        a, b = self.sw(h, pair=True)
+        c = self.sw(h)
+        return (a + b + c * c).sum()
+
+
+def _exact_stats(values):
+    v = np.asarray(values, np.float64)
+    return v.max(), v.min(), v.mean(), float(np.sqrt((v * v).sum()))
+
+
+def test_cell_calls_taking_different_backward_paths_record_the_framework_gradients(tmp_path):
+    """The Cell's first call (two outputs) is observed by the general path, its second (one output
+    of one autograd node) could be taken by the compiled common case: the backward entries of both
+    hold the gradients MindSpore computes (w.r.t. the outputs and the Cell's own share of the
+    input's gradient), as a float64 recomputation of them gives."""
+    net = SwitchNet()
+    x = Tensor(np.array([[1.0, -2.0, 0.5], [0.25, 1.5, -1.0]], np.float32))
+    debugger, dump_path = make_debugger(tmp_path)
+    grad_fn = ms.value_and_grad(net, None, net.trainable_params())
+    for _ in range(2):  # the second step's calls run after the first step's
+        debugger.start(net)
+        grad_fn(x)
+        debugger.stop()
+        debugger.step()
+    debugger.service.close()
+    h = net.fc(x).asnumpy()
+    c = h * np.float32(2.0)
+    ones = np.ones_like(h)
+    for step in range(2):
+        data = load_step(dump_path, step).data
+        first, second = data["Cell.sw.Switch.backward.0"], data["Cell.sw.Switch.backward.1"]
+        expected = {"first input": [ones, ones], "first output": [ones * np.float32(5.0)],
+                    "second input": [c * np.float32(2.0)], "second output": [c * np.float32(4.0)]}
+        got = {"first input": first["input"], "first output": first["output"],
+               "second input": second["input"], "second output": second["output"]}
+        for key, arrays in expected.items():
+            assert len(got[key]) == len(arrays), key
+            for leaf, array in zip(got[key], arrays):
+                assert (leaf["Max"], leaf["Min"], leaf["Mean"], leaf["Norm"]) == _exact_stats(array), (step, key)

@@ -167,19 +167,26 @@ class BackwardProbe:
         self.lists = None      # position -> [expected, arrived, gradients], list arguments
 
     # ------------------------------------------------------------------ after the call
-    def observe(self, args: tuple, out, mark: int | None = None) -> None:
+    def observe(self, args: tuple, out, mark: int | None = None, plain: bool = True) -> bool:
         """Hook the gradients of this call, which has just run: ``args`` its positional arguments,
         ``out`` its return value; ``mark`` a watermark (see :func:`watermark`) taken before a Cell
         ran, ``None`` for API calls (the newest argument node bounds the walk). With the extension
         built, a call that ends in no hook, the alias hook or one node's plain hook is observed in C
         (``hotpath.ext.observe_plain``: the same attributes read, the same hooks, as compiled objects).
+        ``plain=False`` skips that attempt (:meth:`observe_general` hooks those cases too, with the
+        same records): for a caller whose earlier calls all declined it, such as a Cell made of
+        several autograd nodes, where it would read the call's nodes twice.
+
+        Returns:
+            True when the compiled common case took the call, False when :meth:`observe_general` did.
 
         Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
         tool failure."""
         ext = hotpath.ext
-        if ext is not None and ext.observe_plain(self, args, out):
-            return  # the common cases below (no hook, the alias hook, one node's plain hook) in C
+        if plain and ext is not None and ext.observe_plain(self, args, out):
+            return True  # the common cases below (no hook, the alias hook, one node's plain hook) in C
         self.observe_general(args, out, mark)
+        return False
 
     def observe_general(self, args: tuple, out, mark: int | None = None) -> None:
         """:meth:`observe` without its compiled common case: every call, in Python. The compiled

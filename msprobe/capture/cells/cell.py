@@ -293,6 +293,10 @@ class CellCapture:
     def _post_hook(self, prefix: str):
         rt = self.rt
         frames = rt.cell_frames
+        #: whether this Cell's next call tries the compiled common case of BackwardProbe.observe: off
+        #: once a call of it declined (a Cell made of several autograd nodes), which only chooses
+        #: the implementation (the general path makes the same hooks and records)
+        plain = [True]
 
         def post_hook(cell, args, kwargs, output):
             frame_list = frames()
@@ -318,8 +322,8 @@ class CellCapture:
                     if not (self._whole and rt.queue_cell_lines(fwd, (("output", outs),), parameters=params)):
                         rt.record(fwd, "parameters", params, "parameters")
                         rt.record(fwd, "output", outs, "output")
-                if probe is not None:
-                    probe.observe(args, output, mark)
+                if probe is not None and not probe.observe(args, output, mark, plain[0]):
+                    plain[0] = False
             except Exception as exc:  # tool failure: reported once, the Cell's output goes on
                 if not rt.claim_user_failure(exc, output):
                     rt.tool_error(f"failed to record {fwd}: {exc!r}", key=(prefix, type(exc)))
