@@ -110,7 +110,7 @@ def runs(tmp_path_factory):
     failed = []
     for (model, mode), (proc, log) in procs.items():
         try:
-            code = proc.wait(timeout=620)
+            code = proc.wait(timeout=920)  # the worker ends itself after 900 s
         except subprocess.TimeoutExpired:
             proc.kill()
             code = "timeout"

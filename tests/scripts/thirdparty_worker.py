@@ -360,7 +360,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--census", action="store_true")
     args = ap.parse_args()
-    faulthandler.dump_traceback_later(600, exit=True)  # a hang shows where, then ends the run
+    # a hang shows where, then ends the run. A GRAPH_MODE mindformers worker needs ~60 s of CPU, and
+    # 590-600 s on the shared 2-core machine at load average ~20 (2026-12-03)
+    faulthandler.dump_traceback_later(900, exit=True)
     runs = [parse_run(spec) for spec in args.runs]
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
