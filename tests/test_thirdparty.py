@@ -11,7 +11,8 @@ the dump off and at L0, L1 and mix, statistics and tensor mode. Tiny ViT (32x32 
 convolutions, squeeze-and-excitation, hard-swish, BatchNorm whose moving statistics the forward pass
 updates, Dropout 0.2 before the classifier) trained 3 steps on batches of two 32x32 images with
 cross-entropy and Momentum, with the dump off, at L0, L1 (statistics) and mix (tensor). All of them in
-PyNative and GRAPH_MODE. mindformers and mindcv run in a virtualenv of their own
+PyNative and, except MobileNetV3 (see ``MODEL_MODES``), GRAPH_MODE. mindformers and mindcv run in a
+virtualenv of their own
 (``tests/thirdparty_venv.py``: created once, ~80-340 s, then reused);
 ``tests/scripts/thirdparty_worker.py`` trains every configuration of one model and mode in one process
 (all models and modes run at the same time). What is checked, per model and configuration:
@@ -19,9 +20,10 @@ PyNative and GRAPH_MODE. mindformers and mindcv run in a virtualenv of their own
 * no exception where the tool-off run had none;
 * losses and every parameter gradient of every step bit-identical to the tool-off run;
 * no ``dump_error_info.log``; no attribute left patched after ``stop()``;
-* every sub-Cell call has its forward entry (L0, mix) and every call that model code makes to a listed
-  API or to a Primitive held by a Cell has its forward entry (PyNative L1, mix), counted independently
-  of the tool (forward pre-hooks and ``sys.setprofile`` in a separate tool-off step);
+* every sub-Cell call has its forward entry (L0, mix), whose construct.json parent is the Cell whose
+  ``construct`` made the call, and every call that model code makes to a listed API or to a Primitive
+  held by a Cell has its forward entry (PyNative L1, mix), counted independently of the tool (forward
+  pre-hooks, the Python stack and ``sys.setprofile`` in a separate tool-off step);
 * Primitives that model code creates at each call (not hooked: no Cell holds them) are listed in
   coverage.json, as are GRAPH_MODE Cells whose probes never ran;
 * in tensor mode, the statistics of the saved tensors equal a float64 recomputation.

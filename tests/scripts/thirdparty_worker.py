@@ -3,16 +3,16 @@
 ``mobilenet_v3_small_075``) a few steps with the dump off and on, in one MindSpore mode, and writes
 what the test compares bit for bit.
 
-    python thirdparty_worker.py MODE OUT RUN [RUN ...] [--model llama|glm2|vit|mobilenet] [--steps 3] [--census]
+    python thirdparty_worker.py MODE OUT RUN [RUN ...] [--model NAME] [--steps 3] [--census]
 
 MODE: ``pynative`` | ``graph`` (process-wide). RUN: ``LEVEL:OPTIMIZER[:TASK]`` with LEVEL ``off``, ``L0``,
 ``L1`` or ``mix``, OPTIMIZER ``momentum`` or ``adamw``, TASK ``statistics`` (default) or ``tensor``.
-MODEL: a key of ``MODELS`` (default ``llama``). Every run builds the model afresh from the same seed
-and trains it on the same batches (tokens, or images and labels) with ``mindspore.value_and_grad``
-and the optimizer. Per run ``OUT/<LEVEL>-<OPTIMIZER>-<TASK>/`` gets ``result.json`` (float32 losses as hex bytes, the
-exception if one was raised, whether the model was released afterwards, attributes left patched),
-``grads_step<k>.npz`` (every parameter gradient of step k, raw arrays) and, with the dump on, ``dump/``
-(the dump path).
+NAME: a key of ``MODELS`` (``llama``, the default, ``glm2``, ``vit``, ``mobilenet``). Every run builds
+the model afresh from the same seed and trains it on the same batches (tokens, or images and labels)
+with ``mindspore.value_and_grad`` and the optimizer. Per run ``OUT/<LEVEL>-<OPTIMIZER>-<TASK>/`` gets
+``result.json`` (float32 losses as hex bytes, the exception if one was raised, whether the model was
+released afterwards, attributes left patched), ``grads_step<k>.npz`` (every parameter gradient of
+step k, raw arrays) and, with the dump on, ``dump/`` (the dump path).
 
 ``--census`` (PyNative only) first runs one training step without the dump and writes
 ``OUT/census.json``: every sub-Cell call and the Cell whose ``construct`` made it (forward pre-hooks
