@@ -13,7 +13,7 @@ updates, Dropout 0.2 before the classifier) trained 3 steps on batches of two 32
 cross-entropy and Momentum, with the dump off, at L0, L1 (statistics) and mix (tensor). All of them in
 PyNative and, except MobileNetV3 (see ``MODEL_MODES``), GRAPH_MODE. mindformers and mindcv run in a
 virtualenv of their own
-(``tests/thirdparty_venv.py``: created once, ~80-340 s, then reused);
+(``tests/thirdparty_venv.py``: created once, ~80-640 s, then reused);
 ``tests/scripts/thirdparty_worker.py`` trains every configuration of one model and mode in one process
 (all models and modes run at the same time). What is checked, per model and configuration:
 

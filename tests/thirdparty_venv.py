@@ -9,7 +9,7 @@ requires (NumPy, PyYAML, tqdm) is already there, and its metadata names no MindS
 ``numpy<2`` and ``mindspore==2.10.0`` are on every install command line so pip cannot move them.
 msprobe itself is installed editable from this checkout, with its dependencies.
 
-The venv is created once at ``<repo>/.venv-mindformers`` (~80-340 s, ~3.4 GB) and reused while its
+The venv is created once at ``<repo>/.venv-mindformers`` (~80-640 s, ~3.4 GB) and reused while its
 marker file exists; the marker is written last, so an interrupted creation is redone from scratch. The
 marker lists the third-party packages and msprobe's runtime requirements it was made with: when they
 change, only they are installed into the reused venv.
