@@ -1,16 +1,18 @@
-"""A virtualenv of its own for mindformers 2.0.0 (third-party model code for the invisibility test).
+"""A virtualenv of its own for mindformers 2.0.0 and mindcv 0.3.0 (third-party model code for the
+invisibility test).
 
 mindformers 2.0.0 is the last release that installs beside ``mindspore==2.10.0``, and only this way:
 ``pip install --no-deps mindformers==2.0.0``, then its requirements by hand with ``pyarrow<21`` (its
 own pin needs NumPy 2) and without ``hyper-parallel`` (not on the package registry; the worker puts
-a stand-in module on ``sys.path``). ``numpy<2`` and ``mindspore==2.10.0`` are on every install command
-line so pip cannot move them. msprobe itself is installed editable from this checkout, with its
-dependencies.
+a stand-in module on ``sys.path``). mindcv 0.3.0 is installed the same way, ``--no-deps``: what it
+requires (NumPy, PyYAML, tqdm) is already there, and its metadata names no MindSpore version.
+``numpy<2`` and ``mindspore==2.10.0`` are on every install command line so pip cannot move them.
+msprobe itself is installed editable from this checkout, with its dependencies.
 
-The venv is created once at ``<repo>/.venv-mindformers`` (~80 s, ~3.4 GB) and reused while its marker
-file exists; the marker is written last, so an interrupted creation is redone from scratch. The marker
-lists msprobe's runtime requirements it was made with: when they change, only they are installed
-into the reused venv.
+The venv is created once at ``<repo>/.venv-mindformers`` (~80-640 s, ~3.4 GB) and reused while its
+marker file exists; the marker is written last, so an interrupted creation is redone from scratch. The
+marker lists the third-party packages and msprobe's runtime requirements it was made with: when they
+change, only they are installed into the reused venv.
 
     python tests/thirdparty_venv.py        # create (or reuse) it and print its python
 """
@@ -28,6 +30,9 @@ MARKER = ".msprobe-complete"
 
 PINS = ["mindspore==2.10.0", "numpy<2"]
 MINDFORMERS = "mindformers==2.0.0"
+MINDCV = "mindcv==0.3.0"
+#: the model packages, installed with --no-deps (their requirements are installed first, by hand)
+MODEL_PACKAGES = [MINDFORMERS, MINDCV]
 #: mindformers 2.0.0's requirements, except pyarrow (pinned below 21 for NumPy 1) and hyper-parallel
 MINDFORMERS_REQUIREMENTS = [
     "setuptools>=83", "sentencepiece>=0.2.1", "ftfy>=6.1.1", "regex", "tqdm", "pyyaml", "jieba",
@@ -72,21 +77,22 @@ def ensure_venv(venv: str = VENV, repo: str = ROOT) -> tuple[str, float]:
     if is_ready(venv):
         with open(os.path.join(venv, MARKER), encoding="utf-8") as f:
             made_with = f.read()
-        if made_with != _marker_text():  # msprobe's requirements changed since the venv was made
+        if made_with != _marker_text():  # a package or msprobe's requirements changed since then
             _pip(venv, *PINS, *MSPROBE_REQUIREMENTS)
+            _pip(venv, "--no-deps", *MODEL_PACKAGES)
             _write_marker(venv)
         return python_of(venv), 0.0
     began = time.perf_counter()
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([_base_python(), "-m", "venv", venv], check=True)
     _pip(venv, *PINS, *MINDFORMERS_REQUIREMENTS, *MSPROBE_REQUIREMENTS)  # one resolution
-    _pip(venv, "--no-deps", MINDFORMERS, "-e", repo)
+    _pip(venv, "--no-deps", *MODEL_PACKAGES, "-e", repo)
     _write_marker(venv)
     return python_of(venv), time.perf_counter() - began
 
 
 def _marker_text() -> str:
-    return f"{MINDFORMERS} {' '.join(PINS)}\n{' '.join(MSPROBE_REQUIREMENTS)}\n"
+    return f"{' '.join(MODEL_PACKAGES)} {' '.join(PINS)}\n{' '.join(MSPROBE_REQUIREMENTS)}\n"
 
 
 def _write_marker(venv: str) -> None:

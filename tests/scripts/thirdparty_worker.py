@@ -1,23 +1,25 @@
 """Worker for tests/test_thirdparty.py: trains third-party model code (mindformers 2.0.0's
-``LlamaForCausalLM`` and ``ChatGLM2ForConditionalGeneration``) a few steps with the dump off and on, in
-one MindSpore mode, and writes what the test compares bit for bit.
+``LlamaForCausalLM`` and ``ChatGLM2ForConditionalGeneration``, mindcv 0.3.0's ``VisionTransformer`` and
+``mobilenet_v3_small_075``) a few steps with the dump off and on, in one MindSpore mode, and writes
+what the test compares bit for bit.
 
-    python thirdparty_worker.py MODE OUT RUN [RUN ...] [--model llama|glm2] [--steps 3] [--census]
+    python thirdparty_worker.py MODE OUT RUN [RUN ...] [--model NAME] [--steps 3] [--census]
 
 MODE: ``pynative`` | ``graph`` (process-wide). RUN: ``LEVEL:OPTIMIZER[:TASK]`` with LEVEL ``off``, ``L0``,
 ``L1`` or ``mix``, OPTIMIZER ``momentum`` or ``adamw``, TASK ``statistics`` (default) or ``tensor``.
-MODEL: a key of ``MODELS`` (default ``llama``). Every run builds the model afresh from the same seed
-and trains it on the same token batches with ``mindspore.value_and_grad`` and the optimizer. Per run
-``OUT/<LEVEL>-<OPTIMIZER>-<TASK>/`` gets ``result.json`` (float32 losses as hex bytes, the
-exception if one was raised, whether the model was released afterwards, attributes left patched),
-``grads_step<k>.npz`` (every parameter gradient of step k, raw arrays) and, with the dump on, ``dump/``
-(the dump path).
+NAME: a key of ``MODELS`` (``llama``, the default, ``glm2``, ``vit``, ``mobilenet``). Every run builds
+the model afresh from the same seed and trains it on the same batches (tokens, or images and labels)
+with ``mindspore.value_and_grad`` and the optimizer. Per run ``OUT/<LEVEL>-<OPTIMIZER>-<TASK>/`` gets
+``result.json`` (float32 losses as hex bytes, the exception if one was raised, whether the model was
+released afterwards, attributes left patched), ``grads_step<k>.npz`` (every parameter gradient of
+step k, raw arrays) and, with the dump on, ``dump/`` (the dump path).
 
 ``--census`` (PyNative only) first runs one training step without the dump and writes
-``OUT/census.json``: every sub-Cell call (forward pre-hooks) and every call that model code
-(mindformers functions and the ``construct`` of the model's Cells) makes into MindSpore
-(``sys.setprofile``), classified as a listed API (``support_wrap_ops.yaml``), a Primitive held by a
-Cell, or other, and every Primitive that model code creates during the step.
+``OUT/census.json``: every sub-Cell call and the Cell whose ``construct`` made it (forward pre-hooks
+and the Python stack; ``None`` for the root model), every call that model code (functions of the
+model's package and the ``construct`` of the model's Cells) makes into MindSpore (``sys.setprofile``),
+classified as a listed API (``support_wrap_ops.yaml``), a Primitive held by a Cell, or other, and every
+Primitive that model code creates during the step.
 
 ``THIRDPARTY_WORKER_REFERRERS=1`` prints what still refers to a model that was not released.
 
@@ -36,12 +38,14 @@ import sys
 import time
 import traceback
 import weakref
+from typing import Any, Callable, NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "stand_ins"))
 
 SEED = 1234
 BATCH, SEQ, VOCAB = 2, 32, 128
+IMAGE, CLASSES = 32, 10
 F32 = "float32"
 
 
@@ -99,15 +103,75 @@ def shifted(tokens) -> tuple:
     return ms.Tensor(tokens[:, :-1]), ms.Tensor(tokens[:, 1:])
 
 
-#: model name -> (builder of the network, its arguments from a (BATCH, SEQ + 1) token batch)
-MODELS = {"llama": (llama, whole), "glm2": (glm2, shifted)}
+def token_batches(steps: int) -> list:
+    """``steps`` (BATCH, SEQ + 1) int32 token batches (inputs and labels shifted by one; 0 is the pad
+    token)."""
+    import numpy as np
+
+    rng = np.random.RandomState(SEED)
+    return [rng.randint(1, VOCAB, (BATCH, SEQ + 1)).astype(np.int32) for _ in range(steps)]
+
+
+def image_batches(steps: int) -> list:
+    """``steps`` (images, labels) pairs: BATCH float32 NCHW images of IMAGE x IMAGE pixels in [0, 1)
+    and int32 labels below CLASSES."""
+    import numpy as np
+
+    rng = np.random.RandomState(SEED)
+    return [(rng.rand(BATCH, 3, IMAGE, IMAGE).astype(np.float32),
+             rng.randint(0, CLASSES, (BATCH,)).astype(np.int32)) for _ in range(steps)]
+
+
+def images(batch) -> tuple:
+    """The network's arguments: images and labels (``nn.WithLossCell`` takes both)."""
+    import mindspore as ms
+
+    return ms.Tensor(batch[0]), ms.Tensor(batch[1])
+
+
+def with_loss(backbone):
+    """A mindcv classifier trained as its own scripts do: cross-entropy over its logits."""
+    import mindspore as ms
+
+    return ms.nn.WithLossCell(backbone, ms.nn.CrossEntropyLoss())
+
+
+def vit():
+    """mindcv's ``VisionTransformer``: patch embedding (a strided Conv2d), a class token and position
+    embedding Parameters added in ``construct``, pre-norm attention blocks with LayerNorm and GELU."""
+    from mindcv.models.vit import VisionTransformer
+
+    return with_loss(VisionTransformer(image_size=IMAGE, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                       num_classes=CLASSES))
+
+
+def mobilenet():
+    """mindcv's ``mobilenet_v3_small_075``: depthwise convolutions, squeeze-and-excitation, hard-swish,
+    and BatchNorm, whose moving statistics (Parameters) the forward pass updates in training."""
+    from mindcv.models import create_model
+
+    return with_loss(create_model("mobilenet_v3_small_075", num_classes=CLASSES, pretrained=False))
+
+
+class Model(NamedTuple):
+    build: Callable[[], Any]        # the network, returning the loss
+    batches: Callable[[int], list]  # steps -> one batch per step
+    arguments: Callable[[Any], tuple]  # a batch -> the network's arguments
+    package: str                    # the package whose code the census counts as model code
+
+
+#: model name -> how it is built and fed
+MODELS = {"llama": Model(llama, token_batches, whole, "mindformers"),
+          "glm2": Model(glm2, token_batches, shifted, "mindformers"),
+          "vit": Model(vit, image_batches, images, "mindcv"),
+          "mobilenet": Model(mobilenet, image_batches, images, "mindcv")}
 
 
 def build(optimizer: str, model: str):
     import mindspore as ms
 
     ms.set_seed(SEED)
-    net = MODELS[model][0]()
+    net = MODELS[model].build()
     net.set_train(True)
     params = net.trainable_params()
     if optimizer == "momentum":
@@ -115,14 +179,6 @@ def build(optimizer: str, model: str):
     else:
         opt = ms.nn.AdamWeightDecay(params, learning_rate=1e-2, weight_decay=0.01)
     return net, opt
-
-
-def token_batches(steps: int):
-    import numpy as np
-
-    rng = np.random.RandomState(SEED)
-    # SEQ + 1 tokens per row: inputs and labels shifted by one; 0 is the pad token
-    return [rng.randint(1, VOCAB, (BATCH, SEQ + 1)).astype(np.int32) for _ in range(steps)]
 
 
 def _watched_attributes():
@@ -144,7 +200,7 @@ def train(model: str, level: str, optimizer: str, task: str, steps: int, run_dir
     before = {k: vars(o).get(a, getattr(o, a)) for k, (o, a) in watched.items()}
     result = {"run": os.path.basename(run_dir), "losses": [], "error": None, "seconds": []}
     net, opt = build(optimizer, model)
-    arguments = MODELS[model][1]
+    arguments = MODELS[model].arguments
     debugger = None
     if level != "off":
         from msprobe.mindspore import PrecisionDebugger
@@ -153,11 +209,11 @@ def train(model: str, level: str, optimizer: str, task: str, steps: int, run_dir
     grad_fn = ms.value_and_grad(net, None, opt.parameters)
     names = [p.name for p in opt.parameters]
     try:
-        for step, tokens in enumerate(token_batches(steps)):
+        for step, batch in enumerate(MODELS[model].batches(steps)):
             began = time.perf_counter()
             if debugger is not None:
                 debugger.start(net)
-            loss, grads = grad_fn(*arguments(tokens))
+            loss, grads = grad_fn(*arguments(batch))
             opt(grads)
             result["losses"].append(np.asarray(loss.asnumpy(), dtype=np.float32).tobytes().hex())
             np.savez(os.path.join(run_dir, f"grads_step{step}.npz"),
@@ -218,6 +274,7 @@ def census(model: str, out: str) -> None:
     net, opt = build("momentum", model)
     cells = {id(cell): (name, type(cell).__name__) for name, cell in net.cells_and_names() if name}
     model_cells = {id(cell) for _, cell in net.cells_and_names()}
+    package = MODELS[model].package
     held = {}  # id(Primitive) -> (attribute, class name), as the Cells hold them
     for _, cell in net.cells_and_names():
         for attr, value in vars(cell).items():
@@ -225,17 +282,27 @@ def census(model: str, out: str) -> None:
                 held.setdefault(id(value), (attr, type(value).__name__))
     codes, tensor_methods = _listed_apis()
     cell_calls = collections.Counter()
+    callers = collections.defaultdict(set)  # Cell key -> keys of the Cells whose construct called it
+    keys = {id(cell): f"{name}.{type(cell).__name__}" for name, cell in net.cells_and_names() if name}
+
+    def entered(key) -> None:
+        cell_calls.update([key])
+        frame = sys._getframe(1)
+        while frame is not None and not (frame.f_code.co_name == "construct" and
+                                         id(frame.f_locals.get("self")) in model_cells):
+            frame = frame.f_back
+        callers[key].add(None if frame is None else keys.get(id(frame.f_locals["self"])))
+
     for name, cell in net.cells_and_names():
         if name:
-            cell.register_forward_pre_hook(lambda c, args, key=f"{name}.{type(cell).__name__}":
-                                           cell_calls.update([key]))
+            cell.register_forward_pre_hook(lambda c, args, key=keys[id(cell)]: entered(key))
     listed, primitives, other = collections.Counter(), collections.Counter(), collections.Counter()
     created = collections.Counter()
 
     def is_model_frame(frame) -> bool:
         if frame is None:
             return False
-        if str(frame.f_globals.get("__name__", "")).startswith("mindformers"):
+        if str(frame.f_globals.get("__name__", "")).startswith(package):
             return True
         return id(frame.f_locals.get("self")) in model_cells and frame.f_code.co_name == "construct"
 
@@ -270,7 +337,7 @@ def census(model: str, out: str) -> None:
                 listed[f"Tensor.{name}"] += 1
 
     grad_fn = ms.value_and_grad(net, None, opt.parameters)
-    arguments = MODELS[model][1](token_batches(1)[0])
+    arguments = MODELS[model].arguments(MODELS[model].batches(1)[0])
     sys.setprofile(profile)
     try:
         loss, grads = grad_fn(*arguments)
@@ -278,7 +345,8 @@ def census(model: str, out: str) -> None:
         sys.setprofile(None)
     opt(grads)
     with open(os.path.join(out, "census.json"), "w", encoding="utf-8") as f:
-        json.dump({"cells": cell_calls, "listed": listed, "primitives": primitives, "other": other,
+        json.dump({"cells": cell_calls, "callers": {k: sorted(v, key=str) for k, v in callers.items()},
+                   "listed": listed, "primitives": primitives, "other": other,
                    "created_primitives": created,
                    "parameters": len(opt.parameters), "loss": float(loss.asnumpy())}, f, indent=1)
 
@@ -292,7 +360,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--census", action="store_true")
     args = ap.parse_args()
-    faulthandler.dump_traceback_later(600, exit=True)  # a hang shows where, then ends the run
+    # a hang shows where, then ends the run. A GRAPH_MODE mindformers worker needs ~60 s of CPU, and
+    # 590-600 s on the shared 2-core machine at load average ~20 (2026-12-03)
+    faulthandler.dump_traceback_later(900, exit=True)
     runs = [parse_run(spec) for spec in args.runs]
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -303,7 +373,8 @@ def main() -> None:
     ms.set_device("CPU")
     ms.runtime.launch_blocking()
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
-    import mindformers  # noqa: F401  (logs its INFO lines once, here)
+    if MODELS[args.model].package == "mindformers":
+        import mindformers  # noqa: F401  (logs its INFO lines once, here)
 
     if args.census:
         census(args.model, out)
