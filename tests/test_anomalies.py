@@ -14,6 +14,7 @@ from mindspore import Tensor, nn, ops
 
 import msprobe.dump
 from conftest import load_step
+from msprobe.compare import nan_producer
 from msprobe.read.report import read_report
 
 
@@ -97,6 +98,51 @@ def test_first_nan_producer_is_the_cell_that_made_it(make_debugger, dump_dir, le
     text = msprobe.dump.summarize(dump_dir)
     assert "first producer of a non-finite value (inputs finite, output not): step0/" in text
     assert text.rstrip().endswith(report["first_producer"])
+
+
+class SqrtGrad(nn.Cell):
+    """A custom bprop that makes a NaN from finite values: ``sqrt(dout - 10)``."""
+
+    def construct(self, x):
+        return x * 2
+
+    def bprop(self, x, out, dout):
+        return (ops.sqrt(dout - 10.0),)
+
+
+class BpropNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(4, 4)
+        self.sg = SqrtGrad()
+
+    def construct(self, x):
+        return self.sg(self.fc(x)).sum()
+
+
+@pytest.mark.parametrize("watch", [False, True])
+def test_a_nan_made_in_a_custom_bprop_is_named_in_that_cells_backward(make_debugger, dump_dir, watch):
+    """The calls a Cell's custom bprop makes run in that Cell's backward: construct.json gives them
+    its backward entry as parent, so the NaN producer among them is named with that Cell (anomalies,
+    first-diff's Cell path, watch mode's "cell")."""
+    ms.set_seed(0)
+    net = BpropNet()
+    debugger = make_debugger(task="statistics", level="mix", **({"watch": {}} if watch else {}))
+    debugger.start(net)
+    ms.value_and_grad(net, None, net.trainable_params())(Tensor(np.ones((2, 4), np.float32)))
+    debugger.stop()
+    debugger.step()
+    d, dump = load_step(dump_dir)
+    bwd = "Cell.sg.SqrtGrad.backward.0"
+    assert dump.construct["Tensor.__sub__.0.forward"] == dump.construct["Functional.sqrt.0.forward"] == bwd
+    assert dump.construct["Tensor.__mul__.0.forward"] == "Cell.sg.SqrtGrad.forward.0"
+    assert dump.construct[bwd] is None and dump.construct["Tensor.sum.0.forward"] is None
+    report = read_report(d, "anomalies.json")
+    assert report["first_producer"] == "Functional.sqrt.0.forward"
+    if watch:
+        assert report["producer"] == "Functional.sqrt.0.forward" and report["cell"] == bwd
+    (found,) = nan_producer(dump_dir)
+    assert found.entry == "Functional.sqrt.0.forward" and found.cell_path == [bwd]
 
 
 def test_finite_step_writes_no_reports(make_debugger, dump_dir):

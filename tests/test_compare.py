@@ -16,13 +16,16 @@ import sys
 from collections import Counter
 
 import mindspore as ms
+import numpy as np
 import pytest
+from mindspore import Tensor, nn, ops
 
 from compare_dumps import make_dump
 from msprobe.compare import compare, first_divergence, nan_producer
 from msprobe.dump import load_stacks
 from msprobe.format.naming import direction_of
 from msprobe.compare.engine import columns
+from msprobe.compare.html import build_context
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -249,6 +252,74 @@ def test_first_divergence_names_the_changed_op(dumps):
     verdicts = {r["NPU Name"].rsplit(".", 2)[0]: r["Gain Verdict"] for r in rows}
     assert verdicts["Functional.gelu.0.forward"] == "grows"
     assert verdicts["Cell.fc2.Dense.forward.0"] == "carried"  # carries gelu's error, not blamed
+
+
+class _CastNet(nn.Cell):
+    """Dense(4, 3), then ``ops.cast`` of its Float32 output to ``dtype``: the cast's tensor input is
+    the same Float32 tensor in a Float16 run and a Float32 one, its output is rounded in the first."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.fc = nn.Dense(4, 3)
+        self.dtype = dtype
+
+    def construct(self, x):
+        return ops.cast(self.fc(x), self.dtype)
+
+
+def _cast_dump(root, name, dtype) -> str:
+    from msprobe.mindspore import PrecisionDebugger
+
+    ms.set_seed(0)
+    net = _CastNet(dtype)
+    dump_path = str(root / name)
+    debugger = PrecisionDebugger(dump_path=dump_path, level="mix")
+    debugger.start(net)
+    net(Tensor(np.random.RandomState(1).randn(2, 4).astype(np.float32)))
+    debugger.stop()
+    debugger.step()
+    return dump_path
+
+
+def _report_nodes(nodes):
+    for node in nodes:
+        yield node
+        yield from _report_nodes(node["children"])
+
+
+def test_error_gain_is_shown_only_where_it_means_something(dumps, tmp_path):
+    """``Error Gain`` of an entry that passes while its inputs carry no error (a cast to Float16 of
+    the same Float32 tensor: rounded within tolerance) is N/A in the CSV and xlsx, null in the API
+    rows, absent from the HTML report; ``inf`` stays where an output fails over inputs that carry
+    no error (the changed ``mint.mul`` factor), written alike in CSV, xlsx, HTML and JSON."""
+    from openpyxl import load_workbook
+
+    half, full = _cast_dump(tmp_path, "half", ms.float16), _cast_dump(tmp_path, "full", ms.float32)
+    cases = {"cast": (half, full, "Functional.cast.0.forward", "N/A", ""),
+             "factor": (dumps["factor"], dumps["base"], "Mint.mul.0.forward", "inf", "inf")}
+    for name, (target, golden, entry, written, in_html) in cases.items():
+        out = tmp_path / name
+        cli("compare", "-tp", target, "-gp", golden, "-o", str(out), "--xlsx", check_code=0)
+        (csv_path,) = glob.glob(str(out / "compare_result_*.csv"))
+        with open(csv_path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["NPU Name"].startswith(entry + ".")]
+        sheet = load_workbook(csv_path[:-4] + ".xlsx", read_only=True).active
+        head = [c.value for c in next(sheet.iter_rows(max_row=1))]
+        cells = [dict(zip(head, (c.value for c in row))) for row in sheet.iter_rows(min_row=2)]
+        cells = [c for c in cells if str(c["NPU Name"]).startswith(entry + ".")]
+        api = [r for r in compare(target, golden) if r["NPU Name"].startswith(entry + ".")]
+        assert rows and len(cells) == len(rows) == len(api)
+        assert {r["Error Gain"] for r in rows} == {c["Error Gain"] for c in cells} == {written}
+        assert {r["Error Gain"] for r in api} == ({None} if written == "N/A" else {math.inf})
+        output = next(r for r in rows if r["NPU Name"] == entry + ".output.0")
+        assert float(output["Max diff"]) != 0.0  # the output does differ: the gain is of a real error
+        verdict = {"cast": "pass", "factor": "grows"}[name]
+        assert {r["Gain Verdict"] for r in rows} == {verdict} and output["Result"] == (
+            "pass" if verdict == "pass" else "error")
+        nodes = {n["name"]: n for n in _report_nodes(build_context(target, golden)["roots"])}
+        assert nodes[entry]["gain"] == in_html and nodes[entry]["verdict"] == verdict
+    data = json.loads(cli("first-diff", dumps["factor"], dumps["base"], "--json", check_code=1).stdout)
+    assert data["divergences"][0]["entry"] == "Mint.mul.0.forward" and data["divergences"][0]["gain"] == "inf"
 
 
 def test_first_divergence_inside_a_cell_names_the_innermost_call(dumps):

@@ -258,12 +258,17 @@ def test_scope_applies_in_every_step(tmp_path):
 @pytest.mark.parametrize("level,scope,said", [
     ("L1", ["Functional.relu.9.forward", "Mint.mul.0.forward"], "scope start 'Functional.relu.9.forward'"),
     ("L0", ["Cell.fc1.Dense.forward.0", "Cell.fc9.Dense.forward.0"], "scope end 'Cell.fc9.Dense.forward.0'"),
+    ("L1", ["Functional.relu.9.forward", "Functional.nope.0.forward"],
+     "scope start 'Functional.relu.9.forward' and end 'Functional.nope.0.forward' matched no call"),
+    ("L0", ["Cell.fc9.Dense.forward.0", "Cell.fc8.Dense.forward.0"],
+     "scope start 'Cell.fc9.Dense.forward.0' and end 'Cell.fc8.Dense.forward.0' matched no call"),
     ("mix", ["Functional.relu.0.forward", "Cell.fc2.Dense.forward.0"], None),
     ("L0", ["Cell.fc2.Dense.forward.0", "Cell.fc3.Dense.forward.0"], None),
 ])
 def test_scope_bound_matching_no_call_warns(tmp_path, caplog, level, scope, said):
-    """A scope start (or end) that names no call of the step is said once at the step's end, naming
-    the value, like a list that names nothing; bounds that match say nothing."""
+    """A scope start or end (or both) that names no call of the step is said once at the step's end,
+    naming each bound that matched nothing, like a list that names nothing; bounds that match say
+    nothing."""
     with caplog.at_level(logging.WARNING, logger="msprobe"):
         _dump(tmp_path, level, {"scope": scope})
     warned = [r.getMessage() for r in caplog.records if "scope" in r.getMessage()]
@@ -271,6 +276,8 @@ def test_scope_bound_matching_no_call_warns(tmp_path, caplog, level, scope, said
         assert warned == []
     else:
         assert len(warned) == 1 and said in warned[0] and "matched no call of this step" in warned[0]
+        for i, which in enumerate(("start", "end")):  # each bound that matched nothing, and only those
+            assert (f"{which} {scope[i]!r}" in warned[0]) == (scope[i] in said)
 
 
 @pytest.mark.parametrize("level,scope,field", [

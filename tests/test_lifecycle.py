@@ -471,6 +471,45 @@ def test_program_ending_without_stop_marks_step_abnormal(tmp_path, mode, level, 
     assert d.header.get("abnormal") == abnormal
 
 
+@pytest.mark.parametrize("mode, level, normal", [
+    ("GRAPH_MODE", "L1", True),
+    ("GRAPH_MODE", "L0", True),
+    ("GRAPH_MODE", "mix", True),
+    ("PYNATIVE_MODE", "L1", False),   # PyNative: step() without stop() means stop() was skipped
+])
+def test_step_alone_ends_a_graph_mode_step_at_every_level(tmp_path, mode, level, normal):
+    """The README's static-graph loop, start(model) -> ms.grad(model)(x) -> step() without stop():
+    in GRAPH_MODE every level writes each step as a normal one (no "abnormal", no WARNING); under
+    PyNative the same loop marks each step abnormal and says so once."""
+    script = tmp_path / "loop.py"
+    dump = tmp_path / "dump"
+    script.write_text(textwrap.dedent(f"""
+        import numpy as np, mindspore as ms
+        from mindspore import nn, Tensor
+        ms.set_context(mode=ms.{mode}); ms.set_device("CPU")
+        from msprobe.mindspore import PrecisionDebugger
+        debugger = PrecisionDebugger(dump_path={str(dump)!r}, level={level!r})
+        model = nn.SequentialCell(nn.Dense(4, 8), nn.ReLU(), nn.Dense(8, 3))
+        for _ in range(2):
+            debugger.start(model)
+            ms.grad(model)(Tensor(np.ones((2, 4), np.float32)))
+            debugger.step()
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = out.stderr.count("step() was called while step 0 was still recording (no stop() after start())")
+    assert said == (0 if normal else 1), out.stderr[-2000:]
+    for step in (0, 1):
+        d = msprobe.dump.load(only_step_dir(str(dump), step))
+        assert d.complete and d.data  # L1 in GRAPH_MODE: the compiled Jit.after_grad call
+        if normal:
+            assert "abnormal" not in d.header
+        else:
+            assert d.header["abnormal"].startswith("step() called without stop()")
+    summary = msprobe.dump.summarize(str(dump))
+    assert ("ABNORMAL" in summary) != normal
+
+
 def test_gc_threshold_widened_only_while_capturing(make_debugger, dump_dir):
     """gc_window: the gen-0 threshold is raised from start() to stop() and restored exactly; a value
     the user sets meanwhile is kept; steps that are not dumped change nothing."""

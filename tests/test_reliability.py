@@ -244,6 +244,31 @@ def test_dump_path_parent_missing(tmp_path):
     assert not os.path.exists(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("below", [("sub",), ("sub", "dump")])
+def test_dump_path_under_a_file_says_it_is_a_file(tmp_path, below):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    bad = str(afile.joinpath(*below))
+    with pytest.raises(ConfigError) as err:
+        PrecisionDebugger(dump_path=bad, level="L1")
+    text = str(err.value)
+    assert text.startswith("config field 'dump_path'") and repr(bad) in text
+    assert f"{str(afile)!r} is a file, not a directory" in text and "does not exist" not in text
+    assert afile.read_text() == "x"
+
+
+def test_dump_path_that_is_a_file_says_so(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError) as err:
+        PrecisionDebugger(dump_path=str(afile), level="L1")
+    text = str(err.value)
+    assert text.startswith("config field 'dump_path'") and repr(str(afile)) in text
+    assert f"{str(afile)!r} is an existing file, not a directory" in text and "Errno" not in text
+    assert text.endswith("allowed: a writable directory (existing or to be created)")
+    assert afile.read_text() == "x"
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="runs as root: root ignores directory permissions, so a "
                                               "chmod 555 parent is still writable")
 def test_dump_path_parent_read_only(tmp_path):

@@ -59,6 +59,9 @@ class EntryResult:
     golden: Optional[str]
     match: str
     records: List[J.Judged]
+    #: largest output error / largest input error; ``inf`` when an output fails and the inputs carry
+    #: no error (the difference starts here); ``None`` when the outputs carry no error, or when they
+    #: pass and the inputs carry none (``Error Gain`` is then ``N/A``)
     gain: Optional[float]
     result: str                   # pass, warning, error, unmatched: worst record
     verdict: str                  # pass, grows, carried, unmatched (the Gain Verdict column)
@@ -370,6 +373,8 @@ def _entry_result(t_name, g_name, how, judged, thresholds, upstream: Optional[In
         # the runs differ in precision, its inputs differ by no more than the lower precision allows,
         # and it does not amplify that: a difference of precision
         limited = True
+    if verdict == J.PASS and in_err == 0:  # an error within tolerance over none: no gain to show
+        gain = None
     return EntryResult(t_name, g_name, how, judged, gain, result, verdict, agree, exact, limited,
                        None if lower is None else dtypes or dtype_pair(outs))
 

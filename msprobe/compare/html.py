@@ -47,6 +47,11 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _gain_text(gain: float) -> str:
+    """An entry's error gain as the CSV, xlsx and JSON outputs write it (``inf``, not ``Inf``)."""
+    return "inf" if math.isinf(gain) else _fmt(gain)
+
+
 def _anomaly_step(dump, options) -> Optional[int]:
     """Without ``--step``: the step of the first step/rank directory (of the ``--rank`` asked for)
     holding ``anomalies.json``, or ``None`` when none does (the report then shows the first step)."""
@@ -116,7 +121,7 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                        "brief": (outs or records or [None])[0],
                        "result": entry.result if entry else "", "verdict": entry.verdict if entry else "",
                        "match": entry.match if entry else "", "golden": entry.golden if entry else None,
-                       "gain": _fmt(entry.gain) if entry and entry.gain is not None else "",
+                       "gain": _gain_text(entry.gain) if entry and entry.gain is not None else "",
                        "stack": frame_lines(frames), "source": source_line(frames),
                        "nonfinite": any(r["bad"] for r in records)}
     if first_div is not None and first_div.entry in nodes:

@@ -99,17 +99,19 @@ class Selector:
         return any(item in entry for item in self.items)
 
     def unmatched_scope(self) -> str | None:
-        """What went wrong with ``scope`` in this step, for a warning at its end: its start (or end)
-        name matched no call of the step; None when both matched or there is no scope."""
+        """What went wrong with ``scope`` in this step, for a warning at its end: each bound (start,
+        end) that matched no call of the step, and what that did; None when both matched or there
+        is no scope."""
         if not self.scope:
             return None
-        if 0 not in self._met:
-            return (f"the config's scope start {self.scope[0]!r} matched no call of this step, so the "
-                    "scope never opened and nothing was selected")
-        if 1 not in self._met:
-            return (f"the config's scope end {self.scope[1]!r} matched no call of this step, so the "
-                    "scope stayed open to the step's end")
-        return None
+        missed = [f"{which} {self.scope[i]!r}" for i, which in enumerate(("start", "end"))
+                  if i not in self._met]
+        if not missed:
+            return None
+        effect = ("the scope never opened and nothing was selected" if 0 not in self._met
+                  else "the scope stayed open to the step's end")
+        return (f"the config's scope {' and '.join(missed)} matched no call of this step, so "
+                f"{effect}")
 
     def note_backward(self, cell_prefix: str) -> None:
         """The backward entry of a call of Cell ``cell_prefix`` was selected in this step."""

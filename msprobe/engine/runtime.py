@@ -301,6 +301,12 @@ class Runtime:
         writer = self.writer
         return writer.directory if writer is not None and not writer.closed else None
 
+    @property
+    def step_in_graph_mode(self) -> bool:
+        """Whether the open step was opened in GRAPH_MODE (its ``dump.json`` says ``"mode":
+        "GRAPH_MODE"``)."""
+        return self._graph_mode
+
     def tool_error(self, message: str, key=None) -> None:
         """Report a failure of the tool itself (the training goes on): written to the step's
         ``dump_error_info.log`` the first time ``key`` (default: the message) is seen in the process;

@@ -46,17 +46,34 @@ def _check_non_negative_int(name: str, value) -> int:
 
 
 def _prepare_dump_path(path: str) -> None:
-    """Create ``dump_path``; a missing or read-only parent is refused before training starts."""
+    """Create ``dump_path``; a missing or read-only parent, a parent that is a file and a path that
+    is a file are refused before training starts (:class:`ConfigError` naming ``dump_path``)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError("dump_path", path, "a writable directory (existing or to be created)",
+                          reason=f"{path!r} is an existing file, not a directory")
     parent = os.path.dirname(path.rstrip(os.sep)) or "."
     if not os.path.isdir(parent):
-        raise ConfigError("dump_path", path, "a path whose parent directory exists",
-                          reason=f"parent directory {parent!r} does not exist")
+        blocker = _existing_ancestor(parent)
+        reason = (f"{blocker!r} is a file, not a directory" if os.path.exists(blocker)
+                  and not os.path.isdir(blocker) else f"parent directory {parent!r} does not exist")
+        raise ConfigError("dump_path", path, "a path whose parent directory exists", reason=reason)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise ConfigError("dump_path", path, "a writable directory", reason=str(exc)) from exc
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError("dump_path", path, "a writable directory", reason="permission denied")
+
+
+def _existing_ancestor(path: str) -> str:
+    """``path`` or its nearest ancestor that exists (a directory, or a file standing where a
+    directory of the path should be)."""
+    while not os.path.exists(path):
+        up = os.path.dirname(path)
+        if up == path:
+            break
+        path = up
+    return path
 
 
 class PrecisionDebugger:

@@ -574,9 +574,10 @@ class DumpService:
         directory = rt.step_dir
         step = rt.step
         exc = sys.exc_info()[1]
-        # step() while recording: stop() was skipped, usually by an exception; in GRAPH_MODE the
-        # seed's own examples end the step with step() alone
-        if self.active and (exc is not None or not (self._graph and self._graph.graph_mode)):
+        # step() while recording: stop() was skipped, usually by an exception; in GRAPH_MODE (any
+        # level) the seed's own examples end the step with step() alone
+        graph_mode = (self._graph and self._graph.graph_mode) or rt.step_in_graph_mode
+        if self.active and (exc is not None or not graph_mode):
             self.note_abnormal(f"step() called without stop(){': ' + repr(exc) if exc else ''} "
                                "(an exception in the step?); records up to that point are kept")
             if rt.first_time(("step without stop",)):

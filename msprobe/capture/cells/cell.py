@@ -267,13 +267,15 @@ class CellCapture:
                     if rt.selector.selects(bwd):
                         rt.selector.note_backward(prefix)
                         probe = BackwardProbe(rt, bwd, self.bwd_in, self.bwd_out)
-                        if bprop_probes is not None:  # custom bprop: the bprop wrapper records both sides
-                            bprop_probes.append(probe)
-                            probe = None
-                        elif self.bwd_out:
+                        if bprop_probes is None and self.bwd_out:
                             first = first_grad_input(args)
                             if first is not None:  # every node the Cell makes from now on is newer
                                 mark = watermark(first)
+                    if bprop_probes is not None:
+                        # custom bprop: its wrapper records both sides (a selected backward) and is
+                        # the parent of the calls the bprop makes (every backward)
+                        bprop_probes.append((rt.step_token, bwd, probe))
+                        probe = None
                 stack.append(fwd)
                 frames().append((fwd, probe, selected, mark))
                 entered = None
@@ -345,10 +347,13 @@ class CellCapture:
         ``construct`` wrapper (it runs once per hooked call, inside ``Cell.__call__``). Backward:
         an instance-level ``bprop`` wrapper records ``dout`` as backward ``input`` and the bprop's
         return value as backward ``output``. Backward calls are matched to forward calls last-in
-        first-out (reverse execution order).
+        first-out (reverse execution order). While the bprop runs, the Cell's backward entry is the
+        innermost Cell call: the calls the bprop makes have it as ``construct.json`` parent.
         """
         rt = self.rt
-        probes: list = []  # BackwardProbe per forward call under grad, matched LIFO in bprop
+        #: (step token, backward entry, BackwardProbe or None when that entry is not selected) per
+        #: forward call under grad, matched LIFO in bprop
+        probes: list = []
         armed = [0]  # hooked calls whose construct has not returned yet
         pre = self._pre_hook(prefix, probes)
         post = self._post_hook(prefix)
@@ -356,8 +361,8 @@ class CellCapture:
         def armed_pre_hook(c, args, kwargs):
             armed[0] += 1
             token = rt.step_token
-            if probes and probes[0].token != token:  # forward without backward, earlier step
-                probes[:] = [p for p in probes if p.token == token]
+            if probes and probes[0][0] != token:  # forward without backward, earlier step
+                probes[:] = [p for p in probes if p[0] == token]
             return pre(c, args, kwargs)
 
         pre_handle = cell.register_forward_pre_hook(armed_pre_hook, with_kwargs=True)
@@ -379,8 +384,16 @@ class CellCapture:
         construct.__wrapped__ = orig_construct
 
         def bprop(*args):
-            result = orig_bprop(*args)
-            probe = probes.pop() if probes else None
+            token, bwd, probe = probes.pop() if probes else (None, None, None)
+            # the calls the bprop makes run in this Cell's backward: their construct.json parent
+            stack = rt.cell_stack if token is not None and token == rt.step_token else None
+            if stack is not None:
+                stack.append(bwd)
+            try:
+                result = orig_bprop(*args)
+            finally:
+                if stack and stack[-1] == bwd:
+                    stack.pop()
             if probe is not None and rt.records_data:
                 rt.enter()
                 try:
