@@ -130,10 +130,12 @@ class _Direct:
     def param_grad(self, entry: str, pname: str, grad) -> None:
         self._param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray) else grad)
 
-    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
+    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None, layout=None) -> None:
         """``data[entry][key]``: the probe's arrays (``None`` items stay ``None``) as host Tensors;
-        with ``keys``, ``[{key: tensor}]``."""
-        self.data(entry, key, _wrapped([None if a is None else Tensor.from_numpy(a) for a in arrays], keys),
+        with ``keys``, ``[{key: tensor}]``; with ``layout``, placed as the arguments were
+        (:func:`_arranged`)."""
+        tensors = [None if a is None else Tensor.from_numpy(a) for a in arrays]
+        self.data(entry, key, _wrapped(tensors, keys) if layout is None else _arranged(tensors, layout, _same),
                   category)
 
 
@@ -185,14 +187,15 @@ class _Batch:
         else:
             self.described(entry, pname, list(slots), slots)
 
-    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
+    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None, layout=None) -> None:
         """As :meth:`_Direct.arrays`, the arrays described straight into statistics slots
         (:func:`msprobe.tensors.hotpath.host_slots`: the leaves of their host Tensors, without making
         them) when the extension reads them all, else as host Tensors."""
         present = [a for a in arrays if a is not None]
         slots = hotpath.host_slots(present)
         if slots is None:
-            self.data(entry, key, _wrapped([None if a is None else Tensor.from_numpy(a) for a in arrays], keys),
+            tensors = [None if a is None else Tensor.from_numpy(a) for a in arrays]
+            self.data(entry, key, _wrapped(tensors, keys) if layout is None else _arranged(tensors, layout, _same),
                       category)
             return
         if len(present) < len(arrays):
@@ -200,7 +203,8 @@ class _Batch:
             described = [None if a is None else next(made) for a in arrays]
         else:
             described = list(slots)
-        self.described(entry, key, _wrapped(described, keys), slots)
+        self.described(entry, key, _wrapped(described, keys) if layout is None else
+                       _arranged(described, layout, _scalar_leaf), slots)
 
 
 #: most drain recipes a capture keeps (graphs with different reports: shapes of a dynamic input, ...)
@@ -239,10 +243,23 @@ class _Recording(_Batch):
                 keys = tuple(value[0])
                 places = [slot_place(v) for v in value[0].values()]
                 return None if None in places else ("d", keys, places)
+            if type(value) is list and any(type(v) is list or type(v) is dict for v in value):
+                tree = nested(value)  # arguments placed by their layout (_arranged)
+                return None if tree is None else ("n", tree)
             if type(value) is list:
                 places = [-1 if v is None else slot_place(v) for v in value]
                 return None if None in places else ("s", places)
             return None
+
+        def nested(value):
+            if value is None:
+                return -1
+            if type(value) is list:
+                items = [nested(v) for v in value]
+                return None if None in items else items
+            if type(value) is dict:  # a scalar's leaf (_scalar_leaf)
+                return ("v", value["type"], value["value"])
+            return slot_place(value)
 
         def slot_place(slot):
             where = self.origin.get(id(getattr(slot, "tensor", None)))
@@ -347,6 +364,51 @@ def _wrapped(values: list, keys):
     return values if keys is None else [dict(zip(keys, values))]
 
 
+def _layout_tensors(layout) -> int:
+    """How many Tensors an argument layout (:func:`msprobe.capture.cells.graph_probes.arguments_layout`)
+    holds."""
+    n = 0
+    for item in layout:
+        if type(item) is int:
+            n += 1
+        elif type(item) is tuple and item[0] == "n":
+            n += _layout_tensors(item[1:])
+    return n
+
+
+def _arranged(values: list, layout, scalar) -> list:
+    """The probe's Tensors ``values`` (flat, in order) placed as the positional arguments were
+    (``layout``: :func:`msprobe.capture.cells.graph_probes.arguments_layout`): a nested list for a
+    tuple or list argument, ``None`` for ``None`` and any value not known when the graph compiled,
+    ``scalar(v)`` for a ``bool``/``int``/``float``/``str`` constant ``v``; Tensors beyond the probe's
+    :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` are ``None``."""
+    taken = iter(values)
+
+    def build(items):
+        placed = []
+        for item in items:
+            if type(item) is int:
+                placed.append(next(taken, None))
+            elif item is None:
+                placed.append(None)
+            elif item[0] == "n":
+                placed.append(build(item[1:]))
+            else:
+                placed.append(scalar(item[1]))
+        return placed
+
+    return build(layout)
+
+
+def _scalar_leaf(value) -> dict:
+    """The ``dump.json`` value of a Python ``bool``/``int``/``float``/``str`` (as the describer makes it)."""
+    return {"type": type(value).__name__, "value": value}
+
+
+def _same(value):
+    return value
+
+
 class GraphCellCapture:
     """Installs the probes and turns their reports into records.
 
@@ -383,7 +445,10 @@ class GraphCellCapture:
         self.param_leaves: dict = {}
         self._own_parameters = None  # [(id(cell), [(short name, Parameter)])] of the probed Cells
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
-        self._kinds_seen = 0  # how many (prefix, n, keys) _output_kinds holds (part of a drain's key)
+        #: (prefix, n tensors) -> {positional arguments' layout or None} (compile time, _note_inputs)
+        self._input_layouts = defaultdict(set)
+        #: how many (prefix, n, keys) _output_kinds and _input_layouts hold (part of a drain's key)
+        self._kinds_seen = 0
         #: the records of a step's first drain by what its reports are (:meth:`_drain_key`): a graph
         #: run again reports the same calls, so their names, edges and state are made once
         self._recipes: dict = {}
@@ -587,7 +652,7 @@ class GraphCellCapture:
         if backward:
             sink.selector.note_backward(prefix)
         if selected and self.fwd_in:
-            sink.arrays(fwd, "input_args", arrays, "input")
+            sink.arrays(fwd, "input_args", arrays, "input", layout=self._input_layout(prefix, len(arrays)))
             sink.data(fwd, "input_kwargs", {}, "kwargs")
         self.stack.append(fwd)
         self.open[prefix].append((fwd, selected, parent, backward))
@@ -659,7 +724,8 @@ class GraphCellCapture:
             whole = not any(id(sub) in probed for name, sub in cell.cells_and_names() if name)
             undo.append(_set_construct(cell, graph_probes.make_construct(
                 self._observers, marks, self._code(len(self._probed)), whole,
-                _too_many(prefix, "input"), _too_many(prefix, "output"), self._note_keys(prefix))))
+                _too_many(prefix, "input"), _too_many(prefix, "output"), self._note_keys(prefix),
+                self._note_inputs(prefix))))
             self._probed.append((prefix, cell))
         if self.param_grads and not graph_mode:
             self._hook_parameters(cells, undo)
@@ -719,6 +785,32 @@ class GraphCellCapture:
                 self._kinds_seen += 1
             return n
         return note_keys
+
+    def _note_inputs(self, prefix: str):
+        """The compile-time note (``mindspore.ops.constexpr``) of the structure of a Cell's positional
+        arguments (:func:`msprobe.capture.cells.graph_probes.arguments_layout`), per Cell and number of
+        Tensors in them. A layout of Tensors only is noted as ``None``: the probe's list as it is."""
+        @constexpr
+        def note_inputs(layout):
+            n = min(_layout_tensors(layout), graph_probes.MAX_ARITY)  # the probe takes this many
+            if all(item == graph_probes.TENSOR and type(item) is int for item in layout):
+                layout = None
+            layouts = self._input_layouts[(prefix, n)]
+            if layout not in layouts:
+                layouts.add(layout)
+                self._kinds_seen += 1
+            return n
+        return note_inputs
+
+    def _input_layout(self, prefix: str, n: int):
+        """The layout of forward ``input_args`` of a Cell call whose arguments hold ``n`` Tensors
+        (:func:`_arranged`): the one every compiled call of the Cell with ``n`` Tensors has, else
+        ``None`` (the probe's list of Tensors as it is)."""
+        layouts = self._input_layouts.get((prefix, n), ())
+        if len(layouts) == 1:
+            (layout,) = layouts
+            return layout
+        return None
 
     def _output_keys(self, prefix: str, n: int):
         """The keys of forward ``output`` recorded as ``[{key: tensor}]``: where every compiled call
