@@ -7,7 +7,7 @@ function, an ``aot`` op to a compiled kernel (in GRAPH_MODE the kernels of ``_gr
 built: see :mod:`msprobe.capture.cells.graph_probes`), and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
 ``construct`` (:func:`msprobe.capture.cells.graph_probes.make_construct`) that shows
 
-* its positional Tensor inputs and its Tensor output(s) to an *observer*, beside the data path
+* its positional Tensor inputs (also inside tuple and list arguments) and its Tensor output(s) to an *observer*, beside the data path
   (:func:`msprobe.capture.cells.graph_probes.observe`: it sees ``stop_gradient`` of each tensor):
   forward ``input_args`` and ``output`` (+ ``parameters``, the Cell's own parameter values at
   ``start()``). A Cell without probed sub-Cells has one observer call for the whole call, after
@@ -38,8 +38,8 @@ turns the reports into records on the thread that drives the dump (no flush, loc
 inside a graph).
 
 Call numbering: probes run in execution order; the (input) observer of a call takes the next
-forward number of its Cell and opens the call (a call without Tensor positional inputs records
-``input_args`` ``[]``), the (output) observer closes it (parents for ``construct.json`` come from the
+forward number of its Cell and opens the call (also a call without Tensor positional inputs: its
+``input_args`` holds its other arguments only), the (output) observer closes it (parents for ``construct.json`` come from the
 stack of open calls). Backward runs in reverse: a gradient probe takes the latest un-paired forward
 call of that Cell (LIFO).
 
@@ -49,8 +49,13 @@ construct) cannot be intercepted, so the gradients are taken where they are cons
 ``gradients`` argument to an observer (same values as the gradient of each parameter in a single-process run;
 with loss scaling or gradient accumulation the optimizer sees the processed gradients).
 
-Limits (documented in the README): non-Tensor positional arguments and keyword arguments are not
-recorded (``input_kwargs`` is ``{}``); only top-level Tensor items of a tuple output are probed; of
+Positional arguments keep their PyNative positions: the Tensors inside tuple and list arguments are
+probed too, and a compile-time note (``mindspore.ops.constexpr``, :meth:`GraphCellCapture._note_inputs`)
+gives the arguments' structure, by which the probe's flat list is placed (``input_args`` nested for a
+tuple, ``null`` for ``None``, a constant scalar as its value).
+
+Limits (documented in the README): keyword arguments are not recorded (``input_kwargs`` is ``{}``),
+nor the value of a scalar argument unknown at compile time (``mutable``: ``null``); only top-level Tensor items of a tuple output are probed; of
 a boundary with more than :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` tensors only the first
 :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` are (a WARNING says so when the graph compiles); a
 Cell with a custom ``bprop`` has forward data only; the instrumentation is compiled into the graph,
