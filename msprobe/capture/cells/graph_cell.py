@@ -797,14 +797,18 @@ class GraphCellCapture:
         Tensors in them. A layout of Tensors only is noted as ``None``: the probe's list as it is."""
         @constexpr
         def note_inputs(layout):
-            n = min(_layout_tensors(layout), graph_probes.MAX_ARITY)  # the probe takes this many
-            if all(item == graph_probes.TENSOR and type(item) is int for item in layout):
-                layout = None
-            layouts = self._input_layouts[(prefix, n)]
-            if layout not in layouts:
-                layouts.add(layout)
-                self._kinds_seen += 1
-            return n
+            try:
+                n = min(_layout_tensors(layout), graph_probes.MAX_ARITY)  # the probe takes this many
+                if all(item == graph_probes.TENSOR and type(item) is int for item in layout):
+                    layout = None
+                layouts = self._input_layouts[(prefix, n)]
+                if layout not in layouts:
+                    layouts.add(layout)
+                    self._kinds_seen += 1
+            except Exception as exc:  # the tool's failure must not stop the graph's compilation
+                self.rt.tool_error(f"failed to note the arguments of {prefix} in a compiled graph: {exc!r}",
+                                   key=("arguments", prefix))
+            return 0
         return note_inputs
 
     def _input_layout(self, prefix: str, n: int):
