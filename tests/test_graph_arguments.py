@@ -82,7 +82,8 @@ def test_graph_mode_records_each_argument_at_its_pynative_position(runs):
         assert graph["lstm.LSTM.forward.0"] == [(3, 5, 8), [(1, 3, 8), (1, 3, 8)]]
         assert graph["lstm2.LSTM.forward.0"] == [(3, 5, 8)]
         assert graph["att.Attention.forward.0"] == [(3, 5, 8), None, {"type": "float", "value": 0.25}]
-    assert runs["graph"][1]["recipe_drains"] >= 1
+        assert graph["gain.Gain.forward.0"] == [{"type": "float", "value": 0.5}]
+    assert runs["graph"][1]["recipe_drains"] >= 1  # also with a Cell whose one argument is a scalar
 
 
 def test_the_tensors_of_a_tuple_argument_are_the_values_given(runs):

@@ -1,9 +1,9 @@
 """Worker for tests/test_graph_arguments.py: trains a small network whose Cells take a tuple, ``None``
-and a Python scalar as positional arguments (an ``nn.LSTM`` given an initial state ``(h, c)``, one
-without (its inner Cell then gets the zero state it makes), an attention
-Cell called with ``mask=None`` and a scale) for two steps in one MindSpore mode (``set_context`` mode
-is process-global) and prints the losses and the SHA-256 of each step's gradients as JSON on the last
-line.
+and Python scalars as positional arguments (an ``nn.LSTM`` given an initial state ``(h, c)``, one
+without (its inner Cell then gets the zero state it makes), an attention Cell called with
+``mask=None`` and a scale, a Cell whose only argument is a float) for two steps in one MindSpore mode
+(``set_context`` mode is process-global) and prints the losses, the SHA-256 of each step's gradients
+and how many drains were made from a recipe as JSON on the last line.
 
     python arguments_worker.py MODE TOOL DUMP_PATH [--level L0|mix] [--shift] [--jit]
 
@@ -42,6 +42,17 @@ class Attention(nn.Cell):
         return ops.matmul(ops.softmax(scores, -1), self.v(x))
 
 
+class Gain(nn.Cell):
+    """A learned gain times ``scale``: a Cell whose only argument is a Python float."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = ms.Parameter(Tensor(np.full((2,), 1.5, np.float32)), name="gain")
+
+    def construct(self, scale):
+        return self.gain * scale
+
+
 class Net(nn.Cell):
     def __init__(self, width=8):
         super().__init__()
@@ -49,12 +60,13 @@ class Net(nn.Cell):
         self.lstm2 = nn.LSTM(width, width, batch_first=True)
         self.att = Attention(width)
         self.head = nn.Dense(width, 2)
+        self.gain = Gain()
 
     def construct(self, x, h0, c0):
         y, _ = self.lstm(x, (h0, c0))
         z, _ = self.lstm2(y)
         w = self.att(z, None, 0.25)
-        return self.head(w[:, -1])
+        return self.head(w[:, -1]) * self.gain(0.5)
 
 
 class JitNet(Net):

@@ -247,7 +247,8 @@ class _Recording(_Batch):
             if type(value) is list and len(value) == 1 and type(value[0]) is dict:
                 keys = tuple(value[0])
                 places = [slot_place(v) for v in value[0].values()]
-                return None if None in places else ("d", keys, places)
+                if None not in places:
+                    return ("d", keys, places)  # else a scalar argument's leaf (below)
             if type(value) is list and any(type(v) is list or type(v) is dict for v in value):
                 tree = nested(value)  # arguments placed by their layout (_arranged)
                 return None if tree is None else ("n", tree)
@@ -262,8 +263,10 @@ class _Recording(_Batch):
             if type(value) is list:
                 items = [nested(v) for v in value]
                 return None if None in items else items
-            if type(value) is dict:  # a scalar's leaf (_scalar_leaf)
+            if type(value) is dict and tuple(value) == ("type", "value"):  # a scalar's leaf (_scalar_leaf)
                 return ("v", value["type"], value["value"])
+            if type(value) is dict:
+                return None
             return slot_place(value)
 
         def slot_place(slot):
