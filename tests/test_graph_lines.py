@@ -50,3 +50,18 @@ def test_compiled_lines_are_the_lines_of_the_records(extra_info):
     assert again == made and all(a is not b for a, b in zip(again, made))
     parameters = again[1]["v"]["parameters"] if extra_info else again[3]["v"]
     assert parameters == leaves[11] and parameters is not leaves[11]
+
+
+def test_arguments_placed_by_their_layout():
+    """A Cell's input_args placed as its positional arguments were (a tuple argument nested, ``None``,
+    scalars known when the graph compiled; ``True`` and ``1`` stay apart)."""
+    steps = [(True, FWD, [("input_args", ("n", [0, [1, 2], -1, ("v", "float", 0.25), ("v", "bool", True),
+                                                 ("v", "int", 1), []]))])]
+    lines = Lines(steps, True)
+    slots = ["slot0", "slot1", "slot2"]
+    made = lines.make(slots, {}, 5)
+    args = [slots[0], [slots[1], slots[2]], None, {"type": "float", "value": 0.25}, {"type": "bool", "value": True},
+            {"type": "int", "value": 1}, []]
+    assert made == [journal.stack_ref(FWD, 5, {"input_args": args})]
+    assert orjson.dumps(made[0]) == orjson.dumps(journal.stack_ref(FWD, 5, {"input_args": args}))
+    assert lines.order == [0, 1, 2] and lines.asked == 1

@@ -7,7 +7,7 @@ function, an ``aot`` op to a compiled kernel (in GRAPH_MODE the kernels of ``_gr
 built: see :mod:`msprobe.capture.cells.graph_probes`), and its ``bprop`` receives the gradient ``dout``. So each instrumented Cell gets an instance-level
 ``construct`` (:func:`msprobe.capture.cells.graph_probes.make_construct`) that shows
 
-* its positional Tensor inputs and its Tensor output(s) to an *observer*, beside the data path
+* its positional Tensor inputs (also inside tuple and list arguments) and its Tensor output(s) to an *observer*, beside the data path
   (:func:`msprobe.capture.cells.graph_probes.observe`: it sees ``stop_gradient`` of each tensor):
   forward ``input_args`` and ``output`` (+ ``parameters``, the Cell's own parameter values at
   ``start()``). A Cell without probed sub-Cells has one observer call for the whole call, after
@@ -38,8 +38,8 @@ turns the reports into records on the thread that drives the dump (no flush, loc
 inside a graph).
 
 Call numbering: probes run in execution order; the (input) observer of a call takes the next
-forward number of its Cell and opens the call (a call without Tensor positional inputs records
-``input_args`` ``[]``), the (output) observer closes it (parents for ``construct.json`` come from the
+forward number of its Cell and opens the call (also a call without Tensor positional inputs: its
+``input_args`` holds its other arguments only), the (output) observer closes it (parents for ``construct.json`` come from the
 stack of open calls). Backward runs in reverse: a gradient probe takes the latest un-paired forward
 call of that Cell (LIFO).
 
@@ -49,8 +49,13 @@ construct) cannot be intercepted, so the gradients are taken where they are cons
 ``gradients`` argument to an observer (same values as the gradient of each parameter in a single-process run;
 with loss scaling or gradient accumulation the optimizer sees the processed gradients).
 
-Limits (documented in the README): non-Tensor positional arguments and keyword arguments are not
-recorded (``input_kwargs`` is ``{}``); only top-level Tensor items of a tuple output are probed; of
+Positional arguments keep their PyNative positions: the Tensors inside tuple and list arguments are
+probed too, and a compile-time note (``mindspore.ops.constexpr``, :meth:`GraphCellCapture._note_inputs`)
+gives the arguments' structure, by which the probe's flat list is placed (``input_args`` nested for a
+tuple, ``null`` for ``None``, a constant scalar as its value).
+
+Limits (documented in the README): keyword arguments are not recorded (``input_kwargs`` is ``{}``),
+nor the value of a scalar argument unknown at compile time (``mutable``: ``null``); only top-level Tensor items of a tuple output are probed; of
 a boundary with more than :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` tensors only the first
 :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` are (a WARNING says so when the graph compiles); a
 Cell with a custom ``bprop`` has forward data only; the instrumentation is compiled into the graph,
@@ -130,10 +135,12 @@ class _Direct:
     def param_grad(self, entry: str, pname: str, grad) -> None:
         self._param_grad(entry, pname, Tensor.from_numpy(grad) if isinstance(grad, np.ndarray) else grad)
 
-    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
+    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None, layout=None) -> None:
         """``data[entry][key]``: the probe's arrays (``None`` items stay ``None``) as host Tensors;
-        with ``keys``, ``[{key: tensor}]``."""
-        self.data(entry, key, _wrapped([None if a is None else Tensor.from_numpy(a) for a in arrays], keys),
+        with ``keys``, ``[{key: tensor}]``; with ``layout``, placed as the arguments were
+        (:func:`_arranged`)."""
+        tensors = [None if a is None else Tensor.from_numpy(a) for a in arrays]
+        self.data(entry, key, _wrapped(tensors, keys) if layout is None else _arranged(tensors, layout, _same),
                   category)
 
 
@@ -185,14 +192,15 @@ class _Batch:
         else:
             self.described(entry, pname, list(slots), slots)
 
-    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None) -> None:
+    def arrays(self, entry: str, key: str, arrays: list, category: str, keys=None, layout=None) -> None:
         """As :meth:`_Direct.arrays`, the arrays described straight into statistics slots
         (:func:`msprobe.tensors.hotpath.host_slots`: the leaves of their host Tensors, without making
         them) when the extension reads them all, else as host Tensors."""
         present = [a for a in arrays if a is not None]
         slots = hotpath.host_slots(present)
         if slots is None:
-            self.data(entry, key, _wrapped([None if a is None else Tensor.from_numpy(a) for a in arrays], keys),
+            tensors = [None if a is None else Tensor.from_numpy(a) for a in arrays]
+            self.data(entry, key, _wrapped(tensors, keys) if layout is None else _arranged(tensors, layout, _same),
                       category)
             return
         if len(present) < len(arrays):
@@ -200,7 +208,8 @@ class _Batch:
             described = [None if a is None else next(made) for a in arrays]
         else:
             described = list(slots)
-        self.described(entry, key, _wrapped(described, keys), slots)
+        self.described(entry, key, _wrapped(described, keys) if layout is None else
+                       _arranged(described, layout, _scalar_leaf), slots)
 
 
 #: most drain recipes a capture keeps (graphs with different reports: shapes of a dynamic input, ...)
@@ -238,11 +247,27 @@ class _Recording(_Batch):
             if type(value) is list and len(value) == 1 and type(value[0]) is dict:
                 keys = tuple(value[0])
                 places = [slot_place(v) for v in value[0].values()]
-                return None if None in places else ("d", keys, places)
+                if None not in places:
+                    return ("d", keys, places)  # else a scalar argument's leaf (below)
+            if type(value) is list and any(type(v) is list or type(v) is dict for v in value):
+                tree = nested(value)  # arguments placed by their layout (_arranged)
+                return None if tree is None else ("n", tree)
             if type(value) is list:
                 places = [-1 if v is None else slot_place(v) for v in value]
                 return None if None in places else ("s", places)
             return None
+
+        def nested(value):
+            if value is None:
+                return -1
+            if type(value) is list:
+                items = [nested(v) for v in value]
+                return None if None in items else items
+            if type(value) is dict and tuple(value) == ("type", "value"):  # a scalar's leaf (_scalar_leaf)
+                return ("v", value["type"], value["value"])
+            if type(value) is dict:
+                return None
+            return slot_place(value)
 
         def slot_place(slot):
             where = self.origin.get(id(getattr(slot, "tensor", None)))
@@ -347,6 +372,51 @@ def _wrapped(values: list, keys):
     return values if keys is None else [dict(zip(keys, values))]
 
 
+def _layout_tensors(layout) -> int:
+    """How many Tensors an argument layout (:func:`msprobe.capture.cells.graph_probes.arguments_layout`)
+    holds."""
+    n = 0
+    for item in layout:
+        if type(item) is int:
+            n += 1
+        elif type(item) is tuple and item[0] == "n":
+            n += _layout_tensors(item[1:])
+    return n
+
+
+def _arranged(values: list, layout, scalar) -> list:
+    """The probe's Tensors ``values`` (flat, in order) placed as the positional arguments were
+    (``layout``: :func:`msprobe.capture.cells.graph_probes.arguments_layout`): a nested list for a
+    tuple or list argument, ``None`` for ``None`` and any value not known when the graph compiled,
+    ``scalar(v)`` for a ``bool``/``int``/``float``/``str`` constant ``v``; Tensors beyond the probe's
+    :data:`~msprobe.capture.cells.graph_probes.MAX_ARITY` are ``None``."""
+    taken = iter(values)
+
+    def build(items):
+        placed = []
+        for item in items:
+            if type(item) is int:
+                placed.append(next(taken, None))
+            elif item is None:
+                placed.append(None)
+            elif item[0] == "n":
+                placed.append(build(item[1:]))
+            else:
+                placed.append(scalar(item[1]))
+        return placed
+
+    return build(layout)
+
+
+def _scalar_leaf(value) -> dict:
+    """The ``dump.json`` value of a Python ``bool``/``int``/``float``/``str`` (as the describer makes it)."""
+    return {"type": type(value).__name__, "value": value}
+
+
+def _same(value):
+    return value
+
+
 class GraphCellCapture:
     """Installs the probes and turns their reports into records.
 
@@ -383,7 +453,10 @@ class GraphCellCapture:
         self.param_leaves: dict = {}
         self._own_parameters = None  # [(id(cell), [(short name, Parameter)])] of the probed Cells
         self._output_kinds = defaultdict(set)  # (prefix, n tensors) -> {dict keys or None} (compile time)
-        self._kinds_seen = 0  # how many (prefix, n, keys) _output_kinds holds (part of a drain's key)
+        #: (prefix, n tensors) -> {positional arguments' layout or None} (compile time, _note_inputs)
+        self._input_layouts = defaultdict(set)
+        #: how many (prefix, n, keys) _output_kinds and _input_layouts hold (part of a drain's key)
+        self._kinds_seen = 0
         #: the records of a step's first drain by what its reports are (:meth:`_drain_key`): a graph
         #: run again reports the same calls, so their names, edges and state are made once
         self._recipes: dict = {}
@@ -587,7 +660,7 @@ class GraphCellCapture:
         if backward:
             sink.selector.note_backward(prefix)
         if selected and self.fwd_in:
-            sink.arrays(fwd, "input_args", arrays, "input")
+            sink.arrays(fwd, "input_args", arrays, "input", layout=self._input_layout(prefix, len(arrays)))
             sink.data(fwd, "input_kwargs", {}, "kwargs")
         self.stack.append(fwd)
         self.open[prefix].append((fwd, selected, parent, backward))
@@ -659,7 +732,8 @@ class GraphCellCapture:
             whole = not any(id(sub) in probed for name, sub in cell.cells_and_names() if name)
             undo.append(_set_construct(cell, graph_probes.make_construct(
                 self._observers, marks, self._code(len(self._probed)), whole,
-                _too_many(prefix, "input"), _too_many(prefix, "output"), self._note_keys(prefix))))
+                _too_many(prefix, "input"), _too_many(prefix, "output"), self._note_keys(prefix),
+                self._note_inputs(prefix))))
             self._probed.append((prefix, cell))
         if self.param_grads and not graph_mode:
             self._hook_parameters(cells, undo)
@@ -719,6 +793,36 @@ class GraphCellCapture:
                 self._kinds_seen += 1
             return n
         return note_keys
+
+    def _note_inputs(self, prefix: str):
+        """The compile-time note (``mindspore.ops.constexpr``) of the structure of a Cell's positional
+        arguments (:func:`msprobe.capture.cells.graph_probes.arguments_layout`), per Cell and number of
+        Tensors in them. A layout of Tensors only is noted as ``None``: the probe's list as it is."""
+        @constexpr
+        def note_inputs(layout):
+            try:
+                n = min(_layout_tensors(layout), graph_probes.MAX_ARITY)  # the probe takes this many
+                if all(item == graph_probes.TENSOR and type(item) is int for item in layout):
+                    layout = None
+                layouts = self._input_layouts[(prefix, n)]
+                if layout not in layouts:
+                    layouts.add(layout)
+                    self._kinds_seen += 1
+            except Exception as exc:  # the tool's failure must not stop the graph's compilation
+                self.rt.tool_error(f"failed to note the arguments of {prefix} in a compiled graph: {exc!r}",
+                                   key=("arguments", prefix))
+            return 0
+        return note_inputs
+
+    def _input_layout(self, prefix: str, n: int):
+        """The layout of forward ``input_args`` of a Cell call whose arguments hold ``n`` Tensors
+        (:func:`_arranged`): the one every compiled call of the Cell with ``n`` Tensors has, else
+        ``None`` (the probe's list of Tensors as it is)."""
+        layouts = self._input_layouts.get((prefix, n), ())
+        if len(layouts) == 1:
+            (layout,) = layouts
+            return layout
+        return None
 
     def _output_keys(self, prefix: str, n: int):
         """The keys of forward ``output`` recorded as ``[{key: tensor}]``: where every compiled call

@@ -21,7 +21,8 @@ class Lines:
             ``construct.json`` edge; ``True``: a stack use of ``entry`` with ``items``
             (``[(key, spec)]``) as its body; ``False``: one ``data[entry][key]`` item. A ``spec`` is
             ``("s", places)`` (a list of slots, ``-1``: ``None``), ``("d", keys, places)`` (``[{key:
-            slot}]``), ``("p", cell id)`` (a copy of that Cell's parameter leaves) or ``("c", type)``
+            slot}]``), ``("n", tree)`` (nested lists of slot numbers, ``-1``: ``None``, and
+            ``("v", type name, value)``: a scalar's leaf), ``("p", cell id)`` (a copy of that Cell's parameter leaves) or ``("c", type)``
             (an empty ``dict`` or ``list``).
         extra_info: the config's ``extra_info``: edges and stack uses are journaled (else only the
             items, one ``key_line`` each).
@@ -55,7 +56,19 @@ class Lines:
                 return "[{" + ", ".join(f"{const(k)}: S[{i}]" for k, i in zip(spec[1], spec[2])) + "}]"
             if tag == "p":
                 return f"dict(P[{const(spec[1])}])"
+            if tag == "n":
+                return tree(spec[1])
             return "{}" if spec[1] is dict else "[]"
+
+        def tree(item) -> str:
+            if type(item) is list:
+                return "[" + ", ".join(tree(i) for i in item) + "]"
+            if type(item) is tuple:  # a scalar's leaf
+                return f"{{'type': {const(item[1])}, 'value': {const(item[2])}}}"
+            if item < 0:
+                return "None"
+            self.order.append(item)
+            return f"S[{item}]"
 
         lines: list = []
         for body, entry, items in steps:

@@ -269,6 +269,41 @@ def tensors_of(values):
     return found
 
 
+def nested_tensors(values):
+    """The Tensor items of a tuple, those of nested tuples and lists in their place, in order
+    (evaluated at compile time in a graph): a Cell's positional Tensor inputs."""
+    found = ()
+    for v in values:
+        if isinstance(v, Tensor):
+            found = found + (v,)
+        elif isinstance(v, (tuple, list)):
+            found = found + nested_tensors(v)
+    return found
+
+
+#: an argument layout's item for a Tensor (see :func:`arguments_layout`)
+TENSOR = 0
+
+
+def arguments_layout(values):
+    """The structure of a Cell's positional arguments ``values`` (a tuple), as a constant the graph
+    compiler hands to a ``mindspore.ops.constexpr`` function: per argument :data:`TENSOR`, a tuple
+    ``("n", item, ...)`` for a tuple or list, ``("v", value)`` for a ``bool``, ``int``, ``float`` or
+    ``str`` known when the graph compiles, ``None`` for anything else (``None``, a ``mutable``
+    scalar, another object). The Tensors are those of :func:`nested_tensors`, in the same order."""
+    layout = ()
+    for v in values:
+        if isinstance(v, Tensor):
+            layout = layout + (TENSOR,)
+        elif isinstance(v, (tuple, list)):
+            layout = layout + (("n",) + arguments_layout(v),)
+        elif isinstance(v, (bool, int, float, str)) and ops.isconstant(v):
+            layout = layout + (("v", v),)
+        else:
+            layout = layout + (None,)
+    return layout
+
+
 def replace_tensors(values, new):
     """``values`` with its Tensor items replaced, in order, by the items of ``new``."""
     result = ()
@@ -342,9 +377,9 @@ def through(observers, marks, code, whole, ins, values, too_many):
 INNER = "_msprobe_inner_construct"
 
 
-def make_construct(observers, marks, code, whole, too_many_in, too_many_out, note_keys):
+def make_construct(observers, marks, code, whole, too_many_in, too_many_out, note_keys, note_inputs):
     """An instance ``construct`` running the Cell's previous construct with its positional Tensor
-    inputs and its Tensor outputs observed (:func:`observe`) and its outputs passed through a mark
+    inputs (:func:`nested_tensors`: also those inside tuple and list arguments) and its Tensor outputs observed (:func:`observe`) and its outputs passed through a mark
     (:func:`probe_outputs`; ``marks`` ``None``: no gradient probe).
 
     ``whole`` (a Cell without probed sub-Cells): inputs and outputs go to one observer, after the
@@ -353,7 +388,10 @@ def make_construct(observers, marks, code, whole, too_many_in, too_many_out, not
     ``code``: the Cell's constant (:func:`code_tensor`). ``note_keys(keys)`` (a
     ``mindspore.ops.constexpr`` function) is told, when the graph compiles, the keys of the Tensor
     values a dict output has (``None`` for a Tensor or tuple output), so the record can keep the
-    dict's keys. ``too_many_in``/``too_many_out``: see :func:`at_most`.
+    dict's keys. ``note_inputs(layout)`` (a ``mindspore.ops.constexpr`` function) is told, when the
+    graph compiles, the structure of the positional arguments (:func:`arguments_layout`), so the
+    record can give each Tensor its argument's position. ``too_many_in``/``too_many_out``: see
+    :func:`at_most`.
 
     The previous construct is reached as the bound method ``self._msprobe_inner_construct``
     (:data:`INNER`), not as a plain function called with ``self``: the graph compiler turns
@@ -364,7 +402,8 @@ def make_construct(observers, marks, code, whole, too_many_in, too_many_out, not
     requires it).
     """
     def construct(self, *args, **kwargs):
-        ins = at_most(tensors_of(args), too_many_in)
+        note_inputs(arguments_layout(args))
+        ins = at_most(nested_tensors(args), too_many_in)
         if not whole:
             observe(observers, code, ENTER_KIND, ins)
         out = self._msprobe_inner_construct(*args, **kwargs)
