@@ -405,6 +405,24 @@ class BpropNet(nn.Cell):
         return self.fc2(self.half_grad(self.fc1(x)))
 
 
+def _half(grads):
+    """A ``HookBackward`` hook: the gradients (a tuple) halved."""
+    return tuple(g * 0.5 for g in grads)
+
+
+class HookBackwardNet(nn.Cell):
+    """``ops.HookBackward`` between two Dense layers, its hook halving the gradient that passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 6)
+        self.hook = ops.HookBackward(_half)
+        self.fc2 = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.fc2(self.hook(ops.tanh(self.fc1(x))))
+
+
 class CaughtErrorNet(nn.Cell):
     """An ``ops.matmul`` with mismatched shapes inside the model, raising every call; the model catches
     the error (kept in :attr:`caught` as ``(type, message)``) and goes on without it."""
@@ -833,6 +851,7 @@ SPECS = [
             graph=_GRAPH_ONCE),
     NetSpec("bprop", BpropNet, _x(4, 6)),
     NetSpec("caught_error", CaughtErrorNet, _x(4, 6), graph=False),
+    NetSpec("hook_backward", HookBackwardNet, _x(4, 6), graph=False),
     NetSpec("bytecode_jit_step", ResidualNet, _x(4, 6), driver=bytecode_jit_step, graph=False,
             dump_steps=(0, 2), jit_entry="step", known_log=_UNEVEN, opts=_ONE),
     NetSpec("bytecode_jit_forward", SharedNet, _xs((4, 6), (4, 2)), driver=bytecode_jit_forward, graph=False,

@@ -40,7 +40,7 @@ _COST = {"pynative": {"gru": 5, "transformer": 4, "mha": 4, "fp16": 4, "jit_cell
                       "encoder": 5, "jit_step": 7, "amp_train_network": 5, "grad_aux": 4,
                       "bytecode_jit_step": 22, "bytecode_jit_forward": 12, "bytecode_jit_bprop": 9,
                       "bytecode_jit_recompute": 12, "jit_bprop": 10, "jit_recompute": 15, "jit_o0_step": 15,
-                      "jit_o1_forward": 7, "bprop": 10, "caught_error": 8},
+                      "jit_o1_forward": 7, "bprop": 10, "caught_error": 8, "hook_backward": 5},
          "graph": {"gru": 35, "transformer": 32, "mha": 30, "conv_bn": 20, "lstm": 17, "loss_scale": 14,
                    "train_one_step": 12, "amp_train_network": 10},
          "pynative_async": {"jit_step": 8}}
