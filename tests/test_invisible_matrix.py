@@ -47,6 +47,9 @@ _COST = {"pynative": {"gru": 5, "transformer": 4, "mha": 4, "fp16": 4, "jit_cell
 _DEFAULT_COST = {"pynative": 3, "graph": 10, "pynative_async": 4}
 _CHUNK_SECONDS = 40
 
+#: the module's fixture runs every worker (each allowed 1500 s): the first test waits for all of them
+pytestmark = pytest.mark.timeout(1800)
+
 MODES = {
     "pynative": [s.name for s in SPECS],
     "graph": [s.name for s in SPECS if s.graph],
