@@ -381,6 +381,67 @@ class ShapeErrorNet(nn.Cell):
         return ops.matmul(self.fc(x), x)
 
 
+class HalfGrad(nn.Cell):
+    """``tanh`` with a custom ``bprop`` (half its true gradient): MindSpore ignores forward hooks on
+    such a Cell and runs ``bprop`` for its backward."""
+
+    def construct(self, x):
+        return ops.tanh(x)
+
+    def bprop(self, x, out, dout):
+        return (dout * (1.0 - out * out) * 0.5,)
+
+
+class BpropNet(nn.Cell):
+    """A Cell with a custom ``bprop`` between two Dense layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 6)
+        self.half_grad = HalfGrad()
+        self.fc2 = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.fc2(self.half_grad(self.fc1(x)))
+
+
+def _half(grads):
+    """A ``HookBackward`` hook: the gradients (a tuple) halved."""
+    return tuple(g * 0.5 for g in grads)
+
+
+class HookBackwardNet(nn.Cell):
+    """``ops.HookBackward`` between two Dense layers, its hook halving the gradient that passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 6)
+        self.hook = ops.HookBackward(_half)
+        self.fc2 = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.fc2(self.hook(ops.tanh(self.fc1(x))))
+
+
+class CaughtErrorNet(nn.Cell):
+    """An ``ops.matmul`` with mismatched shapes inside the model, raising every call; the model catches
+    the error (kept in :attr:`caught` as ``(type, message)``) and goes on without it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 6)
+        self.fc2 = nn.Dense(6, 3)
+        self.caught = []
+
+    def construct(self, x):
+        h = self.fc1(x)
+        try:
+            h = ops.matmul(h, x[:, :4])
+        except (RuntimeError, ValueError, TypeError) as e:
+            self.caught.append((type(e).__name__, str(e)))
+        return self.fc2(ops.relu(h))
+
+
 class ConvFamilyNet(nn.Cell):
     """Conv1d -> GroupNorm -> PReLU -> Conv2dTranspose: the convolution and normalisation layers
     ConvBNNet does not have."""
@@ -577,6 +638,65 @@ def jit_step(net, loss, opt):
     return step
 
 
+def bytecode_jit_step(net, loss, opt):
+    """The whole training step as a ``mindspore.jit(capture_mode="bytecode")`` function."""
+    grad_fn = _grad_of(net, loss, opt)
+
+    @ms.jit(capture_mode="bytecode")
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
+def bytecode_jit_forward(net, loss, opt):
+    """``mindspore.value_and_grad`` of a ``mindspore.jit(capture_mode="bytecode")`` function calling
+    the model, then ``opt``."""
+    @ms.jit(capture_mode="bytecode")
+    def forward(x, y):
+        return loss(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
+def jit_o1_forward(net, loss, opt):
+    """``mindspore.value_and_grad`` of a ``mindspore.jit(jit_level="O1")`` function calling the model."""
+    @ms.jit(jit_level="O1")
+    def forward(x, y):
+        return loss(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
+def jit_o0_step(net, loss, opt):
+    """The whole training step as one ``mindspore.jit(jit_level="O0")`` function."""
+    grad_fn = _grad_of(net, loss, opt)
+
+    @ms.jit(jit_level="O0")
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        opt(grads)
+        return value, grads
+
+    return step
+
+
 def grad_aux_step(net, loss, opt):
     """``mindspore.grad`` with ``has_aux=True`` (the network output returned beside the loss) and
     ``return_ids``; returns ``(loss, gradients)``."""
@@ -637,6 +757,15 @@ class NetSpec:
         driver: ``(net, loss, optimizer) -> step``, ``step(data, label) -> (loss, tensors)``: how one
             training step runs; the tensors (gradients, or the parameters after the update where the
             step hides its gradients) are compared bit for bit.
+        dump_steps: ``()`` (every step dumped), or the steps the config's ``step`` list dumps: the
+            network then trains ``max(dump_steps) + 1`` steps, the others run between dumped steps.
+        jit_entry: ``None``, or the name of the ``mindspore.jit`` function the driver calls the model in:
+            its calls run compiled, so the dump is checked for its ``Jit.{jit_entry}`` entry (L1, mix)
+            instead of an entry per counted call.
+        known_log: ``None``, or a regular expression matching the ``dump_error_info.log`` lines the
+            tool writes for this network by design (what it could not capture, said).
+        opts: the optimizers it trains with (``()``: each of the mode's); one for the networks
+            whose compile dominates their time.
     """
 
     name: str
@@ -646,6 +775,10 @@ class NetSpec:
     graph: bool = True
     train: bool = True
     driver: Callable = value_and_grad_step
+    dump_steps: tuple = ()
+    jit_entry: str | None = None
+    known_log: str | None = None
+    opts: tuple = ()
 
 
 def _x(*shape):
@@ -671,6 +804,13 @@ def _cls_inputs(shape, classes):
 #: amp.build_train_network) and the loss scale update run in GRAPH_MODE in the suite.
 #: ``python tests/scripts/matrix_worker.py graph OUT NET`` runs one.
 _GRAPH_ONCE = False
+
+#: what the tool writes when the autograd node of a compiled region hands its backward hook fewer
+#: gradients than it has inputs (the inputs of ``value_and_grad`` take none): the region's gradients
+#: w.r.t. its inputs are not recorded, and said
+#: one optimizer: the networks whose time is MindSpore's compile of the jit function
+_ONE = ("sgd",)
+_UNEVEN = r"Jit\.\w+\.\d+\.backward: gradients w\.r\.t\. the inputs not captured \(MindSpore handed a backward hook"
 
 SPECS = [
     NetSpec("branch", BranchNet, _x(4, 6), _plain),
@@ -709,6 +849,22 @@ SPECS = [
     NetSpec("grad_aux", SharedNet, _xs((4, 6), (4, 2)), driver=grad_aux_step, graph=_GRAPH_ONCE),
     NetSpec("forward_value_and_grad", DropoutNet, _x(4, 6), driver=forward_value_and_grad_step,
             graph=_GRAPH_ONCE),
+    NetSpec("bprop", BpropNet, _x(4, 6)),
+    NetSpec("caught_error", CaughtErrorNet, _x(4, 6), graph=False),
+    NetSpec("hook_backward", HookBackwardNet, _x(4, 6), graph=False),
+    NetSpec("bytecode_jit_step", ResidualNet, _x(4, 6), driver=bytecode_jit_step, graph=False,
+            dump_steps=(0, 2), jit_entry="step", known_log=_UNEVEN, opts=_ONE),
+    NetSpec("bytecode_jit_forward", SharedNet, _xs((4, 6), (4, 2)), driver=bytecode_jit_forward, graph=False,
+            dump_steps=(1,), jit_entry="forward", known_log=_UNEVEN, opts=_ONE),
+    NetSpec("bytecode_jit_bprop", BpropNet, _x(4, 6), driver=bytecode_jit_step, graph=False, jit_entry="step",
+            known_log=_UNEVEN, opts=_ONE),
+    NetSpec("bytecode_jit_recompute", RecomputeNet, _x(4, 6), driver=bytecode_jit_forward, graph=False,
+            jit_entry="forward", known_log=_UNEVEN, opts=_ONE),
+    NetSpec("jit_bprop", BpropNet, _x(4, 6), driver=jit_step, graph=False, jit_entry="step", opts=_ONE),
+    NetSpec("jit_recompute", RecomputeNet, _x(4, 6), driver=jit_step, graph=False, jit_entry="step", opts=_ONE),
+    NetSpec("jit_o0_step", ResidualNet, _x(4, 6), driver=jit_o0_step, graph=False, jit_entry="step", opts=_ONE),
+    NetSpec("jit_o1_forward", SharedNet, _xs((4, 6), (4, 2)), driver=jit_o1_forward, graph=False,
+            jit_entry="forward", known_log=_UNEVEN, opts=_ONE),
     NetSpec("raise_user", RaiseNet, _x(4, 6), graph=False),
     NetSpec("raise_shape", ShapeErrorNet, _x(4, 6), graph=False),
 ]

@@ -28,7 +28,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from matrix_nets import SPECS  # noqa: E402
+from matrix_nets import BY_NAME, SPECS  # noqa: E402
 
 WORKER = os.path.join(HERE, "scripts", "matrix_worker.py")
 LEVELS = ("L0", "L1", "mix")
@@ -37,12 +37,18 @@ OPTS = {"pynative": ("sgd", "momentum", "adam"), "graph": ("sgd", "momentum"),
 ASYNC_NETS = ("branch", "inplace", "shared", "dropout_ones", "jit_step")
 #: measured seconds per network in one worker (all levels and optimizers), to balance the workers
 _COST = {"pynative": {"gru": 5, "transformer": 4, "mha": 4, "fp16": 4, "jit_cell": 5, "amp_o1": 12,
-                      "encoder": 5, "jit_step": 7, "amp_train_network": 5, "grad_aux": 4},
+                      "encoder": 5, "jit_step": 7, "amp_train_network": 5, "grad_aux": 4,
+                      "bytecode_jit_step": 22, "bytecode_jit_forward": 12, "bytecode_jit_bprop": 9,
+                      "bytecode_jit_recompute": 12, "jit_bprop": 10, "jit_recompute": 15, "jit_o0_step": 15,
+                      "jit_o1_forward": 7, "bprop": 10, "caught_error": 8, "hook_backward": 5},
          "graph": {"gru": 35, "transformer": 32, "mha": 30, "conv_bn": 20, "lstm": 17, "loss_scale": 14,
                    "train_one_step": 12, "amp_train_network": 10},
          "pynative_async": {"jit_step": 8}}
 _DEFAULT_COST = {"pynative": 3, "graph": 10, "pynative_async": 4}
 _CHUNK_SECONDS = 40
+
+#: the module's fixture runs every worker (each allowed 1500 s): the first test waits for all of them
+pytestmark = pytest.mark.timeout(1800)
 
 MODES = {
     "pynative": [s.name for s in SPECS],
@@ -66,10 +72,11 @@ def _chunks() -> list:
     return sorted(out, key=lambda c: -sum(_COST.get(c[0], {}).get(n, _DEFAULT_COST[c[0]]) for n in c[1]))
 
 
-def _cases(mode: str) -> list:
-    out = [f"{lvl}-{opt}" for opt in OPTS[mode] for lvl in LEVELS]
+def _cases(mode: str, net: str) -> list:
+    opts = [o for o in OPTS[mode] if not BY_NAME[net].opts or o in BY_NAME[net].opts]
+    out = [f"{lvl}-{opt}" for opt in opts for lvl in LEVELS]
     if mode == "pynative":
-        out.append(f"tensor-mix-{OPTS[mode][0]}")
+        out.append(f"tensor-mix-{opts[0]}")
     return out
 
 
@@ -93,7 +100,7 @@ def _param(mode, net, case):
     return pytest.param(mode, net, case)
 
 
-PARAMS = [_param(mode, net, case) for mode, nets in MODES.items() for net in nets for case in _cases(mode)]
+PARAMS = [_param(mode, net, case) for mode, nets in MODES.items() for net in nets for case in _cases(mode, net)]
 
 
 @pytest.fixture(scope="module")

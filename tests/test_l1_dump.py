@@ -12,6 +12,7 @@ import pytest
 from mindspore import Tensor, mint, nn, ops
 
 import msprobe.dump
+from msprobe.mindspore import PrecisionDebugger
 from conftest import build_mlp, leaves, mlp_batch, only_step_dir, run_steps
 
 API_NAME = re.compile(r"^(Tensor|Functional|Mint|MintFunctional|Jit)\.[A-Za-z_][\w.]*?\.\d+\.(forward|backward)$")
@@ -654,3 +655,59 @@ def test_numpy_scalars_without_a_json_value_are_recorded_as_text(make_debugger, 
     assert data["UserOps.scale.0.forward"]["input_args"][1] == {"type": "complex64", "value": "(1+2j)"}
     assert data["UserOps.scale.1.forward"]["input_args"][1]["value"] == "2026-12-01"
     assert data["UserOps.scale.0.forward"]["output"][0]["Max"] == 2.0
+
+
+class _Matmul(nn.Cell):
+    """``ops.matmul(fc(x), w)`` inside a ``try``: with ``w`` of 5 rows the shapes do not match and the
+    model keeps the error (``caught``: ``(type, message)``) and goes on with ``fc(x)``."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.fc = nn.Dense(4, 4)
+        self.w = Tensor(np.ones((rows, 3), np.float32))
+        self.caught = []
+
+    def construct(self, x):
+        h = self.fc(x)
+        try:
+            h = ops.matmul(h, self.w)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            self.caught.append((type(exc).__name__, str(exc)))
+        return ops.relu(h).sum()
+
+
+@pytest.mark.parametrize("level,task", [("L1", "statistics"), ("mix", "statistics"), ("L1", "tensor")])
+def test_an_api_call_that_raised_says_so(tmp_path, level, task):
+    """An API call that raised inside the model, which caught it and went on: the exception the model
+    caught is the one it catches without the tool (type and message), the step is written, the call's
+    entry has its inputs and ``"error": "the call raised {type}: ..."`` and no ``output``, and
+    ``first-diff`` against a run whose call did not raise names that call and says it raised."""
+    from test_compare import cli
+
+    x = Tensor(np.ones((2, 4), np.float32))
+    runs = {}
+    for name, rows, tool in (("off", 5, False), ("bad", 5, True), ("good", 4, True)):
+        ms.set_seed(3)
+        net = _Matmul(rows)
+        debugger = None
+        if tool:
+            debugger = PrecisionDebugger(dump_path=str(tmp_path / name), task=task, level=level)
+            debugger.start(net)
+        loss = net(x)
+        if debugger is not None:
+            debugger.stop()
+            debugger.step()
+            debugger.close()
+        runs[name] = (loss.asnumpy().tobytes(), net.caught)
+    assert runs["off"][1] and runs["off"] == runs["bad"]  # loss and the exception caught
+    assert not runs["good"][1]
+    data = msprobe.dump.load(only_step_dir(str(tmp_path / "bad"), 0)).data
+    raised = data["Functional.matmul.0.forward"]
+    exc_type, message = runs["off"][1][0]
+    assert raised["error"] == f"the call raised {exc_type}: {message.splitlines()[0]}"
+    assert "output" not in raised and [a["shape"] for a in raised["input_args"]] == [[2, 4], [5, 3]]
+    assert data["Functional.relu.0.forward"]["output"]  # recording went on after it
+    out = cli("first-diff", only_step_dir(str(tmp_path / "bad"), 0),
+              only_step_dir(str(tmp_path / "good"), 0)).stdout.splitlines()
+    assert "Functional.matmul.0.forward" in out[0], out
+    assert f"the target run's call raised {exc_type}" in out[1], out

@@ -324,20 +324,21 @@ def test_dump_location_goes_through_configured_logging(tmp_path):
     assert f"INFO:msprobe:msprobe: dump.json is at {only_step_dir(dump, 0)}" in proc.stderr
 
 
-def test_empty_reason_names_the_users_failure_not_filters(make_debugger, dump_dir):
-    """A step whose only hooked call failed (its output never existed) and that set no filter:
-    empty_reason names the failure, not "list/scope/data_mode selected none"."""
+def test_a_failed_call_is_recorded_with_forward_outputs_only(make_debugger, dump_dir):
+    """A step whose only hooked call raised (its output never existed), recording forward outputs
+    only: the call's entry holds its ``error`` (what stands for the output), so the step is not empty
+    and no data_mode is blamed."""
     debugger = make_debugger(task="statistics", level="L1",
                              section={"data_mode": ["forward", "output"]})
     debugger.start()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as info:
         ops.add(Tensor(np.ones((4, 3), np.float32)), Tensor(np.ones((5, 2), np.float32)))
     debugger.stop()
     debugger.step()
-    reason = msprobe.dump.load(only_step_dir(dump_dir, 0)).header["empty_reason"]
-    # the failing call raised before it had an output; data_mode did leave out its inputs
-    assert reason == ("1 hooked call ran in this step, but the config's data_mode ['forward', "
-                      "'output'] selected none of them")
+    dump = msprobe.dump.load(only_step_dir(dump_dir, 0))
+    assert "empty_reason" not in dump.header
+    message = str(info.value).strip().splitlines()[0]
+    assert dump.data == {"Functional.add.0.forward": {"error": f"the call raised ValueError: {message}"}}
 
     debugger = make_debugger(task="statistics", level="L1", dump_path=dump_dir + "_2")
     debugger.start()

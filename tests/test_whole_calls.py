@@ -108,7 +108,7 @@ def test_whole_calls_write_the_files_of_the_general_path(tmp_path, monkeypatch, 
 
 def test_user_exception_and_inputs_of_a_failing_call(tmp_path, make_debugger):
     """An exception raised by the original API reaches the user unchanged; the call's inputs are
-    recorded (as by the general path), no output."""
+    recorded (as by the general path) with the entry's ``error``, no output."""
     dump = str(tmp_path / "dump")
     debugger = make_debugger(dump_path=dump)
     assert debugger.service.recorder.has_fast_path("Functional.matmul", False)
@@ -127,7 +127,8 @@ def test_user_exception_and_inputs_of_a_failing_call(tmp_path, make_debugger):
     with open(os.path.join(only_step_dir(dump, 0), "dump.json"), encoding="utf-8") as f:
         data = json.load(f)["data"]
     body = data["Functional.matmul.0.forward"]
-    assert sorted(body) == ["input_args", "input_kwargs"]
+    assert sorted(body) == ["error", "input_args", "input_kwargs"]
+    assert body["error"] == f"the call raised {type(direct).__name__}: {str(direct).splitlines()[0]}"
     assert [leaf["shape"] for leaf in body["input_args"]] == [[2, 3], [2, 3]]
 
 

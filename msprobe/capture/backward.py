@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from mindspore import Tensor, ops
 
+from msprobe.format import naming
 from msprobe.tensors import hotpath
 from msprobe.tensors.stats import pynative_executor
 
@@ -183,7 +184,8 @@ class BackwardProbe:
         Raises nothing MindSpore does not raise on ``register_hook``; callers treat any exception as a
         tool failure."""
         ext = hotpath.ext
-        if plain and ext is not None and ext.observe_plain(self, args, out):
+        if plain and ext is not None and not self.entry.startswith(naming.JIT_PREFIX) \
+                and ext.observe_plain(self, args, out):
             return True  # the common cases below (no hook, the alias hook, one node's plain hook) in C
         self.observe_general(args, out, mark)
         return False
@@ -275,6 +277,8 @@ class BackwardProbe:
         if not want_input and not mapping:
             return  # the hook would record nothing
         record = self._record
+        n_edges = len(node.next_functions)
+        uneven = self.report_uneven
 
         if self.lists is None:  # every slot a positional tensor argument, one edge each
             size = self.size
@@ -288,10 +292,13 @@ class BackwardProbe:
                     for i, grad in enumerate(grad_outputs):
                         if grad is not None:
                             items.append(("input", i, n_out, grad))
-                for j, i in plain:
-                    grad = grad_inputs[j]
-                    if grad is not None:
-                        items.append(("output", i, size, grad))
+                if len(grad_inputs) != n_edges:
+                    uneven(len(grad_inputs), n_edges)
+                else:
+                    for j, i in plain:
+                        grad = grad_inputs[j]
+                        if grad is not None:
+                            items.append(("output", i, size, grad))
                 if items:
                     record_items(entry, items, token)  # what _record_items does, one frame less
         else:
@@ -302,6 +309,9 @@ class BackwardProbe:
                     for i, grad in enumerate(grad_outputs):
                         if grad is not None:
                             record("input", i, n_out, grad)
+                if len(grad_inputs) != n_edges:
+                    uneven(len(grad_inputs), n_edges)
+                    return
                 for j, (i, k) in mapping:
                     slot(i, k, grad_inputs[j])
 
@@ -347,15 +357,26 @@ class BackwardProbe:
                 for node, j in edges:
                     per_node.setdefault(node._unique_id(), (node, []))[1].append((j, slot_key))
         for node, mapping in per_node.values():
-            node.register_hook(self._edges_hook(mapping))
+            node.register_hook(self._edges_hook(mapping, len(node.next_functions)))
 
-    def _edges_hook(self, mapping: list):
+    def _edges_hook(self, mapping: list, n_edges: int):
+        """The hook of a node with ``n_edges`` edges, ``mapping`` ``[(edge index, (position, element))]``."""
         slot = self._slot_value
 
         def hook(grad_inputs, _grad_outputs):
+            if len(grad_inputs) != n_edges:
+                self.report_uneven(len(grad_inputs), n_edges)
+                return
             for j, (i, k) in mapping:
                 slot(i, k, grad_inputs[j])
         return hook
+
+    def report_uneven(self, handed: int, n_edges: int) -> None:
+        """A node's backward hook was handed ``handed`` gradients for its ``n_edges`` edges (a node of
+        a compiled region leaves out the edges that take no gradient): which gradient belongs to which
+        argument is unknown, so none is recorded, and ``dump_error_info.log`` says so."""
+        self.report_lost_inputs(f"MindSpore handed a backward hook {handed} gradients for the {n_edges} "
+                                f"inputs of its autograd node")
 
     def _release_on_producer(self, targets: list, slot_key: tuple) -> None:
         """When the argument's producer runs, every part the call will send it has arrived."""

@@ -90,14 +90,16 @@ class CallRecorder:
                 probe = body = fwd = None
             try:
                 out = original(*args, **kwargs)
-            except BaseException:
-                if body is not None:  # the inputs are recorded, the user's exception goes on
-                    self._finish(api, fwd, body, slots, edges, args, kwargs, None, None, True)
+            except BaseException as exc:  # the inputs are recorded, the user's exception goes on
+                if body is not None:
+                    self._finish(api, fwd, body, slots, edges, args, kwargs, None, None, exc)
+                elif fwd is not None:
+                    self._record_raised(api, fwd, exc)
                 raise
             if fwd is None:
                 return out
             if body is not None:
-                self._finish(api, fwd, body, slots, edges, args, kwargs, out, probe, False)
+                self._finish(api, fwd, body, slots, edges, args, kwargs, out, probe, None)
                 return out
             try:  # inputs recorded by the general path: so is the output
                 if not defer_until_wait(rt, fwd, api, args, kwargs, out):
@@ -111,18 +113,21 @@ class CallRecorder:
             rt.leave()
 
     def _finish(self, api: str, fwd: str, body: dict, slots: list, edges: tuple, args: tuple, kwargs: dict,
-                out, probe, raised: bool) -> None:
+                out, probe, raised) -> None:
         """The end of :meth:`fast_call` for a call whose inputs are described into ``body``: its output
         ``out`` described and queued with them (:meth:`Runtime.end_call`; an output that comes at an
         asynchronous ``wait()`` later), then ``probe`` (a :class:`BackwardProbe` or ``None``) hooks
-        its gradients; ``raised``: the original raised, only the inputs are queued. A failure of the
-        tool is reported (:meth:`_tool_error`), never raised."""
+        its gradients; ``raised``: ``None``, or the exception the original raised (then the inputs are
+        queued with the entry's ``error``, and no output). A failure of the tool is reported
+        (:meth:`_tool_error`), never raised."""
         rt = self.rt
-        if raised:
+        if raised is not None:
             try:
                 rt.end_call(fwd, body, slots, None, edges)
             except Exception as exc:
                 self._tool_error(api, exc, (args, kwargs))
+                return
+            self._record_raised(api, fwd, raised)
             return
         try:
             if type(out) is not Tensor and defer_until_wait(rt, fwd, api, args, kwargs, out):
@@ -180,7 +185,12 @@ class CallRecorder:
                 selected, probe = False, None
             if inplace or mutates:  # watch mode's raise: before the call changes any tensor
                 rt.raise_watch_anomaly()
-            out = original(*args, **kwargs)
+            try:
+                out = original(*args, **kwargs)
+            except BaseException as exc:  # the user's exception goes on
+                if selected:
+                    self._record_raised(api, fwd, exc)
+                raise
             if selected or probe is not None:
                 try:
                     if selected and self.fwd_out and not defer_until_wait(rt, fwd, api, args, kwargs, out):
@@ -202,6 +212,16 @@ class CallRecorder:
         if self.fwd_in:
             rt.record(fwd, "input_args", args, "input")
             rt.record(fwd, "input_kwargs", kwargs, "kwargs")
+
+    def _record_raised(self, api: str, fwd: str, exc: BaseException) -> None:
+        """The forward call ``fwd`` raised ``exc`` (which goes on to the program unchanged): its entry
+        gets ``error`` (:meth:`Runtime.record_raised`) when outputs are recorded."""
+        if not self.fwd_out:
+            return
+        try:
+            self.rt.record_raised(fwd, exc)
+        except Exception as failure:
+            self._tool_error(api, failure, None)
 
     def _parent(self):
         stack = self.rt.cell_stack

@@ -9,11 +9,14 @@ runs:
   recorded as one API entry ``Jit.{name}.{n}.forward`` / ``.backward`` with its positional inputs and
   outputs, so the region is visible in the dump rather than silently absent. ``name`` is the
   function's ``__name__``, or the Cell class name for a jit-decorated ``construct``;
-* a ``capture_mode="bytecode"`` function runs as plain PyNative (its bytecode capture is switched
-  off while recording), so its body is dumped API by API, as the seed describes. Outside recording
-  it compiles as usual.
+* each call of a ``capture_mode="bytecode"`` function is recorded the same way, and compiles as
+  without the tool: its body runs with every wrapper and hook of the tool off, since MindSpore
+  captures the bytecode of whatever the body calls (run as plain PyNative instead, the body computes
+  other bits than its graph). Its inside is not recorded API by API.
 """
 from __future__ import annotations
+
+import contextlib
 
 try:
     from mindspore.graph.api import _JitExecutor
@@ -60,7 +63,7 @@ def _may_call_cells(obj) -> bool:
     return not isinstance(obj, Cell) or bool(obj._cells)
 
 
-def install_jit_capture(recorder=None, inside=None, pause=None) -> HandleSet:
+def install_jit_capture(recorder=None, inside=None, pause=None, unhooked=None) -> HandleSet:
     """Patch ``_JitExecutor.__call__`` so compiled calls are recorded by ``recorder`` and run with the
     Cell hooks paused.
 
@@ -76,6 +79,9 @@ def install_jit_capture(recorder=None, inside=None, pause=None) -> HandleSet:
             runs (and compiles): the tool's Cell hooks off
             (:meth:`msprobe.capture.cells.cell.CellCapture.paused`). Its argument is the ``jit``
             function's ``__name__`` (str), or ``None`` for a Cell's compiled ``construct``.
+        unhooked: ``None``, or a callable without arguments returning the context in which the body
+            of a recorded ``capture_mode="bytecode"`` function runs: every wrapper and hook of the
+            tool off, so MindSpore captures the bytecode it captures without the tool.
     """
     original = _JitExecutor.__call__
     rt = recorder.rt if recorder is not None else None
@@ -84,7 +90,7 @@ def install_jit_capture(recorder=None, inside=None, pause=None) -> HandleSet:
         if rt is None or not rt.capturing():
             return original(self, *args, **kwargs)
         head, call_args = (args[:1], args[1:]) if self.obj is not None else ((), args)
-        api = f"Jit.{_region_name(self)}"
+        api = naming.JIT_PREFIX + _region_name(self)
 
         def run(*inputs, **kw):
             out = original(self, *head, *inputs, **kw)
@@ -108,24 +114,43 @@ def install_jit_capture(recorder=None, inside=None, pause=None) -> HandleSet:
 
     handles = HandleSet()
     handles.add(patch_attribute(_JitExecutor, "__call__", __call__))
-    if PIJitCaptureContext is not None and rt is not None:  # nothing recorded: bytecode jit as without the tool
-        handles.add(_run_bytecode_jit_as_pynative(rt))
+    if PIJitCaptureContext is not None and rt is not None:
+        handles.add(_record_bytecode_jit(recorder, pause, unhooked))
     return handles
 
 
-def _run_bytecode_jit_as_pynative(rt) -> HandleSet:
-    """While recording, entering a bytecode-capture context does nothing: the body runs in PyNative."""
+def _record_bytecode_jit(recorder, pause, unhooked) -> HandleSet:
+    """While recording, a call of a ``capture_mode="bytecode"`` function is recorded as one
+    ``Jit.{__name__}.{n}`` entry and compiled as without the tool: its body runs with the Cell hooks
+    paused (``pause``) and every wrapper off (``unhooked``), since MindSpore captures the bytecode of
+    whatever the body calls. Run as plain PyNative, or through the tool's wrappers (which it cannot
+    compile, so the graph breaks at each call), the body would compute other bits than the graph
+    compiled without the tool (a Parameter's gradient summed in another order)."""
     enter, exit_ = PIJitCaptureContext.__enter__, PIJitCaptureContext.__exit__
+    rt = recorder.rt
 
     def __enter__(self):
-        self._msprobe_skipped = rt.running
-        if not self._msprobe_skipped:
+        fn = self.fn
+        if fn is None or not rt.capturing() or "_msprobe_fn" in vars(self):
             return enter(self)
-        return None
+        out = enter(self)  # registers ``fn`` for compilation; ``_fn`` calls ``self.fn`` next
+        name = getattr(fn, "__name__", "jit")
+
+        def body(*args, **kwargs):
+            with unhooked() if unhooked is not None else contextlib.nullcontext():
+                return fn(*args, **kwargs)
+
+        def recorded(*args, **kwargs):
+            with pause(name) if pause is not None else contextlib.nullcontext():
+                return recorder.call(naming.JIT_PREFIX + name, body, args, kwargs, mutates=True)
+
+        self._msprobe_fn, self.fn = fn, recorded
+        return out
 
     def __exit__(self, *exc):
-        if getattr(self, "_msprobe_skipped", False):
-            return None
+        fn = vars(self).pop("_msprobe_fn", None)
+        if fn is not None:
+            self.fn = fn
         return exit_(self, *exc)
 
     handles = HandleSet()

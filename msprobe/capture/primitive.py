@@ -13,6 +13,8 @@ debugger and later by another gets the same class).
 """
 from __future__ import annotations
 
+import contextlib
+
 from mindspore.ops import Primitive
 
 from msprobe.capture.semantics import primitive_is_inplace
@@ -79,3 +81,17 @@ def install_primitive_hooks(recorder, targets: list) -> Handle:
         hooked.clear()
 
     return Handle(undo, f"{len(hooked)} Primitive hooks")
+
+
+@contextlib.contextmanager
+def unhooked(targets: list):
+    """Context in which the Primitives of ``targets`` (``[(Primitive instance, api name)]``) that
+    :func:`install_primitive_hooks` hooked have their own class back; hooked again when it ends."""
+    swapped = [(prim, type(prim)) for prim, _ in targets if _PROBE in prim.__dict__]
+    for prim, hooked in swapped:
+        prim.__class__ = hooked.__bases__[0]
+    try:
+        yield
+    finally:
+        for prim, hooked in swapped:
+            prim.__class__ = hooked

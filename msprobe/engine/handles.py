@@ -5,6 +5,7 @@ stacked patches of the same attribute unwind to the exact original object.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 
@@ -122,6 +123,21 @@ class AttributePatches:
             return False
         self._restore(i)
         return True
+
+    @contextlib.contextmanager
+    def suspended(self):
+        """Context in which the installed replacements are off: the original attributes are back
+        inside it, and the same replacements are installed again when it ends."""
+        on = [i for i in range(len(self._items)) if self._applied[i]]
+        for i in on:
+            self._restore(i)
+        try:
+            yield
+        finally:
+            for i in on:
+                owner, name, new = self._items[i][:3]
+                setattr(owner, name, new)
+                self._applied[i] = 1
 
     def _restore(self, i: int) -> None:
         owner, name, _, own, original = self._items[i]

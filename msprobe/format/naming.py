@@ -25,6 +25,8 @@ import re
 
 FORWARD = "forward"
 BACKWARD = "backward"
+#: the prefix of a compiled region's API name (``Jit.{function}``): a ``mindspore.jit`` call
+JIT_PREFIX = "Jit."
 
 #: longest file name most file systems accept, in bytes
 MAX_FILE_NAME_BYTES = 255

@@ -48,6 +48,7 @@ from msprobe.capture.cells.cell import CellCapture, install_recompute_replays, r
 from msprobe.capture.guard import guard_patches, inplace_targets
 from msprobe.capture.jit import install_jit_capture
 from msprobe.capture.primitive import install_primitive_hooks, primitive_targets
+from msprobe.capture.primitive import unhooked as primitives_unhooked
 from msprobe.engine.config import ConfigError
 from msprobe.engine.gc_window import widen_gen0
 from msprobe.engine.handles import AttributePatches, Handle, HandleSet, patch_attribute
@@ -347,9 +348,9 @@ class DumpService:
             self._api_patches.apply(skip=self._custom)
             capture.add(Handle(self._api_patches.undo, "support_wrap_ops.yaml wrappers"))
             wrapped = {(owner, attr) for owner, attr, _ in targets + self._aliases()}
-            capture.add(install_jit_capture(self.recorder, inside=_inside_compiled_call(weakref.ref(self)),
-                                            pause=self._jit_pause()))
             prims = self._primitive_targets() if self.models is not None else []
+            capture.add(install_jit_capture(self.recorder, inside=_inside_compiled_call(weakref.ref(self)),
+                                            pause=self._jit_pause(), unhooked=self._unhooked(prims)))
             self.runtime.primitives_hooked = self.models is not None
             if self.models is not None:
                 capture.add(install_primitive_hooks(self.recorder, prims))
@@ -388,6 +389,23 @@ class DumpService:
         if self.config.level not in _CELL_LEVELS or (self._graph and self._graph.graph_mode):
             return None
         return _paused_cells(weakref.ref(self))
+
+    def _unhooked(self, prims: list):
+        """What the body of a recorded bytecode-capture ``jit`` function runs in (L1, mix): the API
+        wrappers, the in-place guard and the hooks of the Primitives ``prims`` off (calls on other
+        threads meanwhile are not recorded either)."""
+        api, guard = self._api_patches, weakref.ref(self)
+
+        @contextlib.contextmanager
+        def unhooked():
+            service = guard()
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(api.suspended())
+                if service is not None and service._guard is not None:
+                    stack.enter_context(service._guard.suspended())
+                stack.enter_context(primitives_unhooked(prims))
+                yield
+        return unhooked
 
     def _release_capture(self) -> None:
         """Remove the parked capture (nothing when none is installed), and the parameter-gradient

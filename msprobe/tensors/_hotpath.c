@@ -2204,8 +2204,10 @@ call:
         if (fwd != NULL) {  /* the inputs are recorded (by the Python tail), the user's exception goes on */
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
             PyObject *res = PyObject_CallFunctionObjArgs(r->finish, api, fwd, body, slots, edges, args, kwargs,
-                                                         Py_None, Py_None, Py_True, NULL);
+                                                         Py_None, Py_None, value != NULL ? value : Py_None, NULL);
             if (res == NULL) PyErr_Clear();
             Py_XDECREF(res);
             PyErr_Restore(type, value, tb);
@@ -2245,7 +2247,7 @@ call:
             PyObject *probe = bwd != NULL ? make_probe(r, bwd) : Py_NewRef(Py_None), *res = NULL;
             if (probe != NULL || report(r, api, out) == 0)
                 res = PyObject_CallFunctionObjArgs(r->finish, api, fwd, body, slots, edges, args, kwargs, out,
-                                                   probe != NULL ? probe : Py_None, Py_False, NULL);
+                                                   probe != NULL ? probe : Py_None, Py_None, NULL);
             if (res == NULL) Py_CLEAR(out);
             Py_XDECREF(res);
             Py_XDECREF(probe);

@@ -101,6 +101,8 @@ class CellCapture:
         #: hook)])], ForwardHookTable of the plain Cells): user objects are held weakly, so the plan
         #: never keeps a network alive
         self._plan = None
+        #: ``{id: (take off, put back)}`` of the installed custom-bprop Cell wrappers (:meth:`paused`)
+        self._bprop_wrappers: dict = {}
         #: step token of the step that reached its first Cell call under a gradient: the
         #: parameter-gradient hooks record only while it is the open step's token
         self._param_token = _NO_STEP
@@ -160,9 +162,25 @@ class CellCapture:
         recorded (as those of a Cell with a ``jit`` construct). Only the hooks registered together
         (:class:`ForwardHookTable`, MindSpore 2.x) are taken off."""
         table = self._plan[2] if self._plan is not None else None
-        if table is None or not table.installed:
+        on = table is not None and table.installed
+        if not on and not self._bprop_wrappers:
             return contextlib.nullcontext()
-        return table.off()
+        return self._all_off(table if on else None)
+
+    @contextlib.contextmanager
+    def _all_off(self, table):
+        """:meth:`paused` with the hook table ``table`` (or ``None``) and the custom-bprop Cell
+        wrappers (their ``construct`` and ``bprop`` too: MindSpore compiles a Cell's bprop
+        into a ``jit`` function's graph and its parser rejects ours) taken off."""
+        wrappers = list(self._bprop_wrappers.values())
+        with table.off() if table is not None else contextlib.nullcontext():
+            for take_off, _ in wrappers:
+                take_off()
+            try:
+                yield
+            finally:
+                for _, put_back in wrappers:
+                    put_back()
 
     def _hook_parameters(self) -> None:
         """The step reached its first Cell call under a gradient: the parameter-gradient hooks record
@@ -405,17 +423,32 @@ class CellCapture:
             return result
 
         bprop.__wrapped__ = orig_bprop
-        object.__setattr__(cell, "construct", construct)
-        object.__setattr__(cell, "bprop", bprop)
+        handle = [pre_handle]
 
-        def undo():
-            pre_handle.remove()
+        def put_back():
+            if handle[0] is None:
+                handle[0] = cell.register_forward_pre_hook(armed_pre_hook, with_kwargs=True)
+            object.__setattr__(cell, "construct", construct)
+            object.__setattr__(cell, "bprop", bprop)
+
+        def take_off():
+            if handle[0] is not None:
+                handle[0].remove()
+                handle[0] = None
             for name, had, orig in (("construct", had_construct, orig_construct),
                                     ("bprop", had_bprop, orig_bprop)):
                 if had:
                     object.__setattr__(cell, name, orig)
                 else:
                     vars(cell).pop(name, None)
+
+        put_back()
+        key = id(take_off)
+        self._bprop_wrappers[key] = (take_off, put_back)
+
+        def undo():
+            self._bprop_wrappers.pop(key, None)
+            take_off()
             probes.clear()
 
         return Handle(undo, f"{prefix} (custom bprop)")
