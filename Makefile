@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test install clean bench bench-compare
+.PHONY: demo test test-full install clean bench bench-compare
 
 # pip install -e . also compiles the C extensions (statistics kernel, per-call path, GRAPH_MODE probes,
 # batch .npy writes): rebuild when one of them changes
@@ -29,7 +29,11 @@ demo: install
 	$(PY) examples/lenet_digits.py --watch --nan-at 7 --steps 12 --dump-path ./demo_watch
 
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+
+# the invisibility matrix with every optimizer for every network (the suite rotates them; ~2x its time)
+test-full: install
+	MSPROBE_FULL_MATRIX=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 bench: install
 	$(PY) benchmarks/overhead.py

@@ -16,6 +16,7 @@ dynamic loss scaling with ``nn.DynamicLossScaleUpdateCell``, ``amp.build_train_n
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable
 
 import mindspore as ms
@@ -900,3 +901,20 @@ class SpecialNet(nn.Cell):
 
 SPECS.append(NetSpec("special_values", SpecialNet, _x(4, 6), _plain, graph=False))
 BY_NAME = {s.name: s for s in SPECS}
+
+#: environment variable: set to 1 to train every network with each of its mode's optimizers (the full
+#: product, ~2x the matrix's time); otherwise each network trains with one, in rotation
+FULL_MATRIX = "MSPROBE_FULL_MATRIX"
+
+
+def optimizers_of(name: str, opts) -> list:
+    """The optimizers network ``name`` trains with, of the mode's ``opts`` (in order): the ones its
+    spec allows; of those, with :data:`FULL_MATRIX` unset, only one, chosen by the network's place in
+    :data:`SPECS` so that each optimizer is used by every ``len(opts)``-th network. Every level of a
+    network runs with its optimizers; the suite keeps under its time budget this way, and
+    ``MSPROBE_FULL_MATRIX=1`` (``make test-full``) runs the whole product."""
+    spec = BY_NAME[name]
+    allowed = [o for o in opts if not spec.opts or o in spec.opts]
+    if os.environ.get(FULL_MATRIX) == "1" or len(allowed) <= 1:
+        return allowed
+    return [allowed[SPECS.index(spec) % len(allowed)]]

@@ -1,5 +1,7 @@
 """The tool is invisible: every network of tests/matrix_nets.py x level (L0, L1, mix) x mode (PyNative,
-GRAPH_MODE where MindSpore compiles the network) x optimizer, trained tool-off and tool-on, gives
+GRAPH_MODE where MindSpore compiles the network) x optimizer (one per network, in rotation over the
+mode's optimizers: ``matrix_nets.optimizers_of``; each one with ``MSPROBE_FULL_MATRIX=1``, ``make
+test-full``), trained tool-off and tool-on, gives
 bit-identical losses, parameter gradients and final parameters (raw bytes), the same exception (type
 and message) or none, no dump_error_info.log, no forward hook left on a Cell after the last ``stop()``,
 nothing left patched after ``close()`` (the listed APIs, ``Cell.__call__``, the compiled-call entry),
@@ -28,7 +30,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from matrix_nets import BY_NAME, SPECS  # noqa: E402
+from matrix_nets import SPECS, optimizers_of  # noqa: E402
 
 WORKER = os.path.join(HERE, "scripts", "matrix_worker.py")
 LEVELS = ("L0", "L1", "mix")
@@ -73,7 +75,7 @@ def _chunks() -> list:
 
 
 def _cases(mode: str, net: str) -> list:
-    opts = [o for o in OPTS[mode] if not BY_NAME[net].opts or o in BY_NAME[net].opts]
+    opts = optimizers_of(net, OPTS[mode])
     out = [f"{lvl}-{opt}" for opt in opts for lvl in LEVELS]
     if mode == "pynative":
         out.append(f"tensor-mix-{opts[0]}")

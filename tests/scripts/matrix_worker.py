@@ -32,7 +32,7 @@ if "--async-launch" not in sys.argv:
 ms.device_context.cpu.op_tuning.threads_num(1)  # conv weight gradients vary in the last bit otherwise
 
 import matrix_checks as checks  # noqa: E402
-from matrix_nets import BY_NAME  # noqa: E402
+from matrix_nets import BY_NAME, optimizers_of  # noqa: E402
 from msprobe.mindspore import PrecisionDebugger, seed_all  # noqa: E402
 
 OPTIMIZERS = {
@@ -158,7 +158,7 @@ def run_net(name, mode, out_dir, levels, opts, steps, tensor) -> dict:
     steps = max(steps, max(spec.dump_steps, default=-1) + 1)
     graph_mode = mode == "graph"
     result = {"cases": {}, "times": {}}
-    opts = [o for o in opts if not spec.opts or o in spec.opts]
+    opts = optimizers_of(name, opts)
     for opt in opts:
         t0 = time.perf_counter()
         if graph_mode:  # the counters are Python hooks: count the same network in PyNative
