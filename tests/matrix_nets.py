@@ -626,76 +626,52 @@ def accumulate_step(net, loss, opt):
 
 
 
-def jit_step(net, loss, opt):
-    """The whole training step (gradients and update) as one ``mindspore.jit`` function."""
-    grad_fn = _grad_of(net, loss, opt)
+def _compiled_step(compile_, doc: str):
+    """A driver whose whole training step (gradients and update), a function named ``step``, is
+    compiled by ``compile_`` (a ``mindspore.jit`` decorator)."""
+    def driver(net, loss, opt):
+        grad_fn = _grad_of(net, loss, opt)
 
-    @ms.jit
-    def step(x, y):
-        value, grads = grad_fn(x, y)
-        opt(grads)
-        return value, grads
+        def step(x, y):
+            value, grads = grad_fn(x, y)
+            opt(grads)
+            return value, grads
 
-    return step
+        return compile_(step)
 
-
-def bytecode_jit_step(net, loss, opt):
-    """The whole training step as a ``mindspore.jit(capture_mode="bytecode")`` function."""
-    grad_fn = _grad_of(net, loss, opt)
-
-    @ms.jit(capture_mode="bytecode")
-    def step(x, y):
-        value, grads = grad_fn(x, y)
-        opt(grads)
-        return value, grads
-
-    return step
+    driver.__doc__ = doc
+    return driver
 
 
-def bytecode_jit_forward(net, loss, opt):
-    """``mindspore.value_and_grad`` of a ``mindspore.jit(capture_mode="bytecode")`` function calling
-    the model, then ``opt``."""
-    @ms.jit(capture_mode="bytecode")
-    def forward(x, y):
-        return loss(net(x), y)
+def _compiled_forward(compile_, doc: str):
+    """A driver taking ``mindspore.value_and_grad`` of a function named ``forward`` that calls the
+    model, compiled by ``compile_`` (a ``mindspore.jit`` decorator), then ``opt``."""
+    def driver(net, loss, opt):
+        def forward(x, y):
+            return loss(net(x), y)
 
-    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+        grad_fn = ms.value_and_grad(compile_(forward), None, opt.parameters)
 
-    def step(x, y):
-        value, grads = grad_fn(x, y)
-        opt(grads)
-        return value, grads
+        def step(x, y):
+            value, grads = grad_fn(x, y)
+            opt(grads)
+            return value, grads
 
-    return step
+        return step
 
-
-def jit_o1_forward(net, loss, opt):
-    """``mindspore.value_and_grad`` of a ``mindspore.jit(jit_level="O1")`` function calling the model."""
-    @ms.jit(jit_level="O1")
-    def forward(x, y):
-        return loss(net(x), y)
-
-    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
-
-    def step(x, y):
-        value, grads = grad_fn(x, y)
-        opt(grads)
-        return value, grads
-
-    return step
+    driver.__doc__ = doc
+    return driver
 
 
-def jit_o0_step(net, loss, opt):
-    """The whole training step as one ``mindspore.jit(jit_level="O0")`` function."""
-    grad_fn = _grad_of(net, loss, opt)
-
-    @ms.jit(jit_level="O0")
-    def step(x, y):
-        value, grads = grad_fn(x, y)
-        opt(grads)
-        return value, grads
-
-    return step
+jit_step = _compiled_step(ms.jit, "The whole training step as one ``mindspore.jit`` function.")
+bytecode_jit_step = _compiled_step(ms.jit(capture_mode="bytecode"),
+                                   'The whole training step as a ``mindspore.jit(capture_mode="bytecode")`` function.')
+jit_o0_step = _compiled_step(ms.jit(jit_level="O0"),
+                             'The whole training step as one ``mindspore.jit(jit_level="O0")`` function.')
+bytecode_jit_forward = _compiled_forward(ms.jit(capture_mode="bytecode"),
+                                         '``mindspore.value_and_grad`` of a ``capture_mode="bytecode"`` jit function.')
+jit_o1_forward = _compiled_forward(ms.jit(jit_level="O1"),
+                                   '``mindspore.value_and_grad`` of a ``jit_level="O1"`` jit function.')
 
 
 def grad_aux_step(net, loss, opt):

@@ -74,17 +74,24 @@ def _training_step():
     return net, train
 
 
+def _steps_counting_the_last(debugger, net, train, steps: int) -> ToolCalls:
+    """``steps`` dumped training steps (``start``/``train``/``stop``/``step``); the tool's Python calls
+    counted during the last step's ``train()`` only, run from the same line as the others."""
+    calls = ToolCalls()
+    for step in range(steps):
+        debugger.start(net)
+        with calls if step == steps - 1 else contextlib.nullcontext():
+            train()
+        debugger.stop()
+        debugger.step()
+    return calls
+
+
 @pytest.mark.parametrize("level", ["L0", "L1", "mix"])
 def test_a_step_outside_the_step_list_runs_no_tool_code(make_debugger, level):
     net, train = _training_step()
     debugger = make_debugger(level=level, task="statistics", step=[0])
-    calls = ToolCalls()
-    for step in range(3):
-        debugger.start(net)
-        with calls if step == 2 else contextlib.nullcontext():
-            train()
-        debugger.stop()
-        debugger.step()
+    calls = _steps_counting_the_last(debugger, net, train, 3)
     assert calls.total == 0, calls.counts.most_common(10)
 
 
@@ -93,15 +100,9 @@ def test_a_step_outside_the_step_list_runs_no_tool_code(make_debugger, level):
 def test_python_calls_per_recorded_entry_stay_bounded(make_debugger, dump_dir, level):
     net, train = _training_step()
     debugger = make_debugger(level=level, task="statistics")
-    calls = ToolCalls()
-    for step in range(4):
-        debugger.start(net)
-        # step 3 is the steady state: its call stacks (the same lines as before), names and the
-        # parked capture are already known
-        with calls if step == 3 else contextlib.nullcontext():
-            train()
-        debugger.stop()
-        debugger.step()
+    # step 3 is the steady state: its call stacks (the same lines as before), names and the parked
+    # capture are already known
+    calls = _steps_counting_the_last(debugger, net, train, 4)
     with open(os.path.join(only_step_dir(dump_dir, 3), "dump.json")) as f:
         entries = len(json.load(f)["data"])
     assert entries >= 8
