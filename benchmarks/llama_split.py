@@ -11,9 +11,9 @@ Tool-off and dumped steps alternate for ``--rounds`` rounds after 2 warm-up roun
 forward (``value_and_grad`` until the network returns the loss), the backward (until ``value_and_grad``
 returns), the optimizer, and ``start``/``stop``/``step``. Per tool function (``--timers``), the
 training thread's CPU time inside it, less that of the timed functions it calls: a timer costs ≈1 µs per call, so the
-dumped step is slower than without them by about the calls counted; timing
-``Runtime._added_to_batch`` makes the compiled recorder call it as a Python method instead of running
-its code in C, so compare variants with ``--no-timers``. Medians over the rounds, ms.
+dumped step is slower than without them by about the calls counted (the compiled recorder calls
+``Runtime._added_to_batch`` and ``Runtime.record_items`` as Python methods, so it calls their timers
+too), so compare variants with ``--no-timers``. Medians over the rounds, ms.
 """
 from __future__ import annotations
 
