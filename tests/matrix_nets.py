@@ -411,6 +411,29 @@ def _half(grads):
     return tuple(g * 0.5 for g in grads)
 
 
+def _cube(x):
+    return x * x * x
+
+
+def _cube_bprop(x, out, dout):
+    return (dout * 3.0 * x * x,)
+
+
+class CustomOpNet(nn.Cell):
+    """An ``ops.Custom`` op of ``func_type="pyfunc"`` (a Python function MindSpore runs on the host
+    arrays, the flavour that runs on CPU) with a ``bprop``, between two Dense layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 6)
+        self.cube = ops.Custom(_cube, out_shape=lambda shape: shape, out_dtype=lambda dtype: dtype,
+                               func_type="pyfunc", bprop=_cube_bprop)
+        self.fc2 = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.fc2(self.cube(self.fc1(x)))
+
+
 class HookBackwardNet(nn.Cell):
     """``ops.HookBackward`` between two Dense layers, its hook halving the gradient that passes."""
 
@@ -829,6 +852,7 @@ SPECS = [
     NetSpec("bprop", BpropNet, _x(4, 6)),
     NetSpec("caught_error", CaughtErrorNet, _x(4, 6), graph=False),
     NetSpec("hook_backward", HookBackwardNet, _x(4, 6), graph=False),
+    NetSpec("custom_pyfunc", CustomOpNet, _x(4, 6)),
     NetSpec("bytecode_jit_step", ResidualNet, _x(4, 6), driver=bytecode_jit_step, graph=False,
             dump_steps=(0, 2), jit_entry="step", known_log=_UNEVEN, opts=_ONE),
     NetSpec("bytecode_jit_forward", SharedNet, _xs((4, 6), (4, 2)), driver=bytecode_jit_forward, graph=False,
