@@ -183,6 +183,7 @@ def run_net(name, mode, out_dir, levels, opts, steps, tensor) -> dict:
             if compare(ref, again):
                 result["nondeterministic"] = compare(ref, again)
         result["exc"] = ref["exc"]
+        result["caught"] = ref["caught"]
         cases = [(lvl, "statistics") for lvl in levels] + ([("mix", "tensor")] if tensor and opt == opts[0] else [])
         for level, task in cases:
             key = f"{level}-{opt}" if task == "statistics" else f"tensor-{level}-{opt}"
