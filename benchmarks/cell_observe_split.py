@@ -4,8 +4,8 @@
 
 One process, ``overhead.py``'s TinyLM step (``ms.set_device("CPU"); ms.runtime.launch_blocking()``),
 one debugger dumping every step (statistics). Variants, in blocks of 4 steps (the first step of a
-block left out), the order reversed every other round so a drift of the machine's load hits them
-alike:
+block left out) after one warm-up block each, the order reversed every other round so a drift of the
+machine's load hits them alike (``overhead.alternate_blocks``):
 
 * ``off``: the step without the tool;
 * ``try each call``: ``BackwardProbe.observe`` tries the compiled common case
@@ -21,8 +21,6 @@ and the load average at the start and the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import statistics
 import sys
@@ -43,7 +41,6 @@ def main(argv=None) -> int:
     p.add_argument("--watch", action="store_true", help="watch mode (default settings)")
     p.add_argument("--rounds", type=int, default=30)
     args = p.parse_args(argv)
-    import mindspore as ms
 
     from msprobe.capture.backward import BackwardProbe
     from msprobe.mindspore import PrecisionDebugger
@@ -66,36 +63,25 @@ def main(argv=None) -> int:
             spent[0] += time.thread_time_ns() - t
 
     BackwardProbe.observe = observe
-    count = [0]
+    step = overhead.step_runner(net, batches, train_step, dbg)
 
     def one(name: str) -> tuple:
-        x, y = (ms.Tensor(v) for v in batches[count[0] % len(batches)])
-        count[0] += 1
         variant[0] = name
-        on = name != "off"
         spent[0] = 0
         wall, cpu = time.perf_counter(), time.thread_time()
-        if on:
-            dbg.start(net)
-        loss = train_step(x, y)
-        if on:
-            dbg.stop()
-            dbg.step()
-        loss.asnumpy()
+        step(name != "off")
         return time.perf_counter() - wall, time.thread_time() - cpu, spent[0] / 1e9
 
     rows = {v: [] for v in VARIANTS}
+
+    def block(v: str, keep: bool) -> None:
+        for k in range(4):
+            m = one(v)
+            if keep and k:
+                rows[v].append(m)
+
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the seed's per-step message
-            for v in VARIANTS * 2:
-                for _ in range(3):
-                    one(v)
-            for r in range(args.rounds):
-                for v in (VARIANTS if r % 2 else VARIANTS[::-1]):
-                    for k in range(4):
-                        m = one(v)
-                        if k:
-                            rows[v].append(m)
+        overhead.alternate_blocks(block, VARIANTS, args.rounds)
     finally:
         BackwardProbe.observe = original
         dbg.service.close()

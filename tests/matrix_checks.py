@@ -259,6 +259,26 @@ def check_names(names: set, counts: dict, level: str, graph_mode: bool) -> list:
     return fails
 
 
+def check_unrecorded_jit(dumps: dict, function: str) -> list:
+    """Failures of an L0 step whose model ran inside the ``mindspore.jit`` function ``function`` (its
+    ``__name__``): ``dumps`` (:func:`step_dumps`) must hold no Cell entry (the Cells ran compiled, with
+    the tool's hooks off), and each ``coverage.json`` beside them must name the function in
+    ``jit_functions_not_recorded``."""
+    fails = []
+    for path, content in dumps.items():
+        cells = sorted(n for n in content["data"] if n.startswith("Cell."))
+        if cells:
+            fails.append(f"Cell entries recorded inside the compiled {function}: {cells[:6]}")
+        coverage = os.path.join(os.path.dirname(path), "coverage.json")
+        noted = []
+        if os.path.exists(coverage):
+            with open(coverage) as f:
+                noted = [n["function"] for n in json.load(f).get("jit_functions_not_recorded", [])]
+        if function not in noted:
+            fails.append(f"coverage.json does not list {function} in jit_functions_not_recorded: {noted}")
+    return fails
+
+
 # ---------------------------------------------------------------------------------------------- statistics
 def _leaves(value, path=""):
     if isinstance(value, dict):

@@ -411,6 +411,29 @@ def _half(grads):
     return tuple(g * 0.5 for g in grads)
 
 
+def _cube(x):
+    return x * x * x
+
+
+def _cube_bprop(x, out, dout):
+    return (dout * 3.0 * x * x,)
+
+
+class CustomOpNet(nn.Cell):
+    """An ``ops.Custom`` op of ``func_type="pyfunc"`` (a Python function MindSpore runs on the host
+    arrays, the flavour that runs on CPU) with a ``bprop``, between two Dense layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(6, 6)
+        self.cube = ops.Custom(_cube, out_shape=lambda shape: shape, out_dtype=lambda dtype: dtype,
+                               func_type="pyfunc", bprop=_cube_bprop)
+        self.fc2 = nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.fc2(self.cube(self.fc1(x)))
+
+
 class HookBackwardNet(nn.Cell):
     """``ops.HookBackward`` between two Dense layers, its hook halving the gradient that passes."""
 
@@ -674,6 +697,29 @@ jit_o1_forward = _compiled_forward(ms.jit(jit_level="O1"),
                                    '``mindspore.value_and_grad`` of a ``jit_level="O1"`` jit function.')
 
 
+def bytecode_caught_step(net, loss, opt):
+    """The ``capture_mode="bytecode"`` training step (:data:`bytecode_jit_step`), after an ``ops.gather``
+    whose indices are out of range: its kernel fails, the step catches the error (kept in
+    ``net.caught`` as ``(where, type, message)``, ``where`` = ``"call"`` or, when MindSpore reported
+    the failure late, ``"read"``) and trains on. Under asynchronous launch the failure is reported at
+    the next synchronisation, the ``asnumpy()`` inside the ``try``."""
+    compiled = bytecode_jit_step(net, loss, opt)
+    net.caught = []
+    out_of_range = Tensor(np.array([0, 9], np.int32))
+
+    def step(x, y):
+        where = "call"
+        try:
+            picked = ops.gather(x, out_of_range, 0)
+            where = "read"
+            picked.asnumpy()
+        except (RuntimeError, ValueError) as e:
+            net.caught.append((where, type(e).__name__, str(e)))
+        return compiled(x, y)
+
+    return step
+
+
 def grad_aux_step(net, loss, opt):
     """``mindspore.grad`` with ``has_aux=True`` (the network output returned beside the loss) and
     ``return_ids``; returns ``(loss, gradients)``."""
@@ -829,6 +875,7 @@ SPECS = [
     NetSpec("bprop", BpropNet, _x(4, 6)),
     NetSpec("caught_error", CaughtErrorNet, _x(4, 6), graph=False),
     NetSpec("hook_backward", HookBackwardNet, _x(4, 6), graph=False),
+    NetSpec("custom_pyfunc", CustomOpNet, _x(4, 6)),
     NetSpec("bytecode_jit_step", ResidualNet, _x(4, 6), driver=bytecode_jit_step, graph=False,
             dump_steps=(0, 2), jit_entry="step", known_log=_UNEVEN, opts=_ONE),
     NetSpec("bytecode_jit_forward", SharedNet, _xs((4, 6), (4, 2)), driver=bytecode_jit_forward, graph=False,
@@ -842,6 +889,8 @@ SPECS = [
     NetSpec("jit_o0_step", ResidualNet, _x(4, 6), driver=jit_o0_step, graph=False, jit_entry="step", opts=_ONE),
     NetSpec("jit_o1_forward", SharedNet, _xs((4, 6), (4, 2)), driver=jit_o1_forward, graph=False,
             jit_entry="forward", known_log=_UNEVEN, opts=_ONE),
+    NetSpec("bytecode_caught", ResidualNet, _x(4, 6), driver=bytecode_caught_step, graph=False, jit_entry="step",
+            known_log=_UNEVEN, opts=_ONE),
     NetSpec("raise_user", RaiseNet, _x(4, 6), graph=False),
     NetSpec("raise_shape", ShapeErrorNet, _x(4, 6), graph=False),
 ]

@@ -1,11 +1,13 @@
 """jit at L1 (seed, 动态图场景 notes): an ast-jit function is one Jit entry (forward and backward);
 a bytecode-jit function is one Jit entry too, compiled as without the tool (its body, run API by API,
 would compute other bits); MindSpore's objects are restored at stop().
-At L0 a jit function running a whole training step is said (WARNING, the empty step's reason)."""
+At L0 a jit function running a whole training step (ast or bytecode capture) is said (WARNING, the empty
+step's reason)."""
 import logging
 
 import numpy as np
 import mindspore as ms
+import pytest
 from mindspore import nn, ops, Tensor
 
 import msprobe.dump
@@ -130,17 +132,18 @@ def test_jit_compiled_before_start_is_a_jit_entry_and_listed(make_debugger, dump
     assert "not captured" in regions[0]["note"]
 
 
-def test_a_training_step_in_a_jit_function_at_l0_is_said(make_debugger, dump_dir, caplog):
-    """PyNative, L0: value_and_grad and the optimizer inside one jit function run compiled, the Cells
-    with the tool's hooks off; one WARNING names the function, each empty step's reason and
-    coverage.json too."""
+@pytest.mark.parametrize("capture_mode", ["ast", "bytecode"])
+def test_a_training_step_in_a_jit_function_at_l0_is_said(make_debugger, dump_dir, caplog, capture_mode):
+    """PyNative, L0: value_and_grad and the optimizer inside one jit function (compiled from its source
+    or its bytecode) run compiled, the Cells with the tool's hooks off; one WARNING names the function,
+    each empty step's reason and coverage.json too."""
     ms.set_seed(1)
     net = nn.SequentialCell(nn.Dense(4, 3), nn.ReLU(), nn.Dense(3, 2))
     loss_net = nn.WithLossCell(net, nn.MSELoss())
     opt = nn.SGD(net.trainable_params(), 0.1)
     grad_fn = ms.value_and_grad(loss_net, None, opt.parameters)
 
-    @ms.jit
+    @ms.jit(capture_mode=capture_mode)
     def train_step(x, y):
         loss, grads = grad_fn(x, y)
         return ops.depend(loss, opt(grads))

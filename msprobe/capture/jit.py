@@ -13,6 +13,9 @@ runs:
   without the tool: its body runs with every wrapper and hook of the tool off, since MindSpore
   captures the bytecode of whatever the body calls (run as plain PyNative instead, the body computes
   other bits than its graph). Its inside is not recorded API by API.
+
+At L0 nothing is recorded for a compiled call: it runs (and compiles) with the Cell hooks paused, a
+``capture_mode="bytecode"`` function's body also with the in-place guard off, as at L1/mix.
 """
 from __future__ import annotations
 
@@ -63,9 +66,10 @@ def _may_call_cells(obj) -> bool:
     return not isinstance(obj, Cell) or bool(obj._cells)
 
 
-def install_jit_capture(recorder=None, inside=None, pause=None, unhooked=None) -> HandleSet:
-    """Patch ``_JitExecutor.__call__`` so compiled calls are recorded by ``recorder`` and run with the
-    Cell hooks paused.
+def install_jit_capture(recorder=None, inside=None, pause=None, unhooked=None, runtime=None) -> HandleSet:
+    """Patch ``_JitExecutor.__call__`` (and, where MindSpore has bytecode capture,
+    ``PIJitCaptureContext``) so compiled calls are recorded by ``recorder`` and run with the Cell hooks
+    paused.
 
     Args:
         recorder: ``None`` (nothing recorded), or the :class:`msprobe.capture.calls.CallRecorder`
@@ -80,14 +84,20 @@ def install_jit_capture(recorder=None, inside=None, pause=None, unhooked=None) -
             (:meth:`msprobe.capture.cells.cell.CellCapture.paused`). Its argument is the ``jit``
             function's ``__name__`` (str), or ``None`` for a Cell's compiled ``construct``.
         unhooked: ``None``, or a callable without arguments returning the context in which the body
-            of a recorded ``capture_mode="bytecode"`` function runs: every wrapper and hook of the
-            tool off, so MindSpore captures the bytecode it captures without the tool.
+            of a ``capture_mode="bytecode"`` function called while recording runs: every wrapper and
+            hook of the tool off, so MindSpore captures the bytecode it captures without the tool.
+        runtime: without ``recorder`` (L0), the :class:`msprobe.engine.runtime.Runtime` whose
+            recording decides when a ``capture_mode="bytecode"`` function's body runs in ``pause``
+            and ``unhooked``; ``None`` with neither: bytecode capture is left alone.
+
+    Returns:
+        The :class:`msprobe.engine.handles.HandleSet` that gives MindSpore's methods back.
     """
     original = _JitExecutor.__call__
-    rt = recorder.rt if recorder is not None else None
+    rt = recorder.rt if recorder is not None else runtime
 
     def recorded(self, *args, **kwargs):
-        if rt is None or not rt.capturing():
+        if recorder is None or not rt.capturing():
             return original(self, *args, **kwargs)
         head, call_args = (args[:1], args[1:]) if self.obj is not None else ((), args)
         api = naming.JIT_PREFIX + _region_name(self)
@@ -115,19 +125,21 @@ def install_jit_capture(recorder=None, inside=None, pause=None, unhooked=None) -
     handles = HandleSet()
     handles.add(patch_attribute(_JitExecutor, "__call__", __call__))
     if PIJitCaptureContext is not None and rt is not None:
-        handles.add(_record_bytecode_jit(recorder, pause, unhooked))
+        handles.add(_bytecode_jit(rt, recorder, pause, unhooked))
     return handles
 
 
-def _record_bytecode_jit(recorder, pause, unhooked) -> HandleSet:
-    """While recording, a call of a ``capture_mode="bytecode"`` function is recorded as one
-    ``Jit.{__name__}.{n}`` entry and compiled as without the tool: its body runs with the Cell hooks
-    paused (``pause``) and every wrapper off (``unhooked``), since MindSpore captures the bytecode of
-    whatever the body calls. Run as plain PyNative, or through the tool's wrappers (which it cannot
-    compile, so the graph breaks at each call), the body would compute other bits than the graph
-    compiled without the tool (a Parameter's gradient summed in another order)."""
+def _bytecode_jit(rt, recorder, pause, unhooked) -> HandleSet:
+    """While ``rt`` records, a call of a ``capture_mode="bytecode"`` function is compiled as without
+    the tool, and recorded as one ``Jit.{__name__}.{n}`` entry by ``recorder`` when there is one
+    (L1/mix; at L0 nothing is recorded): its body runs with the Cell hooks paused (``pause``) and
+    every wrapper off (``unhooked``), since MindSpore captures the bytecode of whatever the body calls.
+    Run as plain PyNative, or through the tool's wrappers (which it cannot compile, so the graph
+    breaks at each call), the body would compute other bits than the graph compiled without the tool
+    (a Parameter's gradient summed in another order). MindSpore's bytecode capture runs no Cell
+    forward hook, so at L0 the Cells it calls would not be recorded either way; a custom-``bprop``
+    Cell's wrappers would run, and record it alone."""
     enter, exit_ = PIJitCaptureContext.__enter__, PIJitCaptureContext.__exit__
-    rt = recorder.rt
 
     def __enter__(self):
         fn = self.fn
@@ -142,6 +154,8 @@ def _record_bytecode_jit(recorder, pause, unhooked) -> HandleSet:
 
         def recorded(*args, **kwargs):
             with pause(name) if pause is not None else contextlib.nullcontext():
+                if recorder is None:
+                    return body(*args, **kwargs)
                 return recorder.call(naming.JIT_PREFIX + name, body, args, kwargs, mutates=True)
 
         self._msprobe_fn, self.fn = fn, recorded

@@ -364,7 +364,8 @@ class DumpService:
                                    "'Functional.relu.0.forward'; at L1 only the APIs an item can name "
                                    "are hooked): nothing is dumped", list(self.config.api_list))
         elif self._jit_pause() is not None:  # L0: compiled calls only run with the Cell hooks off
-            capture.add(install_jit_capture(pause=self._jit_pause()))
+            capture.add(install_jit_capture(pause=self._jit_pause(), unhooked=self._unhooked([]),
+                                            runtime=self.runtime))
         if self._guard is None:  # the wrapped set is the same at every start (one level per service)
             self._guard = guard_patches(self.runtime, inplace_targets(wrapped))
         self._guard.apply()
@@ -391,16 +392,17 @@ class DumpService:
         return _paused_cells(weakref.ref(self))
 
     def _unhooked(self, prims: list):
-        """What the body of a recorded bytecode-capture ``jit`` function runs in (L1, mix): the API
-        wrappers, the in-place guard and the hooks of the Primitives ``prims`` off (calls on other
-        threads meanwhile are not recorded either)."""
+        """What the body of a bytecode-capture ``jit`` function called while recording runs in: the
+        API wrappers (L1, mix), the in-place guard and the hooks of the Primitives ``prims`` off (calls
+        on other threads meanwhile are not recorded either)."""
         api, guard = self._api_patches, weakref.ref(self)
 
         @contextlib.contextmanager
         def unhooked():
             service = guard()
             with contextlib.ExitStack() as stack:
-                stack.enter_context(api.suspended())
+                if api is not None:
+                    stack.enter_context(api.suspended())
                 if service is not None and service._guard is not None:
                     stack.enter_context(service._guard.suspended())
                 stack.enter_context(primitives_unhooked(prims))

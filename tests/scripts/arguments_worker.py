@@ -14,8 +14,6 @@ compiled (entries ``Cell.body.lstm...`` in the dump's ``graph`` tree).
 """
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import os
 import sys
@@ -26,6 +24,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
+from worker_common import digest, training_parser  # noqa: E402
 
 
 class Attention(nn.Cell):
@@ -82,19 +81,8 @@ class Outer(nn.Cell):
         return self.body(x, h0, c0)
 
 
-def _digest(tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.asnumpy().tobytes())
-    return h.hexdigest()
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["graph", "pynative"])
-    ap.add_argument("tool", choices=["on", "off"])
-    ap.add_argument("dump_path")
-    ap.add_argument("--level", default="L0")
+    ap = training_parser()
     ap.add_argument("--shift", action="store_true")
     ap.add_argument("--jit", action="store_true")
     args = ap.parse_args()
@@ -134,7 +122,7 @@ def main():
         loss, g = grad_fn(x, h0, c0, label)
         opt(g)
         losses.append(float(loss.asnumpy()))
-        grads.append(_digest(g))
+        grads.append(digest(g))
         if debugger is not None:
             debugger.stop()
             debugger.step()

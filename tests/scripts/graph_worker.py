@@ -16,9 +16,7 @@ from a recipe (``recipe_drains``).
 """
 from __future__ import annotations
 
-import argparse
 import faulthandler
-import hashlib
 import json
 import os
 import sys
@@ -31,6 +29,7 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
 from examples.models import LeNet, configure_cpu, load_digits_dataset, set_seed  # noqa: E402
+from worker_common import digest, training_parser  # noqa: E402
 
 
 class JitFeatures(nn.Cell):
@@ -59,21 +58,9 @@ class JitLeNet(nn.Cell):
         return self.fc2(x)
 
 
-def _digest(tensors) -> str:
-    """SHA-256 of the tensors' bytes, in order (bit-identity of gradients and parameters)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.asnumpy().tobytes())
-    return h.hexdigest()
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["graph", "pynative"])
-    ap.add_argument("tool", choices=["on", "off"])
-    ap.add_argument("dump_path")
+    ap = training_parser()
     ap.add_argument("--task", default="statistics")
-    ap.add_argument("--level", default="L0")
     ap.add_argument("--data-mode", default="all")
     ap.add_argument("--driver", default="loop", choices=["loop", "model", "jit", "unread"])
     ap.add_argument("--async", dest="async_launch", action="store_true",
@@ -162,7 +149,7 @@ def main():
                 debugger.start(net)
             loss, grads = grad_fn(Tensor(x), Tensor(y))
             opt(grads)
-            grad_digests.append(_digest(grads))
+            grad_digests.append(digest(grads))
             if args.driver != "unread":  # unread: no result is read before stop() and step()
                 losses.append(float(loss.asnumpy()))
             if debugger is not None:
@@ -176,7 +163,7 @@ def main():
     compiled = bool(graph) and graph._capture is not None and graph._capture._compiled is not None
     print(json.dumps({"losses": [repr(v) for v in losses], "times": times, "cpu": cpu,
                       "compiled_probes": compiled, "grads": grad_digests,
-                      "parameters": _digest(net.trainable_params()),
+                      "parameters": digest(net.trainable_params()),
                       "recipe_drains": graph._capture.recipe_drains if compiled else 0}))
 
 

@@ -125,7 +125,7 @@ def check_dump(dump, counts, level, graph_mode, steps_done, spec) -> list:
     """Failures of the dump: ``dump_error_info.log`` (but the lines ``spec.known_log`` matches), a
     dumped step without dump.json, and entries that differ from the calls counted (``counts``, one
     per step), or without the ``Jit.{spec.jit_entry}`` entry at L1/mix for a network whose calls run
-    compiled."""
+    compiled (at L0: :func:`matrix_checks.check_unrecorded_jit`)."""
     fails = []
     logs = [os.path.relpath(os.path.join(r, f), dump) for r, _, fs in os.walk(dump) for f in fs
             if f == "dump_error_info.log"]
@@ -148,7 +148,9 @@ def check_dump(dump, counts, level, graph_mode, steps_done, spec) -> list:
             names |= set(content["data"])
         if spec.jit_entry is None:
             fails += [f"step {step}: {m}" for m in checks.check_names(names, counts[step], level, graph_mode)]
-        elif level != "L0" and not any(n.startswith(f"Jit.{spec.jit_entry}.") for n in names):
+        elif level == "L0":
+            fails += [f"step {step}: {m}" for m in checks.check_unrecorded_jit(dumps, spec.jit_entry)]
+        elif not any(n.startswith(f"Jit.{spec.jit_entry}.") for n in names):
             fails.append(f"step {step}: no Jit.{spec.jit_entry} entry")
     return fails
 
@@ -181,6 +183,7 @@ def run_net(name, mode, out_dir, levels, opts, steps, tensor) -> dict:
             if compare(ref, again):
                 result["nondeterministic"] = compare(ref, again)
         result["exc"] = ref["exc"]
+        result["caught"] = ref["caught"]
         cases = [(lvl, "statistics") for lvl in levels] + ([("mix", "tensor")] if tensor and opt == opts[0] else [])
         for level, task in cases:
             key = f"{level}-{opt}" if task == "statistics" else f"tensor-{level}-{opt}"
