@@ -107,8 +107,8 @@ def main(argv=None) -> int:
                                                                       always_call=True))]
         return lambda: [h.remove() for h in handles]
 
-    def no_observe(self, args, out, mark=None):
-        return None
+    def no_observe(self, args, out, mark=None, plain=True):
+        return True
 
     def no_params(self):  # and none left registered by an earlier variant's steps
         self.release_parameter_hooks()
