@@ -15,6 +15,12 @@ every other round, so a drift of the machine's load hits them alike):
 * ``no parameter hooks``: ``CellCapture._hook_parameters`` registers nothing and removes the hooks an
   earlier variant's steps left registered (no ``parameters_grad``);
 * ``neither``: both of the above;
+* ``no watermark``: no view is made before a Cell runs (the walk is bounded by the newest argument's
+  node instead: inexact on purpose), what a cheaper watermark could save at most;
+* ``no sum``: the tool's sum of an argument's gradient parts returns the first part (wrong on purpose):
+  whether the ``ops.add`` calls cost the step what their timers say;
+* ``separate node hooks``: one MindSpore hook per call on a node several calls hook (the registration
+  before ``backward.register_node_hook``);
 * ``no jit pause``: ``CellCapture.paused`` does nothing (the Cell hooks stay on the Cells while a
   compiled call, such as the optimizer's, runs);
 * ``hooks only``: a second debugger whose ``list`` selects nothing (every hook installed and running,
@@ -107,8 +113,8 @@ def main(argv=None) -> int:
                                                                       always_call=True))]
         return lambda: [h.remove() for h in handles]
 
-    def no_observe(self, args, out, mark=None):
-        return None
+    def no_observe(self, args, out, mark=None, plain=True):
+        return True
 
     def no_params(self):  # and none left registered by an earlier variant's steps
         self.release_parameter_hooks()
@@ -118,6 +124,10 @@ def main(argv=None) -> int:
 
     switches = {
         "all": (),
+        "no watermark": ((cell, "watermark", lambda tensor: None),),
+        "no sum": ((backward, "_sum", lambda a, b: a),),
+        "separate node hooks": ((backward, "register_node_hook",
+                                 lambda registry, node, hook: node.register_hook(hook)),),
         "no jit pause": ((cell.CellCapture, "paused", no_pause),),
         "no backward probes": ((backward.BackwardProbe, "observe", no_observe),),
         "no parameter hooks": ((cell.CellCapture, "_hook_parameters", no_params),),

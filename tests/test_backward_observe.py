@@ -139,3 +139,77 @@ def test_every_tensor_hook_the_tool_registers_is_removed(make_debugger):
         assert len(on_parameters) == params and not set(on_parameters) & set(removed)
         debugger.close()
     assert registered and sorted(removed) == sorted(i for i, _ in registered)
+
+
+class _Affine(ms.nn.Cell):
+    """``x @ w + b``: two autograd nodes, so its backward is observed by walking them."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        rng = np.random.RandomState(seed)
+        self.w = Parameter(Tensor(rng.randn(4, 4).astype(np.float32)), name="w")
+        self.b = Parameter(Tensor(rng.randn(4).astype(np.float32)), name="b")
+
+    def construct(self, x):
+        return ops.matmul(x, self.w) + self.b
+
+
+class _Wrapper(ms.nn.Cell):
+    """Passes its input straight to an inner Cell: the inner Cell's node that consumes ``x`` feeds
+    the arguments of both calls, and both hook it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _Affine(1)
+
+    def construct(self, x):
+        return ops.tanh(self.inner(x)) * 2
+
+
+class _Nested(ms.nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.block = _Wrapper()
+        self.head = _Affine(2)
+
+    def construct(self, x):
+        return self.head(self.block(x))
+
+
+def _dump_nested_step(make_debugger, dump_path) -> tuple:
+    """One L0 step of :class:`_Nested` dumped into ``dump_path``: ``(dump.json, node hooks)``, the
+    node hooks being the runtime's per-node lists as the step's ``stop()`` left them."""
+    import json
+    import os
+
+    from conftest import only_step_dir
+
+    net = _Nested()
+    debugger = make_debugger(task="statistics", level="L0", dump_path=dump_path)
+    x = Tensor(np.random.RandomState(0).randn(3, 4).astype(np.float32))
+    grad_fn = ms.value_and_grad(lambda a: net(a).sum(), None, net.trainable_params())
+    debugger.start(net)
+    grad_fn(x)
+    debugger.stop()
+    node_hooks = {key: list(hooks) for key, hooks in debugger.service.runtime.node_hooks.items()}
+    debugger.step()
+    with open(os.path.join(only_step_dir(dump_path, 0), "dump.json"), encoding="utf-8") as f:
+        return json.load(f), node_hooks
+
+
+def test_calls_hooking_the_same_node_share_one_mindspore_hook(make_debugger, tmp_path, monkeypatch):
+    """A Cell handing its input to an inner Cell: the inner Cell's node consuming that input is
+    hooked for both calls' backward ``output``, through one MindSpore hook on the node calling both
+    in turn (MindSpore converts the node's gradients to Python once); the records are those of one
+    MindSpore hook per call, in the same order."""
+    shared, node_hooks = _dump_nested_step(make_debugger, str(tmp_path / "shared"))
+    assert max(len(hooks) for hooks in node_hooks.values()) >= 2, node_hooks
+    backward_entries = [name for name in shared["data"] if ".backward." in name]
+    assert "Cell.block.inner._Affine.backward.0" in backward_entries
+    assert "Cell.block._Wrapper.backward.0" in backward_entries
+
+    monkeypatch.setattr(backward, "register_node_hook", lambda registry, node, hook: node.register_hook(hook))
+    separate, node_hooks = _dump_nested_step(make_debugger, str(tmp_path / "separate"))
+    assert not node_hooks  # every hook registered on its own
+    assert list(shared["data"]) == list(separate["data"])
+    assert shared["data"] == separate["data"]

@@ -315,7 +315,7 @@ class BackwardProbe:
                 for j, (i, k) in mapping:
                     slot(i, k, grad_inputs[j])
 
-        node.register_hook(hook)
+        self._hook_node(node, hook)
 
     def _hook_walk(self, targets: list, outs: list, nodes: list, mark) -> None:
         """Several nodes: hook each edge from the call's own nodes into an argument."""
@@ -357,7 +357,7 @@ class BackwardProbe:
                 for node, j in edges:
                     per_node.setdefault(node._unique_id(), (node, []))[1].append((j, slot_key))
         for node, mapping in per_node.values():
-            node.register_hook(self._edges_hook(mapping, len(node.next_functions)))
+            self._hook_node(node, self._edges_hook(mapping, len(node.next_functions)))
 
     def _edges_hook(self, mapping: list, n_edges: int):
         """The hook of a node with ``n_edges`` edges, ``mapping`` ``[(edge index, (position, element))]``."""
@@ -385,7 +385,12 @@ class BackwardProbe:
         if node.is_leaf():
             self._hook_tensor(tensor, release)
         else:
-            node.register_hook(release)
+            self._hook_node(node, release)
+
+    def _hook_node(self, node, hook) -> None:
+        """``node.register_hook(hook)`` through :func:`register_node_hook` (one MindSpore hook per
+        autograd node for the tool's hooks of the step)."""
+        register_node_hook(self.runtime.node_hooks, node, hook)
 
     def _hook_tensor(self, tensor, hook) -> None:
         """``Tensor.register_hook(hook)`` on ``tensor``, removed at step end."""
@@ -481,6 +486,49 @@ class BackwardProbe:
             grads = result if isinstance(result, (tuple, list)) else (result,)
             for i, g in enumerate(grads):
                 self._record("output", i, len(grads), g)
+
+
+def register_node_hook(registry: dict, node, hook) -> None:
+    """Have ``hook(grad_inputs, grad_outputs)`` called when autograd node ``node`` runs, as
+    ``node.register_hook(hook)`` does, with one MindSpore hook per node for all the hooks given here
+    in a step: the first registers a hook calling, in registration order, the list kept in
+    ``registry`` (the runtime's :attr:`~msprobe.engine.runtime.Runtime.node_hooks`, emptied when the
+    step ends); later ones join that list. A node feeding the arguments of nested calls (a Dense
+    inside an MLP, both given the same input) is hooked by each of them: MindSpore then converts its
+    gradients to Python and dispatches once instead of once per call.
+
+    The hooks run in the order they would have run as separate MindSpore hooks: the tool's only
+    other hook on a node (the compiled per-call path's, ``hotpath.ext.observe_plain``) is registered
+    when the call that made the node returns, before any hook given here for that node (those come
+    from calls enclosing it, from later consumers of its output, or from that same call on the
+    Python path). The key is the node's address with its sequence number (addresses are reused
+    once a node is freed; sequence numbers only grow), so no node of the user's is kept.
+
+    Args:
+        registry: ``{(node address, sequence number): [hook]}`` of the open step.
+        node: a MindSpore ``BackwardNode``.
+        hook: ``callable(grad_inputs: tuple, grad_outputs: tuple) -> None``.
+
+    Raises:
+        whatever MindSpore's ``BackwardNode.register_hook`` raises (a new node only).
+    """
+    key = (node._unique_id(), node._sequence_nr())
+    hooks = registry.get(key)
+    if hooks is not None:
+        hooks.append(hook)
+        return
+    hooks = [hook]
+    node.register_hook(_calling_each(hooks))
+    registry[key] = hooks  # after MindSpore took the hook: a failed registration leaves no entry
+
+
+def _calling_each(hooks: list):
+    """A node hook that calls each of ``hooks`` (a list that may grow) with its gradients."""
+
+    def hook(grad_inputs, grad_outputs):
+        for each in hooks:
+            each(grad_inputs, grad_outputs)
+    return hook
 
 
 def _sum(a, b):

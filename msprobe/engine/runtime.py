@@ -245,6 +245,9 @@ class Runtime:
         #: capture/cells/cell.py), removed at the end of the step: MindSpore keeps an entry per hook
         #: until it is removed
         self.tensor_hooks: list = []
+        #: the tool's autograd-node hooks of the open step, one MindSpore hook per node
+        #: (:func:`msprobe.capture.backward.register_node_hook`), forgotten at the end of the step
+        self.node_hooks: dict = {}
         #: > 0 while MindSpore re-runs a recomputed forward (:meth:`replaying`)
         self.recomputing = 0
         #: tool-failure key -> repeats not written again (tool_error)
@@ -1595,6 +1598,7 @@ class Runtime:
         self.late_pieces = 0
         while self.tensor_hooks:
             self.tensor_hooks.pop().remove()
+        self.node_hooks = {}
         self.counters.clear()
         self.selector.reset()
         self._step_failure = None
