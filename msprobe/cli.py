@@ -204,6 +204,8 @@ def _tensor_metrics_text(rec: dict) -> str:
 
 
 def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False) -> None:
+    from msprobe.compare.divergence import one_side_text
+
     where = f"step {f.step} {f.rank}" if f.step is not None else f.rank
     click.echo(f"{label} ({where}, {f.direction}): {f.entry}"
                + (f"  [golden: {f.golden_entry}]" if f.golden_entry and f.golden_entry != f.entry else ""))
@@ -217,6 +219,8 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
         t, g = rec.get("target"), rec.get("golden")
         if "finite" in rec:
             state = "finite" if rec["finite"] else "NaN/Inf"
+        elif one_side_text(rec) is not None:  # no counterpart: no difference of values
+            state = one_side_text(rec)
         elif exact:
             state = "equal" if rec["bitwise_equal"] else "differs"
         else:
@@ -225,7 +229,7 @@ def _print_finding(f, label: str, exact: bool = False, all_frames: bool = False)
         for side, values in (("target", t), ("golden", g)):
             if not values:
                 continue
-            if side == "golden":
+            if side == "golden" and t:  # under the target's values
                 line += f"\n    {'':<22} {'':<8}"
             line += f"  {side} {_record_text(values, rec.get(side + '_value'))}"
         tensors = _tensor_metrics_text(rec)
@@ -323,7 +327,7 @@ def first_diff(target, golden, exact, mode, step, rank, mapping, thresholds, ign
                                     mapping=mapping, thresholds=thresholds, ignore=ignore)
     nans = {"target": nan_producer(target, step, rank)}
     if golden is not None:
-        nans["golden"] = nan_producer(golden, step, rank)
+        nans["golden"] = nan_producer(golden, step, rank, run="golden")
     found_unpaired = find_unpaired(target, golden, step) if golden is not None else None
     unpaired = found_unpaired.text() if found_unpaired is not None else None
     if as_json:  # unpaired_steps: the step numbers per side (null without a golden dump)

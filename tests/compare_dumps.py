@@ -77,9 +77,9 @@ def batch(dtype=ms.float32):
 
 
 def make_dump(root, name, *, level="mix", task="statistics", steps=1, seed=0, dtype=ms.float32,
-              section=None, **variant) -> str:
-    """Train ``steps`` SGD steps of a :class:`CompareNet` variant with msprobe on; returns the
-    dump_path ``root/name``."""
+              section=None, lr=0.1, **variant) -> str:
+    """Train ``steps`` SGD steps (learning rate ``lr``) of a :class:`CompareNet` variant with msprobe
+    on; returns the dump_path ``root/name``."""
     from msprobe.mindspore import PrecisionDebugger
 
     dump_path = os.path.join(str(root), name)
@@ -89,7 +89,7 @@ def make_dump(root, name, *, level="mix", task="statistics", steps=1, seed=0, dt
                                               section=section or {}))
     net = build(seed, dtype, **variant)
     params = net.trainable_params()
-    opt = nn.SGD(params, learning_rate=0.1)
+    opt = nn.SGD(params, learning_rate=lr)
     x, y = batch(dtype)
     if variant.get("cast_out"):
         y = ops.cast(y, ms.float32)

@@ -364,6 +364,38 @@ def test_nan_producer_and_one_sided_nan(dumps):
     assert by_name(rows)["Functional.sqrt.0.forward.output.0"]["Result"] == "unmatched"
 
 
+def test_first_diff_shows_the_golden_nan_producer_as_golden(dumps):
+    """The NaN/Inf producer of the golden dump is printed and given in JSON with the golden run's
+    statistics and stack, never under the target's."""
+    proc = cli("first-diff", dumps["base"], dumps["nan"], check_code=1)
+    block = proc.stdout[proc.stdout.index("golden: first NaN/Inf producer"):]
+    assert "Functional.sqrt.0.forward" in block.splitlines()[0]
+    assert "golden Max=" in block and "target Max=" not in block, block
+    assert "golden stack" in block and "target stack" not in block, block
+    data = json.loads(cli("first-diff", dumps["base"], dumps["nan"], "--json").stdout)
+    (found,) = data["nan_producers"]["golden"]
+    assert found["entry"] == found["golden_entry"] == "Functional.sqrt.0.forward"
+    assert found["target_stack"] == [] and any("sqrt" in line for line in found["golden_stack"])
+    assert all("golden" in rec and "target" not in rec for rec in found["records"]), found["records"]
+    assert data["nan_producers"]["target"] == []
+
+
+def test_report_header_names_the_steps_that_differ(tmp_path):
+    """A report with --golden and no --step shows the first step; when that step agrees and a later
+    one differs (another learning rate: step 0 of an L0 dump is computed before the first update),
+    the header names the step that differs."""
+    same = make_dump(tmp_path, "lr1", level="L0", steps=2)
+    other = make_dump(tmp_path, "lr2", level="L0", steps=2, lr=0.3)
+    context = build_context(other, same)
+    assert context["step"] == 0 and context["divergence"] is None
+    (differing,) = context["differing"]
+    assert differing.startswith("step 1 ") and "first difference" in differing, differing
+    assert build_context(other, same, step=[1])["differing"] == []   # --step given: that step is shown
+    out = cli("report", other, "--golden", same, "-o", str(tmp_path / "r.html"), check_code=0)
+    html = (tmp_path / "r.html").read_text()
+    assert 'id="differing-steps"' in html and differing.split(" (")[0] in html, out.stdout
+
+
 def test_mapping_pairs_renamed_api(dumps, tmp_path):
     rows = compare(dumps["mint"], dumps["base"])
     assert by_name(rows)["MintFunctional.relu.0.forward.output.0"]["Match"] == "unmatched"

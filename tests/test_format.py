@@ -360,6 +360,23 @@ def test_dump_tree_checks_every_file_and_tensor_files(tmp_path):
         validate_dump_tree(str(tmp_path / "dump"))
 
 
+def test_command_line_needs_a_dump_file(tmp_path, capsys):
+    """``python -m msprobe.format DIR``: a directory holding no dump file is an error naming it and
+    what was looked for; one holding dump files is validated (exit 0)."""
+    from msprobe.format.validate import main
+
+    (tmp_path / "empty" / "step0").mkdir(parents=True)
+    write(str(tmp_path / "empty" / "dump.json"), "{}")  # not in a step directory: no dump file
+    assert main([str(tmp_path / "empty")]) == 1
+    err = capsys.readouterr().err
+    assert f"no dump files found under {tmp_path / 'empty'}" in err, err
+    assert "dump.json" in err and "step{N}/rank{R}" in err, err
+    write(str(tmp_path / "dump" / "step0" / "rank0" / "construct.json"), "{}")
+    assert main([str(tmp_path / "dump")]) == 0
+    assert capsys.readouterr().out.startswith("1 files valid")
+    assert main([str(tmp_path / "dump"), str(tmp_path / "empty")]) == 1
+
+
 def test_writer_round_trip(tmp_path):
     """Records appended through StepWriter (journal, then dump.json/stack.json/construct.json/
     anomalies.json/coverage.json) validate, while unfinished (journal + files) and after close()."""

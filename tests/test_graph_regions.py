@@ -117,6 +117,25 @@ def test_first_diff_graph_mode_against_pynative_agrees_with_a_note(tmp_path):
         assert "stack: none: this step ran in GRAPH_MODE, and compiled graphs record no Python stack" in shown
 
 
+def test_first_diff_says_a_record_of_one_mode_only_is_on_one_side(tmp_path):
+    """GRAPH_MODE against PyNative at L0 with other labels (the gradients differ): the first difference
+    is a Cell's backward whose output only the PyNative (golden) run records; that record is said to be
+    only in golden, never to differ."""
+    from click.testing import CliRunner
+
+    from msprobe.cli import main
+
+    graph, pynative = str(tmp_path / "graph"), str(tmp_path / "pynative")
+    _run(graph, "graph", "L0", "--y-offset", "1")
+    _run(pynative, "pynative", "L0")
+    for extra in ((), ("--exact",)):
+        out = CliRunner().invoke(main, ["first-diff", graph, pynative, "--step", "0", *extra]).output
+        assert "first difference (step 0" in out and "backward): Cell.head.Dense.backward.0" in out, out
+        (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("output.0")]
+        assert "only in golden" in line and "differs" not in line and "unmatched" not in line, out
+        assert "golden Max=" in line, out
+
+
 def test_l1_in_graph_mode_says_what_its_jit_entry_holds(tmp_path):
     """Level L1 in GRAPH_MODE records the compiled training step as one entry: the console (once per
     run, at the end of the step) and dump.json's note (shown by msprobe summary) say so and name

@@ -124,15 +124,17 @@ def level_notes(target: str, golden: str, step: Optional[Sequence[int]] = None,
 
 
 def nan_producer(dump: str, step: Optional[Sequence[int]] = None,
-                 rank: Optional[Sequence[int]] = None) -> List[Finding]:
-    """Per step/rank of one dump (all ranks), the first NaN/Inf producer, by step then rank."""
+                 rank: Optional[Sequence[int]] = None, run: str = "target") -> List[Finding]:
+    """Per step/rank of one dump (all ranks), the first NaN/Inf producer, by step then rank;
+    ``run`` (``"target"`` or ``"golden"``): which run of a comparison the dump is, the side the
+    findings' statistics and stack are filled on (:func:`~msprobe.compare.divergence.nan_producers`)."""
     out = []
     for item in resolve(dump):
         if step is not None and item.step not in step:
             continue
         if rank is not None and rank_number(item.rank) not in rank:
             continue
-        f = nan_producers(item.path, item.step, item.rank)
+        f = nan_producers(item.path, item.step, item.rank, run=run)
         if f is not None:
             out.append(f)
     return out

@@ -242,18 +242,31 @@ def difference_text(rec: dict) -> str:
     """How much one record (a :func:`_record_dict`) differs, in words: ``"largest scaled statistic
     error 2.3e-05"`` (statistics mode: the number the thresholds judge), ``"relative L2 error 0.012"``
     (tensor mode), ``"CRC-32 differs"`` (md5 mode), ``"value 'tanh' vs 'none'"`` (a scalar or string
-    argument), ``"no counterpart"``, or the judgement's message (a shape or one-sided NaN/Inf)."""
+    argument), ``"only in golden"`` / ``"only in target"`` (a record with no counterpart:
+    :func:`one_side_text`), or the judgement's message (a shape or one-sided NaN/Inf)."""
     t, g = rec.get("target_value"), rec.get("golden_value")
     if t is not None or g is not None:
         return f"value {t and t['value']!r} vs {g and g['value']!r}"
     error, what = rec.get("error"), rec.get("error_kind")
-    if rec.get("target") is None or rec.get("golden") is None:
-        return "no counterpart"
+    alone = one_side_text(rec)
+    if alone is not None:
+        return alone
     if what is None:
         return "CRC-32 differs"
     if (error is None or math.isinf(error)) and rec.get("message"):
         return rec["message"]
     return f"{what} {'inf' if error is None or math.isinf(error) else format(error, '.3g')}"
+
+
+def one_side_text(rec: dict) -> Optional[str]:
+    """``"only in golden"`` or ``"only in target"`` for a record (a :func:`_record_dict`) that one run
+    has and the other does not (e.g. a backward output GRAPH_MODE does not record), else ``None``: it
+    is not a difference of values."""
+    if rec.get("target") is None and rec.get("golden") is not None:
+        return "only in golden"
+    if rec.get("golden") is None and rec.get("target") is not None:
+        return "only in target"
+    return None
 
 
 def cell_path(entry: str, construct: dict) -> List[str]:
@@ -699,7 +712,7 @@ def _finite(rec) -> bool:
 
 
 def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
-                  side: Optional[Side] = None) -> Optional[Finding]:
+                  side: Optional[Side] = None, run: str = "target") -> Optional[Finding]:
     """The first producer of a NaN/Inf in one step/rank directory: in execution order, forward
     first, the first entry whose input records are all finite and one of whose outputs is not
     (innermost, as for divergences). The inputs of the entries that also feed an entry count as its
@@ -707,7 +720,12 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
     parameter gradients' forward and backward calls), so the gradient of a call whose forward input
     was already NaN is not a producer. Only tensor inputs count (:func:`msprobe.format.producer.input_role`,
     as in watch mode): a call fed a non-finite Python number (``x * float('nan')``) that makes a
-    NaN/Inf tensor is the producer, and its finding's ``note`` says so. None when no output is NaN/Inf."""
+    NaN/Inf tensor is the producer, and its finding's ``note`` says so. None when no output is NaN/Inf.
+
+    ``run`` (``"target"`` or ``"golden"``) is which run of a comparison the directory holds: the
+    finding's statistics (each record's ``target`` or ``golden`` key), its stack
+    (:attr:`Finding.target_stack` or :attr:`Finding.golden_stack`) and, for the golden run,
+    :attr:`Finding.golden_entry` are filled on that side."""
     side = side or Side(directory)
     construct = load_construct(directory)
     found = {"forward": [], "backward": []}
@@ -731,27 +749,37 @@ def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",
             if best in cell_path(name, construct):
                 best = name
         recs = side.records(side.index[best])
-        stacks = load_stacks(directory)
-        return Finding("nan", step, rank, best, None, want, shown_cell_path(best, construct),
-                       stacks.get(_forward_of(best), []), [],
-                       [{"record": r.key, "finite": _finite(r), "dtype": r.dtype,
-                         "target": dict(zip(("Max", "Min", "Mean", "Norm"), r.stats))} for r in recs],
-                       note=SCALAR_NOTE if best in scalar_fed else None)
-    return watch_producer(directory, step, rank, side, construct)
+        found = Finding("nan", step, rank, best, None, want, shown_cell_path(best, construct),
+                        records=[{"record": r.key, "finite": _finite(r), "dtype": r.dtype,
+                                  run: dict(zip(("Max", "Min", "Mean", "Norm"), r.stats))} for r in recs],
+                        note=SCALAR_NOTE if best in scalar_fed else None)
+        return _on_side(found, run, load_stacks(directory).get(_forward_of(best), []))
+    return watch_producer(directory, step, rank, side, construct, run)
+
+
+def _on_side(found: Finding, run: str, stack: List[str]) -> Finding:
+    """``found`` (a finding of one run) with ``stack`` as the stack of ``run`` (``"target"`` or
+    ``"golden"``), and, for the golden run, its entry as :attr:`Finding.golden_entry`."""
+    if run == "golden":
+        found.golden_entry, found.golden_stack = found.entry, stack
+    else:
+        found.target_stack = stack
+    return found
 
 
 def watch_producer(directory: str, step: Optional[int], rank: str, side: Side,
-                   construct: dict) -> Optional[Finding]:
+                   construct: dict, run: str = "target") -> Optional[Finding]:
     """Watch mode's producer of a magnitude anomaly (``kind`` ``max_abs`` or ``norm_jump`` in the
     directory's ``anomalies.json``), as a finding of kind ``anomaly`` whose ``note`` is the
     trigger's text; ``None`` when the directory holds no such record or its producer is not in
-    ``dump.json``. (NaN/Inf are found from the statistics themselves.)"""
+    ``dump.json``. (NaN/Inf are found from the statistics themselves.) ``run``: as for
+    :func:`nan_producers`."""
     found = read_report(directory, ANOMALIES)
     if not isinstance(found, dict) or found.get("kind") not in ("max_abs", "norm_jump"):
         return None
     entry = found.get("producer")
     if entry not in side.index:
         return None
-    return Finding("anomaly", step, rank, entry, None, naming.direction_of(entry),
-                   shown_cell_path(entry, construct), load_stacks(directory).get(_forward_of(entry), []),
-                   [], note=found.get("trigger"))
+    return _on_side(Finding("anomaly", step, rank, entry, None, naming.direction_of(entry),
+                            shown_cell_path(entry, construct), note=found.get("trigger")),
+                    run, load_stacks(directory).get(_forward_of(entry), []))

@@ -81,9 +81,20 @@ def _pick(dump, golden, options):
     raise InputError(f"{dump}: no step/rank directory matches --step/--rank")
 
 
+def _other_differences(dump: str, golden: str, options: dict, shown: tuple) -> list:
+    """The paired step/rank directories other than ``shown`` (``(step, rank)``) in which the two dumps
+    differ, each as ``"step 3 rank0 (first difference: ENTRY)"`` (the label and entry first-diff
+    names; ``--rank`` and the judging options of ``options`` apply, every step is compared)."""
+    from msprobe.compare import first_divergence
+
+    return [f"{f'step {f.step} ' if f.step is not None else ''}{f.rank} ({f.label()}: {f.entry})"
+            for f in first_divergence(dump, golden, **options) if (f.step, f.rank) != shown]
+
+
 def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
     """Everything the template shows, as plain data. Without ``step``, the step holding
     ``anomalies.json`` is shown when there is one (``"picked"`` then says so), else the first."""
+    asked = options
     picked = _anomaly_step(dump, options)
     if picked is not None:
         options = {**options, "step": [picked]}
@@ -155,6 +166,7 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
                 "cell_path": f.cell_path, "source": source_line(f.target_stack)}
 
     shown = (step, rank)
+    differing = _other_differences(dump, golden, asked, shown) if golden is not None and asked.get("step") is None else []
     others = sorted({(item.step, item.rank) for item in resolve(dump)} - {shown},
                     key=lambda sr: (sr[0] is None, sr[0] or 0, sr[1]))
     return {"dump": os.path.abspath(dump), "golden": os.path.abspath(golden) if golden else None,
@@ -162,6 +174,7 @@ def build_context(dump: str, golden: Optional[str] = None, **options) -> dict:
             "picked": picked is not None,
             "unpaired": unpaired_steps(dump, golden, options.get("step")) if golden else None,
             "others": [f"step {s} {r}" if s is not None else r for s, r in others],
+            "differing": differing,
             "mode": comparison.mode if comparison is not None else None, "roots": roots,
             "entries": len(side.names), "counts": counts, "golden_only": golden_only,
             "divergence": finding(first_div), "nan": finding(nan), "agreement": agreed,

@@ -278,7 +278,13 @@ def _tensor_metrics(a: np.ndarray, b: np.ndarray, group: Group, out: Judged) -> 
     out.result = result
 
 
-def judge_near_zero(records: list, lower: Optional[Group], thresholds=None) -> None:
+def _floating(record: Judged, thresholds: Thresholds) -> bool:
+    """Whether both sides of ``record`` are floating-point tensors (a dtype of a group other than
+    ``exact`` in ``thresholds``; integers, booleans and unknown dtypes are not)."""
+    return all(thresholds.dtypes.get(side.dtype, "exact") != "exact" for side in (record.target, record.golden))
+
+
+def judge_near_zero(records: list, lower: Optional[Group], thresholds: Thresholds) -> None:
     """Re-judge, in place, the failing tensor records of one entry whose magnitude is negligible
     against the entry's scale: when the two runs differ in precision (any entry), or for a
     parameter-gradient entry (``lower`` None: each record with its own dtypes' group).
@@ -290,16 +296,21 @@ def judge_near_zero(records: list, lower: Optional[Group], thresholds=None) -> N
     difference divided by the scale, rated with the group's thresholds. The scale is the largest Norm
     of the entry's tensor records on either side (its inputs, or for a parameter-gradient entry the
     other gradients of the same Cell, which a different summation order in the two runs, e.g.
-    GRAPH_MODE and PyNative, rounds at their scale). Statistics mode only; a record is never judged
-    worse.
+    GRAPH_MODE and PyNative, rounds at their scale). Only floating-point records set the scale: an
+    integer or boolean input (the token ids of a Gather, a mask) is no magnitude the floating-point
+    values are computed at, so it never sets their tolerance. Statistics mode only; a record is never
+    judged worse.
 
     Args:
         records: the :class:`Judged` records of one entry (inputs and outputs; non-tensors are skipped).
         lower: the thresholds group of the lower precision the two runs differ in, or None: each
             record is judged with ``thresholds.group`` of its two dtypes.
-        thresholds: the :class:`~msprobe.compare.thresholds.Thresholds` (needed when ``lower`` is None).
+        thresholds: the :class:`~msprobe.compare.thresholds.Thresholds`: its ``dtypes`` tell the
+            floating-point records (those of a group other than ``exact``); the groups when ``lower``
+            is None.
     """
     scale = max((abs(v) for r in records if r.is_tensor and r.target is not None and r.golden is not None
+                 and _floating(r, thresholds)
                  for v in (r.target.stats[3], r.golden.stats[3]) if v is not None and math.isfinite(v)),
                 default=0.0)
     if not scale:

@@ -283,7 +283,13 @@ def main(argv=None) -> int:
     try:
         for path in args.paths:
             if os.path.isdir(path):
-                total += len(validate_dump_tree(path))
+                found = validate_dump_tree(path)
+                if not found:
+                    print(f"invalid: no dump files found under {path} (looked for {', '.join(sorted(FILE_SCHEMAS))} "
+                          f"or {JOURNAL} in step directories step{{N}}/rank{{R}} or step{{N}}/proc{{PID}}, at any "
+                          "depth)", file=sys.stderr)
+                    return 1
+                total += len(found)
             else:
                 validate_file(path)
                 total += 1

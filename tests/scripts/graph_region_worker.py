@@ -2,10 +2,11 @@
 holding two of them) trained with ``ms.value_and_grad`` + SGD for three steps, in one MindSpore mode
 (set_context mode is process-global); prints the losses as JSON on the last line.
 
-    python graph_region_worker.py MODE LEVEL DUMP_PATH [--watch] [--poison-step N]
+    python graph_region_worker.py MODE LEVEL DUMP_PATH [--watch] [--poison-step N] [--y-offset F]
 
 MODE: graph | pynative. LEVEL: L0 | L1 | mix. ``--watch``: config ``"watch": {}``. ``--poison-step N``:
 at step N the ``Attn`` Cell takes the logarithm of -1 (a NaN made inside that Cell, from finite inputs).
+``--y-offset F``: F is added to the labels (the loss and every gradient differ, no Cell's forward).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("dump")
     parser.add_argument("--watch", action="store_true")
     parser.add_argument("--poison-step", type=int, default=-1)
+    parser.add_argument("--y-offset", type=float, default=0.0)
     args = parser.parse_args()
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
@@ -68,7 +70,7 @@ def main() -> None:
     losses = []
     for step in range(3):
         x = ms.Tensor(rng.standard_normal((4, 8)).astype(np.float32))
-        y = ms.Tensor(rng.standard_normal((4, 1)).astype(np.float32))
+        y = ms.Tensor(rng.standard_normal((4, 1)).astype(np.float32) + np.float32(args.y_offset))
         shift = ms.Tensor(-1.0 if step == args.poison_step else 1.0, ms.float32)
         debugger.start(net)
         loss, grads = grad_fn(x, y, shift)
