@@ -496,17 +496,19 @@ def test_construct_json_has_no_backward_entry_without_gradient(tmp_path):
     assert "Primitive.shape_op.Shape.0.backward" not in dump.construct
 
 
-@pytest.mark.parametrize("level,items,missed", [
-    ("L0", ["softmax"], ["softmax"]),                        # a typo: nothing of the step matches
-    ("L1", ["relu", "Functional.reluu"], ["Functional.reluu"]),
-    ("mix", ["Cell.fc1", "Cell.fc9", "softmax"], ["Cell.fc9", "softmax"]),
-    ("mix", ["Cell.fc2", "matmul"], []),                     # matmul also runs inside the expanded fc2
-    ("L0", ["parameters_grad"], []),                         # met by the parameter gradients only
+@pytest.mark.parametrize("level,items,missed,scope", [
+    ("L0", ["softmax"], ["softmax"], None),                  # a typo: nothing of the step matches
+    ("L1", ["relu", "Functional.reluu"], ["Functional.reluu"], None),
+    ("mix", ["Cell.fc1", "Cell.fc9", "softmax"], ["Cell.fc9", "softmax"], None),
+    ("mix", ["Cell.fc2", "matmul"], [], None),               # matmul also runs inside the expanded fc2
+    ("L0", ["parameters_grad"], [], None),                   # met by the parameter gradients only
+    ("L1", ["Tensor.sum"], [], ["Functional.relu.0.forward", "Mint.mul.0.forward"]),  # met outside the scope
 ])
-def test_list_item_matching_nothing_warns_once(tmp_path, caplog, level, items, missed):
+def test_list_item_matching_nothing_warns_once(tmp_path, caplog, level, items, missed, scope):
     """A ``list`` item that no entry name of a dumped step contains is named in one WARNING at the
-    step's end, once per run; items that matched something are not named."""
-    cfg = _write_config(tmp_path, level=level, section={"list": items})
+    step's end, once per run; items that matched something (also outside the ``scope``) are not named."""
+    section = {"list": items} if scope is None else {"list": items, "scope": scope}
+    cfg = _write_config(tmp_path, level=level, section=section)
     debugger = PrecisionDebugger(cfg)
     net = _build()
     with caplog.at_level(logging.WARNING, logger="msprobe"):

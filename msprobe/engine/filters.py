@@ -92,6 +92,8 @@ class Selector:
             if not self._open and key == self._first:
                 self._open = True
             if not self._open:
+                if self.items:  # a list item met outside the scope still matched a call
+                    self._matches(entry)
                 return False
             if key == self._last and not self._last_is_cell:
                 self._closing = True
