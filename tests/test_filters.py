@@ -323,6 +323,7 @@ def _project(all_dump, allowed_fwd, allowed_bwd, level):
     (["input"], {"input_args", "input_kwargs"}, {"input"}),
     (["output"], {"output", "parameters"}, {"output"}),
     (["forward", "input"], {"input_args", "input_kwargs"}, set()),
+    (["forward", "output"], {"output", "parameters"}, set()),   # a Cell's parameters ride on its output
 ])
 @pytest.mark.parametrize("level", ["L1", "L0"])
 def test_data_mode(tmp_path, all_l1, all_l0, level, modes, fwd, bwd):
@@ -493,3 +494,35 @@ def test_construct_json_has_no_backward_entry_without_gradient(tmp_path):
                    not any(parent == name for parent in dump.construct.values())
                    for name in dump.construct)
     assert "Primitive.shape_op.Shape.0.backward" not in dump.construct
+
+
+@pytest.mark.parametrize("level,items,missed,scope", [
+    ("L0", ["softmax"], ["softmax"], None),                  # a typo: nothing of the step matches
+    ("L1", ["relu", "Functional.reluu"], ["Functional.reluu"], None),
+    ("mix", ["Cell.fc1", "Cell.fc9", "softmax"], ["Cell.fc9", "softmax"], None),
+    ("mix", ["Cell.fc2", "matmul"], [], None),               # matmul also runs inside the expanded fc2
+    ("L0", ["parameters_grad"], [], None),                   # met by the parameter gradients only
+    ("L1", ["Tensor.sum"], [], ["Functional.relu.0.forward", "Mint.mul.0.forward"]),  # met outside the scope
+])
+def test_list_item_matching_nothing_warns_once(tmp_path, caplog, level, items, missed, scope):
+    """A ``list`` item that no entry name of a dumped step contains is named in one WARNING at the
+    step's end, once per run; items that matched something (also outside the ``scope``) are not named."""
+    section = {"list": items} if scope is None else {"list": items, "scope": scope}
+    cfg = _write_config(tmp_path, level=level, section=section)
+    debugger = PrecisionDebugger(cfg)
+    net = _build()
+    with caplog.at_level(logging.WARNING, logger="msprobe"):
+        for _ in range(2):
+            debugger.start(net)
+            ms.value_and_grad(net, None, net.trainable_params())(X)
+            debugger.stop()
+            debugger.step()
+    debugger.close()
+    warned = [r.getMessage() for r in caplog.records if "config's list" in r.getMessage()]
+    if not missed:
+        assert warned == []
+        return
+    assert len(warned) == 1, warned
+    assert "matched nothing in step 0" in warned[0]
+    for item in items:
+        assert (repr(item) in warned[0]) == (item in missed), (item, warned[0])

@@ -31,7 +31,7 @@ from msprobe.compare.records import TENSOR_TYPES, Side, flow_of
 from msprobe.dump import ANOMALIES, load_construct, load_stacks, read_report
 from msprobe.format import naming
 from msprobe.format.frames import frame_lines
-from msprobe.format.producer import PASSED_ON, SCALAR, SCALAR_NOTE, input_role
+from msprobe.format.producer import PASSED_ON, SCALAR, SCALAR_NOTE, element_kinds, input_role
 
 
 #: :meth:`Finding.label` per kind: one term, "first difference", for the entry where two runs part
@@ -708,7 +708,9 @@ def _forward_of(entry: Optional[str]) -> Optional[str]:
 
 
 def _finite(rec) -> bool:
-    return all(v is None or math.isfinite(v) for v in rec.stats)
+    """Whether the record's tensor holds no NaN/Inf element, from its Max and Min
+    (:func:`msprobe.format.producer.element_kinds`: a Mean NaN from +Inf beside -Inf is no NaN)."""
+    return not element_kinds({"Max": rec.stats[0], "Min": rec.stats[1]})
 
 
 def nan_producers(directory: str, step: Optional[int] = None, rank: str = "",

@@ -81,6 +81,7 @@ class Selector:
         self._closing = False
         self._expanded: list = []
         self._bwd_cells: set = set()
+        self._hit: set = set()  # the list items an entry name of this step contained
 
     def selects(self, entry: str) -> bool:
         key = call_key(entry)
@@ -91,12 +92,27 @@ class Selector:
             if not self._open and key == self._first:
                 self._open = True
             if not self._open:
+                if self.items:  # a list item met outside the scope still matched a call
+                    self._matches(entry)
                 return False
             if key == self._last and not self._last_is_cell:
                 self._closing = True
-        if not self.items or self._expanded:
+        if not self.items:
             return True
-        return any(item in entry for item in self.items)
+        return self._matches(entry) or bool(self._expanded)
+
+    def _matches(self, entry: str) -> bool:
+        """Whether a ``list`` item is a substring of ``entry``; every such item is noted as met."""
+        hit = False
+        for item in self.items:
+            if item in entry:
+                self._hit.add(item)
+                hit = True
+        return hit
+
+    def unmatched_items(self) -> list:
+        """The ``list`` items no entry name of this step contained (asked at its end), in config order."""
+        return [item for item in self.items if item not in self._hit]
 
     def unmatched_scope(self) -> str | None:
         """What went wrong with ``scope`` in this step, for a warning at its end: each bound (start,
@@ -125,7 +141,7 @@ class Selector:
             return True
         if self.scope:
             return False
-        return not self.items or any(item in entry for item in self.items)
+        return not self.items or self._matches(entry)
 
     def enter_cell(self, entry: str) -> None:
         """A Cell call started (its selection already made); mix expands list-matched Cells."""

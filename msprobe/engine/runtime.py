@@ -991,8 +991,8 @@ class Runtime:
         edges (a Cell's backward entry under its parent's). The same journal lines,
         in the same order, as :meth:`record_parent`, :meth:`record_stack` and :meth:`record` make
         one by one, under one lock and one batch-size check. ``parameters`` (``{short name:
-        Parameter}``, the Cell's own) is recorded as ``data[entry]["parameters"]`` before
-        ``values``; on CPU with synchronous launch their statistics are taken now, in place
+        Parameter}``, the Cell's own, read as its call begins) is recorded as
+        ``data[entry]["parameters"]`` after ``values``; on CPU with synchronous launch their statistics are taken now, in place
         (``fill_parameters`` of the extension: the same numbers the flush computes from a host
         copy), the others are snapshotted as :meth:`record` does.
 
@@ -1006,14 +1006,14 @@ class Runtime:
             return False
         snapshot, key_line, slots, lines = self.snapshot, journal.key_line, [], []
         try:
-            if parameters is not None:
-                lines.append(key_line(entry, "parameters", self._describe_parameters(ext, parameters, slots)))
             for key, value in values:
                 kind = type(value)
                 if (kind is dict or kind is tuple or kind is list) and not value:
                     lines.append(key_line(entry, key, {} if kind is dict else []))
                 else:
                     lines.append(key_line(entry, key, ext.describe(value, snapshot, slots, describe_other)))
+            if parameters is not None:
+                lines.append(key_line(entry, "parameters", self._describe_parameters(ext, parameters, slots)))
         except Exception:
             return False
         writer = self.writer
@@ -1555,7 +1555,8 @@ class Runtime:
 
     def _warn_nothing_selected(self) -> None:
         """One WARNING per run when a ``scope`` bound matched no call of a step in which hooked
-        calls ran (like the one of a ``list`` that names nothing), and one per cause when no hooked
+        calls ran, one naming the ``list`` items no entry name of such a step contained (each item
+        named once per run), and one per cause when no hooked
         call ran without a model (:meth:`_nothing_ran_cause`; at L1 in GRAPH_MODE the note's WARNING
         says why)."""
         if not self.step_open:
@@ -1569,6 +1570,15 @@ class Runtime:
         if what is not None and self.first_time(("scope bound matched no call",)):
             logger.warning("msprobe: step %d: %s (scope names whole entries such as "
                            "'Functional.relu.0.forward' or 'Cell.layer1.Dense.forward.0')", self.step, what)
+        missed = [item for item in self.selector.unmatched_items()
+                  if self.first_time(("list item matched nothing", item))]
+        if missed:
+            one = len(missed) == 1
+            logger.warning("msprobe: step %d: the config's list %s matched nothing in step %d: no entry name "
+                           "of the step's hooked calls contains %s (list items are substrings of entry names "
+                           "such as 'Functional.relu.0.forward' or 'Cell.layer1.Dense.forward.0')", self.step,
+                           ("item " if one else "items ") + ", ".join(map(repr, missed)), self.step,
+                           "it" if one else "any of them")
 
     def discard_empty_step(self) -> bool:
         """``set_init_step`` while the step is open: when nothing but its header was journaled, the

@@ -45,7 +45,7 @@ from msprobe.engine.watch_loss import WATCHED, LossCheck
 from msprobe.engine.writer import StepWriter
 from msprobe.format import journal, naming
 from msprobe.format.journal import SCHEMA, TENSOR_DIR
-from msprobe.format.producer import PASSED_ON, SCALAR, SCALAR_NOTE, input_role
+from msprobe.format.producer import PASSED_ON, SCALAR, SCALAR_NOTE, element_kinds, input_role
 
 logger = logging.getLogger("msprobe")
 
@@ -88,18 +88,12 @@ class WatchAnomaly(RuntimeError):
 
 
 def _non_finite_kind(leaf: dict, kinds) -> str | None:
-    """``"nan"``/``"inf"`` when ``leaf``'s statistics show that kind (and it is watched), else None.
-    The statistics rule: a NaN anywhere makes Max/Min/Mean/Norm NaN; an Inf shows in Max or Min."""
-    if "nan" in kinds:
-        for key in ("Max", "Min", "Mean", "Norm"):
-            v = leaf.get(key)
-            if isinstance(v, float) and v != v:
-                return "nan"
-    if "inf" in kinds:
-        for key in ("Max", "Min"):
-            v = leaf.get(key)
-            if isinstance(v, float) and (v == _INF or v == -_INF):
-                return "inf"
+    """``"nan"``/``"inf"`` when ``leaf``'s tensor holds that kind of element (and it is watched),
+    else None (:func:`msprobe.format.producer.element_kinds`: a Mean NaN from +Inf beside -Inf is
+    no NaN element)."""
+    for kind in element_kinds(leaf):
+        if kind in kinds:
+            return kind
     return None
 
 

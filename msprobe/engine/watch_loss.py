@@ -6,7 +6,8 @@ model given to ``start()``; at L0 also functions such as ``ops.mse_loss`` in the
 what was watched, not from the model's class: in the first step that records a forward call, the last
 forward call watched before the step's first backward entry (without backward entries: the step's
 last forward call) computes the loss when one of its outputs holds a single value. When none does,
-one line says what the level watches and which call was the last one it saw.
+one line says what the level watches (in the mode the step ran in: in GRAPH_MODE the APIs inside
+compiled code are not watched) and which call was the last one it saw.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import math
 from msprobe.engine.messages import announce
 from msprobe.format import naming
 from msprobe.read import report
+from msprobe.tensors import stats
 
 #: what each level watches, as the line says it
 WATCHED = {
@@ -24,6 +26,16 @@ WATCHED = {
            "support_wrap_ops.yaml called anywhere between start() and stop()",
     "L1": "the Primitives inside the model given to start(), and the APIs of support_wrap_ops.yaml "
           "called anywhere between start() and stop()",
+}
+_COMPILED = ("called from Python between start() and stop() outside compiled code (the model's Cells and the "
+             "functions ms.value_and_grad/ms.grad make, such as after_grad, run compiled in GRAPH_MODE: "
+             "the APIs and Primitives inside them are not watched)")
+#: what each level watches in GRAPH_MODE, where Python hooks do not run inside compiled graphs
+WATCHED_IN_GRAPH_MODE = {
+    "L0": WATCHED["L0"],
+    "mix": "the Cells inside the model given to start() (through the probes compiled into its graph), and "
+           "the APIs of support_wrap_ops.yaml " + _COMPILED,
+    "L1": "the APIs of support_wrap_ops.yaml " + _COMPILED,
 }
 
 
@@ -71,7 +83,8 @@ class LossCheck:
                     f"(output {shown}), so the loss is computed by code it does not watch")
         # at L1/mix a loss computed by functions is watched already: another level is advice at L0 only
         functions = ", or use level L1/mix for a loss computed by functions," if self.level == "L0" else ""
-        announce(f"msprobe watch mode watches {WATCHED[self.level]}; {seen}: a loss Cell outside the model "
+        watched = (WATCHED_IN_GRAPH_MODE if stats.graph_mode() else WATCHED)[self.level]
+        announce(f"msprobe watch mode watches {watched}; {seen}: a loss Cell outside the model "
                  "(such as nn.SoftmaxCrossEntropyWithLogits applied to its output) is not watched, and its "
                  "NaN/Inf goes unreported: give start() a Cell that computes the loss (e.g. "
                  f"nn.WithLossCell(net, loss_fn)){functions} to watch it too")

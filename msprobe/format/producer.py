@@ -38,3 +38,33 @@ def input_role(is_tensor: bool, finite: bool) -> Optional[str]:
     if finite:
         return None
     return PASSED_ON if is_tensor else SCALAR
+
+
+_INF = float("inf")
+
+
+def element_kinds(leaf: dict) -> tuple:
+    """Which non-finite elements a tensor record's statistics show its tensor holds.
+
+    Args:
+        leaf: one tensor record (``Max``, ``Min``, ``Mean``, ``Norm``; ``NanCount``,
+            ``PosInfCount``, ``NegInfCount`` when ``summary_mode`` counts them).
+
+    Returns:
+        ``("nan",)``, ``("inf",)``, ``("nan", "inf")`` or ``()``. The counts decide when recorded;
+        otherwise Max/Min do: a NaN element makes Max and Min NaN, an Inf element shows as Max
+        +Inf or Min -Inf. Mean or Norm alone non-finite is no NaN/Inf element (+Inf beside -Inf
+        makes Mean NaN; a float64 sum of squares can overflow), so it gives ``()``.
+    """
+    top, low = leaf.get("Max"), leaf.get("Min")
+    nan = leaf.get("NanCount")
+    if type(nan) is int:
+        has_nan = nan > 0
+    else:
+        has_nan = (type(top) is float and top != top) or (type(low) is float and low != low)
+    pos, neg = leaf.get("PosInfCount"), leaf.get("NegInfCount")
+    if type(pos) is int and type(neg) is int:
+        has_inf = pos + neg > 0
+    else:
+        has_inf = top == _INF or low == -_INF
+    return ("nan", "inf") if has_nan and has_inf else ("nan",) if has_nan else ("inf",) if has_inf else ()

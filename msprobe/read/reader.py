@@ -320,12 +320,13 @@ def load_kernel_statistics(step_dir: str) -> list:
 
 
 def _first_non_finite_kernel(step_dir: str):
-    """Name of the first kernel tensor (execution order) holding NaN/Inf, from statistic.csv or, for
-    the tensor task, from the saved tensors."""
+    """Name of the first kernel tensor (execution order) holding NaN/Inf, from statistic.csv (its Max
+    and Min: a NaN element makes both NaN, an Inf one shows in one of them; Avg alone is NaN for +Inf
+    beside -Inf) or, for the tensor task, from the saved tensors."""
     rows = load_kernel_statistics(step_dir)
     if rows:
         for row in sorted(rows, key=lambda r: int(r.get("Timestamp") or 0)):
-            for col in ("Max Value", "Min Value", "Avg Value", "L2Norm Value"):
+            for col in ("Max Value", "Min Value"):
                 try:
                     if not math.isfinite(float(row.get(col) or 0)):
                         return f"{row.get('Op Name')} {row.get('IO')} {row.get('Slot')}"

@@ -26,6 +26,7 @@ import re
 
 from msprobe.format import naming
 from msprobe.format.frames import frame_lines
+from msprobe.format.producer import element_kinds
 
 ANOMALIES = "anomalies.json"
 #: watch mode's magnitude kinds (``anomalies.json``'s ``kind``) and how texts name them
@@ -69,7 +70,8 @@ def scalar_values(value):
 
 
 def non_finite(leaf: dict) -> bool:
-    """True when a statistic of ``leaf`` is NaN or ±Inf (the stats rule: any NaN makes all NaN)."""
+    """True when a statistic of ``leaf`` is NaN or ±Inf (JSON then needs its ``NaN``/``Infinity``
+    tokens); whether its tensor holds a NaN/Inf element is :func:`msprobe.format.producer.element_kinds`."""
     for key in ("Max", "Min", "Mean", "Norm"):
         v = leaf.get(key)
         if isinstance(v, float) and not math.isfinite(v):
@@ -78,7 +80,9 @@ def non_finite(leaf: dict) -> bool:
 
 
 def _any_non_finite(value) -> bool:
-    return any(non_finite(leaf) for leaf in leaves(value))
+    """Whether a tensor of ``value`` holds a NaN/Inf element (Mean/Norm non-finite alone is none:
+    :func:`msprobe.format.producer.element_kinds`)."""
+    return any(element_kinds(leaf) for leaf in leaves(value))
 
 
 def find_anomalies(data: dict, construct: dict | None = None) -> dict | None:

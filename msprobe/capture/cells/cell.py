@@ -1,8 +1,9 @@
 """Cell-level (L0) capture (seed "L0级别"): inputs and stacks are
 recorded at forward-pre-hook time, before the Cell can modify them).
 
-Per Cell call ``Cell.{path}.{Class}.forward.{k}``: ``input_args``, ``input_kwargs`` (pre-hook),
-``output`` and ``parameters`` (forward hook). Backward ``Cell.{path}.{Class}.backward.{k}`` is taken
+Per Cell call ``Cell.{path}.{Class}.forward.{k}``: ``input_args``, ``input_kwargs`` and ``parameters``
+(pre-hook: the values the call begins with, also for a Cell that updates its parameters in its
+forward, as BatchNorm does its moving statistics), ``output`` (forward hook). Backward ``Cell.{path}.{Class}.backward.{k}`` is taken
 through tensor probes (:mod:`msprobe.capture.backward`) attached at forward time, not through
 MindSpore's Cell backward hooks, so in-place ops after a Cell, custom ``bprop`` and user hooks behave
 as without the tool. Parameter gradients ``Cell.{path}.{Class}.parameters_grad.{g}`` come from
@@ -265,9 +266,14 @@ class CellCapture:
                 entered = fwd
                 grad = (self.bwd_in or self.bwd_out) and grad_enabled()
                 bwd = naming.cell_entry(prefix, naming.BACKWARD, k) if grad else None
+                # the Cell's own parameters are read (or snapshotted) as the call begins: a Cell
+                # updating them in its forward (BatchNorm's moving statistics) is recorded with the
+                # values it was called with; they ride on the forward output under data_mode
+                params = _own_parameters(cell) if selected and self.fwd_out else None
                 queued = selected and self._whole and rt.queue_cell_lines(
                     fwd, (("input_args", args), ("input_kwargs", kwargs)) if self.fwd_in else (),
-                    ((fwd, parent),), stack=True, after=((bwd, naming.backward_of(parent)),) if grad else ())
+                    ((fwd, parent),), stack=True, after=((bwd, naming.backward_of(parent)),) if grad else (),
+                    parameters=params)
                 if not queued:
                     if not replay:
                         rt.record_parent(fwd, parent)
@@ -276,6 +282,8 @@ class CellCapture:
                         if self.fwd_in:
                             rt.record(fwd, "input_args", args, "input")
                             rt.record(fwd, "input_kwargs", kwargs, "kwargs")
+                        if params is not None:
+                            rt.record(fwd, "parameters", params, "parameters")
                 probe = mark = None
                 if grad:
                     if self.param_grads and self._param_token != rt.step_token:
@@ -333,14 +341,12 @@ class CellCapture:
                 raised = _raised_in(sys._getframe(1)) if output is None else None
                 if raised is not None:  # MindSpore calls the hook as the Cell's exception goes on
                     if selected and self.fwd_out:
-                        rt.record(fwd, "parameters", _own_parameters(cell), "parameters")
                         rt.record_raised(fwd, raised)
                 elif selected and self.fwd_out:
-                    # parameters are inputs of the call: journaled before the output, so a reader
-                    # (watch mode) deciding at the output whether the inputs were finite has them
-                    params, outs = _own_parameters(cell), as_output_list(output)
-                    if not (self._whole and rt.queue_cell_lines(fwd, (("output", outs),), parameters=params)):
-                        rt.record(fwd, "parameters", params, "parameters")
+                    # the parameters (inputs of the call) were journaled by the pre-hook, so a
+                    # reader (watch mode) deciding at the output whether the inputs were finite has them
+                    outs = as_output_list(output)
+                    if not (self._whole and rt.queue_cell_lines(fwd, (("output", outs),))):
                         rt.record(fwd, "output", outs, "output")
                 if probe is not None and not probe.observe(args, output, mark, plain[0]):
                     plain[0] = False
